@@ -1,0 +1,1 @@
+"""radixlm: an SGLang-style structured generation runtime."""
