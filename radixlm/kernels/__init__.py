@@ -1,9 +1,19 @@
 """Attention and layer kernels over the paged KV pool, dispatched by device.
 
-``backend=None`` picks Triton for CUDA tensors and the torch reference otherwise.
+``backend=None`` picks Triton for CUDA tensors and the torch reference otherwise;
+``"torch"`` / ``"triton"`` force one (Triton on CPU tensors needs ``TRITON_INTERPRET=1``
+set before the first Triton call). Both backends check the layout with the same helpers
+(``reference.check_*_layout``) and raise the same ``ValueError`` for a bad batch.
+
+The Triton modules are imported on first use: importing them defines the kernels, which
+is when Triton reads ``TRITON_INTERPRET``, and a CPU-only engine never pays for it.
 """
 
 from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 import torch
 
@@ -20,37 +30,101 @@ def _use_triton(backend: str | None, t: torch.Tensor) -> bool:
     return backend == "triton"
 
 
-def _triton_unavailable(name: str):
-    raise NotImplementedError(f"the Triton {name} kernel is not available yet")
+def _triton(module: str) -> types.ModuleType:
+    return importlib.import_module(f"{__name__}.{module}")
 
 
-def decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, backend=None):
+def decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buf: torch.Tensor,  # [S, Hkv, D]
+    v_buf: torch.Tensor,  # [S, Hkv, D]
+    kv_indptr: torch.Tensor,  # [B+1]
+    kv_indices: torch.Tensor,  # [nnz]: each sequence's whole KV, new token included
+    sm_scale: float,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,  # [B, Hq, D], written in place when given
+) -> torch.Tensor:  # [B, Hq, D]
+    """One query token per sequence attends to its whole KV, gathered via ``kv_indices``."""
     if _use_triton(backend, q):
-        _triton_unavailable("decode_attention")
-    return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale)
+        return _triton("decode_attention").decode_attention_triton(
+            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out
+        )
+    return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out)
 
 
-def extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                     backend=None):
+def extend_attention(
+    q: torch.Tensor,  # [N, Hq, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    v: torch.Tensor,  # [N, Hkv, D]
+    k_buf: torch.Tensor,  # [S, Hkv, D]
+    v_buf: torch.Tensor,  # [S, Hkv, D]
+    qo_indptr: torch.Tensor,  # [B+1]: new-token ranges
+    kv_indptr: torch.Tensor,  # [B+1]: cached-prefix ranges into kv_indices
+    kv_indices: torch.Tensor,  # [nnz_prefix]
+    sm_scale: float,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,  # [N, Hq, D], written in place when given
+) -> torch.Tensor:  # [N, Hq, D]
+    """New tokens attend to their cached prefix and, causally, to each other."""
     if _use_triton(backend, q):
-        _triton_unavailable("extend_attention")
-    return reference.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
-                                      sm_scale)
+        return _triton("extend_attention").extend_attention_triton(
+            q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out
+        )
+    return reference.extend_attention(
+        q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out
+    )
 
 
-def store_kv(k_buf, v_buf, loc, k, v, backend=None):
+def store_kv(
+    k_buf: torch.Tensor,  # [S, Hkv, D]
+    v_buf: torch.Tensor,  # [S, Hkv, D]
+    loc: torch.Tensor,  # [N]
+    k: torch.Tensor,  # [N, Hkv, D]
+    v: torch.Tensor,  # [N, Hkv, D]
+    backend: str | None = None,
+) -> None:
+    """Write the new tokens' K/V rows into their slots ``loc`` of the pool."""
     if _use_triton(backend, k):
-        _triton_unavailable("store_kv")
-    return reference.store_kv(k_buf, v_buf, loc, k, v)
+        _triton("store_kv").store_kv_triton(k_buf, v_buf, loc, k, v)
+        return
+    reference.store_kv(k_buf, v_buf, loc, k, v)
 
 
-def rms_norm(x, weight, eps, residual=None, backend=None):
+def rms_norm(
+    x: torch.Tensor,  # [N, H]
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [N, H]
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm; with ``residual`` returns ``(norm(x + residual) * weight, x + residual)``."""
     if _use_triton(backend, x):
-        _triton_unavailable("rms_norm")
+        return _triton("norm_rope").rms_norm_triton(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def apply_rotary(q, k, cos_sin_cache, positions, backend=None):
+def apply_rotary(
+    q: torch.Tensor,  # [N, Hq, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    cos_sin_cache: torch.Tensor,  # [max_pos, D] float32: cat(cos[:, :D/2], sin[:, :D/2])
+    positions: torch.Tensor,  # [N]
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (rotate-half) rotary embedding of q and k; returns new tensors."""
     if _use_triton(backend, q):
-        _triton_unavailable("apply_rotary")
+        return _triton("norm_rope").apply_rotary_triton(q, k, cos_sin_cache, positions)
     return reference.apply_rotary(q, k, cos_sin_cache, positions)
+
+
+class _KernelsPackage(types.ModuleType):
+    """Importing submodule ``radixlm.kernels.decode_attention`` would bind the name
+    ``decode_attention`` on this package to the module, hiding the function of the same
+    name; the public functions keep their names here."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in __all__ and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _KernelsPackage

@@ -1,0 +1,33 @@
+# radixlm: `make demo` (main job on the built-in tiny model) and `make test` (the suite).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch first, pinned: on these CPU machines 2.13.0 is a CPU build; unpinned pulls CUDA.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m radixlm.cli demo
+
+test: install
+	$(PY) -m pytest -q -x --durations=15
+
+lint: install
+	$(VENV)/bin/ruff check radixlm tests benchmarks examples
+
+bench: install
+	$(PY) benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,154 @@
+"""CPU timings of the torch attention paths (the engine's CPU path), tiny-model shapes.
+
+    python benchmarks/kernels_cpu.py [--quick]
+
+Compares, for decode and extend batches (float32, Hq=4, Hkv=2, D=32 and 64):
+  loop     one scaled_dot_product_attention per sequence (repeat_interleave for GQA)
+  padded   the whole batch padded to the longest sequence, one SDPA call with a mask
+  grouped  what ``radixlm.kernels.reference`` does: sequences of similar length in
+           cache-sized padded groups, one SDPA call per group (GQA via enable_gqa)
+Lengths: ``eq`` all sequences the same, ``var`` uniform between ctx/100 and ctx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels import reference
+
+
+def loop_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale):
+    """The first reference: a Python loop over sequences."""
+    out = torch.empty_like(q)
+    hq, hkv = q.shape[1], k_buf.shape[1]
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    for b in range(len(qo) - 1):
+        qs, qe = qo[b], qo[b + 1]
+        idx = kv_indices[kv[b] : kv[b + 1]]
+        kk, vv = k_buf[idx], v_buf[idx]  # [P, Hkv, D]
+        if k is not None:
+            kk, vv = torch.cat((kk, k[qs:qe])), torch.cat((vv, v[qs:qe]))
+        n_new, n_kv = qe - qs, kk.shape[0]
+        rows = torch.arange(n_new).unsqueeze(1) + (n_kv - n_new)
+        mask = torch.arange(n_kv).unsqueeze(0) <= rows
+        kk = kk.transpose(0, 1).repeat_interleave(hq // hkv, 0)  # [Hq, n_kv, D]
+        vv = vv.transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        o = F.scaled_dot_product_attention(
+            q[qs:qe].transpose(0, 1)[None], kk[None], vv[None], attn_mask=mask, scale=scale
+        )
+        out[qs:qe] = o[0].transpose(0, 1)
+    return out
+
+
+def padded_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale):
+    """The whole batch as one padded group."""
+    out = torch.empty_like(q)
+    q_lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
+    kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
+    reference._padded_attention(
+        q,
+        k,
+        v,
+        k_buf,
+        v_buf,
+        qo_indptr[:-1],
+        kv_indptr[:-1],
+        q_lens,
+        kv_lens,
+        kv_indices,
+        scale,
+        out,
+    )
+    return out
+
+
+def grouped_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale):
+    if k is None:
+        return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, scale)
+    return reference.extend_attention(
+        q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale
+    )
+
+
+IMPLS: dict[str, Callable] = {
+    "loop": loop_attention,
+    "padded": padded_attention,
+    "grouped": grouped_attention,
+}
+
+
+def make_batch(kind: str, batch: int, ctx: int, new: int, var: bool, d: int, gen: torch.Generator):
+    """Ragged batch: ``ctx`` cached tokens (decode: including the new one), ``new`` queries
+    per sequence; extend batches also carry the new tokens' k and v."""
+    lens = torch.full((batch,), ctx)
+    if var and ctx > 1:
+        lens = torch.randint(max(ctx // 100, 1), ctx + 1, (batch,), generator=gen)
+        lens[0] = ctx
+    hq, hkv = 4, 2
+    nnz = int(lens.sum())
+    k_buf, v_buf = torch.randn(nnz + 16, hkv, d), torch.randn(nnz + 16, hkv, d)
+    kv_indices = torch.randperm(nnz + 16, generator=gen)[:nnz]
+    kv_indptr = torch.cat((torch.zeros(1, dtype=torch.long), lens.cumsum(0)))
+    qo_indptr = torch.arange(batch + 1) * new
+    q = torch.randn(batch * new, hq, d)
+    k = v = None
+    if kind != "decode":
+        k, v = torch.randn(batch * new, hkv, d), torch.randn(batch * new, hkv, d)
+    return q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, d**-0.5
+
+
+def time_ms(fn: Callable, args: tuple, budget_s: float) -> float:
+    fn(*args)
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < budget_s or len(times) < 3:
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3  # the minimum: other processes share this machine
+
+
+def run(cases: list[tuple[str, int, int, int]], budget_s: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    head = f"{'kind':7} {'D':>3} {'B':>3} {'ctx':>5} {'new':>4} {'lens':4} "
+    print(head + " ".join(f"{n:>9}" for n in IMPLS) + "   best  (ms, min of runs)")
+    for kind, batch, ctx, new in cases:
+        for d in (32, 64):
+            for var in (False, True):
+                args = make_batch(kind, batch, ctx, new, var, d, gen)
+                ref = grouped_attention(*args)
+                row = {}
+                for name, fn in IMPLS.items():
+                    torch.testing.assert_close(fn(*args), ref, rtol=1e-4, atol=1e-4)
+                    row[name] = time_ms(fn, args, budget_s)
+                best = min(row, key=row.get)
+                cells = " ".join(f"{row[n]:9.3f}" for n in IMPLS)
+                lens = "var" if var else "eq"
+                print(f"{kind:7} {d:3} {batch:3} {ctx:5} {new:4} {lens:4} {cells}   {best}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    decode = [("decode", b, c, 1) for b in (1, 8, 32) for c in (64, 512, 2048)]
+    # extend: prefill chunks over a cached prefix (ctx), and a mixed batch of 1-token rows
+    extend = [("extend", b, c, n) for b, c, n in ((1, 0, 256), (1, 512, 256), (4, 256, 64))]
+    extend += [("mixed", 16, 512, 1)]
+    if args.quick:
+        decode = [("decode", b, c, 1) for b in (1, 32) for c in (64, 1024)]
+        extend = extend[1:2] + extend[-1:]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, Hq=4 Hkv=2")
+    run(decode + extend, 0.05 if args.quick else 0.2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve`` (see --help)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.engine import Engine
+from radixlm.tiny_model import make_tiny_model
+
+DEMO_PROMPTS = [
+    "The capital of France is",
+    "The capital of France is Paris, and the capital of Italy is",
+    "Once upon a time",
+    "To make a good cup of tea, first",
+]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    with Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args))) as eng:
+        outs = eng.generate(DEMO_PROMPTS, {"max_new_tokens": 24, "temperature": 0})
+        for prompt, out in zip(DEMO_PROMPTS, outs):
+            meta = out["meta_info"]
+            print(f"{prompt!r} -> {out['text']!r}  (prompt {meta['prompt_tokens']}, "
+                  f"cached {meta['cached_tokens']}, generated {meta['completion_tokens']})")
+        info = eng.get_server_info()
+        print(f"KV pool: {info['max_total_num_tokens']} tokens, "
+              f"cache hit rate {100 * info['cache_hit_rate']:.1f}%")
+    return 0
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    path = make_tiny_model(args.dir, arch=args.arch)
+    print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixlm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="offline generation on the built-in tiny model")
+    ServerArgs.add_cli_args(demo)
+    tiny = sub.add_parser("make-tiny-model", help="write the built-in tiny model to DIR")
+    tiny.add_argument("dir")
+    tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
+                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    handlers = {"demo": _demo, "make-tiny-model": _make_tiny}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""RadixAttention: a radix tree from token-id prefixes to the KV slots that hold them.
+
+Ownership of slots, for one request whose tokens are ``[prefix | new | tail]``::
+
+    match_prefix ->  |<-- tree slots -->|
+    insert       ->  |<----- prefix_len ------>|<- taken by tree ->|<- not taken ->|
+                     |  caller's slots[:prefix_len]: not taken;    |  past the last |
+                     |  the caller frees those it allocated itself |  whole page    |
+
+Locks: a running request locks the node its match ended on (``inc_lock_ref``), which
+locks the whole path from the root; locked nodes are never evicted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.radix_cache.allocator import PagedAllocator
+
+
+@dataclass(eq=False)
+class TreeNode:
+    """One edge of the tree: ``key`` token ids and their KV ``value`` slots (same length)."""
+
+    node_id: int
+    key: list[int]
+    value: torch.Tensor
+    namespace: str | None
+    parent: TreeNode | None = None
+    children: dict[Hashable, TreeNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeNode(id={self.node_id}, len={len(self.key)}, lock_ref={self.lock_ref}, "
+            f"last_access={self.last_access}, children={len(self.children)})"
+        )
+
+
+@dataclass
+class MatchResult:
+    """``slots``: the tree's KV slots of the matched prefix; ``last_node``: deepest node."""
+
+    slots: torch.Tensor
+    last_node: TreeNode
+
+    @property
+    def prefix_len(self) -> int:
+        return self.slots.numel()
+
+
+def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two int sequences (C-level compare on the fast path)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+
+
+class RadixCache:
+    """Prefix cache over KV slots from ``allocator``; only whole pages are cached.
+
+    Requests in different ``namespace`` s never share a node: the root's children are keyed
+    by ``(namespace, first page)``, every other child by its first page (the first token
+    when ``page_size == 1``). ``disable=True`` caches nothing.
+    """
+
+    def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False):
+        assert page_size == allocator.page_size, (
+            f"page_size={page_size} but allocator.page_size={allocator.page_size}"
+        )
+        self.allocator = allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.device = allocator.device
+        self._next_id = 0
+        self._clock = 0
+        self.reset_state()
+
+    # ---- bookkeeping ----------------------------------------------------------------
+
+    def reset_state(self) -> None:
+        """Forget everything without freeing slots (used by ``__init__`` and ``reset``)."""
+        self.root = self._new_node([], self._empty(), None)
+        self._evictable_size = 0
+        self._protected_size = 0
+
+    def reset(self) -> None:
+        """Drop every node and free all its slots through the allocator. Nothing may be locked."""
+        assert self._protected_size == 0, f"reset with {self._protected_size} locked tokens"
+        self.allocator.free(self.all_slots())
+        self.reset_state()
+
+    def evictable_size(self) -> int:
+        """Tokens held by unlocked nodes."""
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        """Tokens held by locked nodes."""
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def all_slots(self) -> torch.Tensor:
+        """Every KV slot held by the tree (in DFS order)."""
+        values = [n.value for n in self._nodes() if n is not self.root]
+        return torch.cat(values) if values else self._empty()
+
+    # ---- match / insert -------------------------------------------------------------
+
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix of ``token_ids`` in ``namespace``.
+
+        Returns the tree's slots of that prefix and the deepest node covering it; if the
+        match ends inside a node, that node is split there so ``last_node`` ends exactly at
+        the prefix. Touches the LRU time of every node on the path. The caller should
+        ``inc_lock_ref(last_node)`` while it uses the slots.
+        """
+        if self.disable:
+            return MatchResult(self._empty(), self.root)
+        key = self._aligned_key(token_ids)
+        node, pos, values = self._walk(key, namespace)
+        slots = torch.cat(values) if values else self._empty()
+        return MatchResult(slots, node)
+
+    def insert(
+        self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None
+    ) -> int:
+        """Cache the whole pages of ``token_ids`` with KV ``slots``; return ``prefix_len``.
+
+        ``prefix_len`` is the number of leading tokens already in the tree: the caller's
+        ``slots[:prefix_len]`` are not taken (the caller frees those it allocated itself).
+        ``slots[prefix_len:aligned_len]`` now belong to the tree; slots past the last whole
+        page are not taken. With ``disable=True`` nothing is taken and ``len(token_ids)``
+        is returned.
+        """
+        if self.disable:
+            return len(token_ids)
+        key = self._aligned_key(token_ids)
+        assert slots.numel() >= len(key), f"{slots.numel()} slots for {len(key)} tokens"
+        node, pos, _ = self._walk(key, namespace)
+        if pos < len(key):
+            value = slots[pos : len(key)].to(device=self.device, dtype=torch.int64).clone()
+            leaf = self._new_node(key[pos:], value, namespace)
+            leaf.last_access = self._clock
+            self._attach(node, leaf)
+            self._evictable_size += len(leaf.key)
+        return pos
+
+    def _walk(
+        self, key: list[int], namespace: str | None
+    ) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follow ``key`` from the root; split where it diverges inside a node."""
+        self._clock += 1
+        node, pos, values = self.root, 0, []
+        while pos < len(key):
+            child = node.children.get(
+                self._child_key(node, key[pos : pos + self.page_size], namespace)
+            )
+            if child is None:
+                break
+            m = _common_len(child.key, key[pos : pos + len(child.key)])
+            m -= m % self.page_size
+            assert m > 0, f"child keyed by its first page but matched {m} tokens: {child}"
+            diverged = m < len(child.key)
+            if diverged:
+                child = self._split(child, m)
+            child.last_access = self._clock
+            values.append(child.value)
+            node, pos = child, pos + m
+            if diverged:
+                break
+        return node, pos, values
+
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Cut ``child`` after ``m`` tokens; the new upper node keeps its lock and LRU time."""
+        assert 0 < m < len(child.key) and m % self.page_size == 0, f"split at {m} of {child}"
+        parent = child.parent
+        assert parent is not None
+        upper = self._new_node(child.key[:m], child.value[:m], child.namespace)
+        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        parent.children[self._child_key(parent, child.key, child.namespace)] = upper
+        upper.parent = parent
+        child.key, child.value = child.key[m:], child.value[m:]
+        self._attach(upper, child)
+        return upper
+
+    # ---- locks and eviction ---------------------------------------------------------
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock every node on the path root..node against eviction."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+            node.lock_ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one ``inc_lock_ref(node)``."""
+        while node is not self.root:
+            assert node.lock_ref > 0, f"dec_lock_ref below zero on {node}"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+            assert node.parent is not None
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Free unlocked leaves, least recently used first, until ``num_tokens`` are freed
+        or nothing is evictable. Returns the number of tokens freed."""
+        heap = [(n.last_access, n.node_id, n) for n in self._evictable_leaves()]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
+            freed.append(leaf.value)
+            num_freed += len(leaf.key)
+            self._evictable_size -= len(leaf.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+        if freed:
+            self.allocator.free(torch.cat(freed))
+        return num_freed
+
+    def _evictable_leaves(self) -> Iterator[TreeNode]:
+        for n in self._nodes():
+            if n is not self.root and not n.children and n.lock_ref == 0:
+                yield n
+
+    # ---- debugging ------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant of the tree.
+
+        Checks parent pointers, child keys, key/value lengths, page alignment, path locking
+        (a child's ``lock_ref`` <= its parent's), namespaces, the size counters, that no
+        slot is held twice and that no held slot is free in the allocator.
+        """
+        root = self.root
+        assert root.parent is None and not root.key and root.value.numel() == 0, f"root {root}"
+        assert root.lock_ref == 0, f"root has lock_ref {root.lock_ref}"
+        sizes = [0, 0]  # [evictable, protected]
+        values = []
+        for node in self._nodes():
+            for child_key, child in node.children.items():
+                self._check_edge(node, child_key, child)
+            if node is not root:
+                sizes[node.lock_ref > 0] += len(node.key)
+                values.append(node.value)
+        assert sizes == [self._evictable_size, self._protected_size], (
+            f"recomputed evictable/protected {sizes} != counters "
+            f"{[self._evictable_size, self._protected_size]}"
+        )
+        self._check_slots(torch.cat(values) if values else self._empty())
+
+    def _check_edge(self, parent: TreeNode, child_key: Hashable, child: TreeNode) -> None:
+        ps = self.page_size
+        assert child.parent is parent, f"{child} under {parent} has parent {child.parent}"
+        n = len(child.key)
+        assert child.value.dim() == 1 and child.value.numel() == n, (
+            f"{child}: key length {n} != value shape {tuple(child.value.shape)}"
+        )
+        assert child.value.dtype == torch.int64, f"{child}: value dtype {child.value.dtype}"
+        assert n > 0 and n % ps == 0, f"{child}: length {n} not a positive multiple of {ps}"
+        expected = self._child_key(parent, child.key, child.namespace)
+        assert child_key == expected, f"{child} keyed {child_key!r}, expected {expected!r}"
+        assert child.lock_ref >= 0, f"{child}: negative lock_ref"
+        if parent is not self.root:
+            assert child.namespace == parent.namespace, (
+                f"{child} in namespace {child.namespace!r} under {parent.namespace!r}"
+            )
+            assert child.lock_ref <= parent.lock_ref, f"{child} locked more than {parent}"
+        if ps > 1:
+            pages = child.value.view(-1, ps)  # [num_pages, page_size]
+            offsets = torch.arange(ps, device=pages.device)
+            assert bool((pages == pages[:, :1] + offsets).all()) and bool(
+                (pages[:, 0] % ps == 0).all()
+            ), f"{child}: slots are not whole allocator pages: {child.value.tolist()}"
+
+    def _check_slots(self, slots: torch.Tensor) -> None:
+        uniq, counts = torch.unique(slots, return_counts=True)
+        assert uniq.numel() == slots.numel(), f"slots held twice: {uniq[counts > 1].tolist()}"
+        if slots.numel() == 0:
+            return
+        lo, hi = int(uniq[0]), int(uniq[-1])
+        assert 0 <= lo and hi < self.allocator.size, f"slots out of range: min {lo}, max {hi}"
+        free = self.allocator.is_free[uniq // self.page_size]
+        assert not bool(free.any()), f"tree holds free slots {uniq[free].tolist()}"
+
+    def pretty_print(self) -> str:
+        """The tree as indented text, one node per line (for debugging)."""
+        lines = [
+            f"RadixCache(page_size={self.page_size}, evictable={self._evictable_size}, "
+            f"protected={self._protected_size})"
+        ]
+        stack = [(child, 1) for child in reversed(self.root.children.values())]
+        while stack:
+            node, depth = stack.pop()
+            head = node.key[:8]
+            more = "..." if len(node.key) > 8 else ""
+            lines.append(
+                f"{'  ' * depth}[{node.namespace}] {head}{more} len={len(node.key)} "
+                f"lock_ref={node.lock_ref} t={node.last_access}"
+            )
+            stack.extend((c, depth + 1) for c in reversed(node.children.values()))
+        return "\n".join(lines)
+
+    # ---- helpers --------------------------------------------------------------------
+
+    def _new_node(self, key: list[int], value: torch.Tensor, namespace: str | None) -> TreeNode:
+        self._next_id += 1
+        return TreeNode(self._next_id, key, value, namespace)
+
+    def _attach(self, parent: TreeNode, child: TreeNode) -> None:
+        parent.children[self._child_key(parent, child.key, child.namespace)] = child
+        child.parent = parent
+
+    def _child_key(self, parent: TreeNode, key: Sequence[int], namespace: str | None) -> Hashable:
+        first = key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+        return (namespace, first) if parent is self.root else first
+
+    def _aligned_key(self, token_ids: Sequence[int]) -> list[int]:
+        if isinstance(token_ids, torch.Tensor):
+            token_ids = token_ids.tolist()
+        n = len(token_ids) - len(token_ids) % self.page_size
+        return list(token_ids[:n])
+
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def _nodes(self) -> Iterator[TreeNode]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

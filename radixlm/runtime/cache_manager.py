@@ -1,0 +1,153 @@
+"""The scheduler's cache manager: a request's KV slots against the pool and the radix tree.
+
+It owns the allocator, the request-to-token table and the radix tree, and is the only
+place that moves slots between them, so the accounting invariant of DESIGN.md
+
+    free + evictable + protected + request-owned == pool size
+
+can be checked here (``check_accounting``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.radix_cache.allocator import PagedAllocator
+from radixlm.radix_cache.kv_pool import ReqToTokenPool
+from radixlm.radix_cache.radix_tree import RadixCache
+from radixlm.runtime.request import Req
+
+
+def _ceil_to(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+class CacheManager:
+    def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
+                 disable_radix_cache: bool, device: torch.device) -> None:
+        self.page_size = page_size
+        self.pool_size = pool_size
+        self.allocator = PagedAllocator(pool_size, page_size, device=device)
+        self.req_to_token_pool = ReqToTokenPool(
+            max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
+        self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache)
+        self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
+
+    # --- sizes ------------------------------------------------------------------------
+    def available_size(self) -> int:
+        """Tokens that can be allocated now, evicting unlocked tree nodes if needed."""
+        return self.allocator.available_size() + self.tree.evictable_size()
+
+    def used_size(self) -> int:
+        return self.pool_size - self.allocator.available_size() - self.tree.evictable_size()
+
+    def pages_needed(self, req: Req, num_new: int) -> int:
+        """Tokens (whole pages) to allocate for ``req`` to extend its KV by ``num_new``."""
+        return max(_ceil_to(req.kv_len + num_new, self.page_size) - req.alloc_len, 0)
+
+    # --- admission --------------------------------------------------------------------
+    def match(self, req: Req) -> int:
+        """Length of the cached prefix ``req`` could reuse (no locking)."""
+        ids = req.fill_ids[: req.max_cached_prefix()]
+        return len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
+
+    def admit(self, req: Req) -> bool:
+        """Give ``req`` a row and lock its cached prefix. False if no row is free."""
+        row = self.req_to_token_pool.alloc()
+        if row is None:
+            return False
+        ids = req.fill_ids[: req.max_cached_prefix()]
+        m = self.tree.match_prefix(ids, namespace=req.namespace)
+        n = len(m.slots)
+        self.req_to_token_pool.req_to_token[row, :n] = m.slots
+        self.tree.inc_lock_ref(m.last_node)
+        req.req_pool_idx, req.last_node = row, m.last_node
+        req.prefix_len = req.kv_len = req.alloc_len = n
+        if not req.admitted_once:
+            req.cached_tokens, req.admitted_once = n, True
+        self.running[req.rid] = req
+        return True
+
+    def alloc(self, req: Req, num_new: int) -> bool:
+        """Make room for ``num_new`` more tokens of ``req`` (evicting if needed)."""
+        need = self.pages_needed(req, num_new)
+        if need == 0:
+            return True
+        if not self.ensure_free(need):
+            return False
+        slots = self.allocator.alloc(need)
+        assert slots is not None, f"alloc of {need} failed after ensure_free"
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        row[req.alloc_len: req.alloc_len + need] = slots
+        req.alloc_len += need
+        return True
+
+    def ensure_free(self, num_tokens: int) -> bool:
+        short = num_tokens - self.allocator.available_size()
+        if short > 0:
+            self.tree.evict(short)
+        return self.allocator.available_size() >= num_tokens
+
+    def out_cache_loc(self, req: Req, num_new: int) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len: req.kv_len + num_new]
+
+    # --- release ----------------------------------------------------------------------
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: put the computed tokens in the tree and re-lock on them,
+        so that other requests can share them and retraction cannot lose them."""
+        if self.tree.disable:
+            return
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        ids = req.fill_ids[: req.kv_len]
+        aligned = req.kv_len - req.kv_len % self.page_size
+        p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace)
+        # our copies of what the tree already had are duplicates
+        self._free_range(row, req.prefix_len, min(p, aligned))
+        m = self.tree.match_prefix(ids[:aligned], namespace=req.namespace)
+        assert len(m.slots) == aligned, f"re-match gave {len(m.slots)}, expected {aligned}"
+        row[:aligned] = m.slots
+        self.tree.inc_lock_ref(m.last_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.prefix_len = m.last_node, aligned
+
+    def release(self, req: Req, cache: bool) -> None:
+        """Return a request's slots: into the tree (``cache``) or to the allocator."""
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        if cache and req.kv_len > 0:
+            ids = req.fill_ids[: req.kv_len]
+            aligned = req.kv_len - req.kv_len % self.page_size
+            p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace)
+            self._free_range(row, req.prefix_len, min(p, aligned))
+            self._free_range(row, aligned, req.alloc_len)
+        else:
+            self._free_range(row, req.prefix_len, req.alloc_len)
+        self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        del self.running[req.rid]
+        req.req_pool_idx, req.last_node = None, None
+        req.prefix_len = req.kv_len = req.alloc_len = 0
+
+    def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
+        if end > start:
+            self.allocator.free(row[start:end])
+
+    def flush(self) -> bool:
+        """Drop the whole tree; only when no request holds KV."""
+        if self.running:
+            return False
+        self.tree.reset()
+        return True
+
+    # --- invariants -------------------------------------------------------------------
+    def request_owned(self) -> int:
+        return sum(r.alloc_len - r.prefix_len for r in self.running.values())
+
+    def check_accounting(self) -> None:
+        free = self.allocator.available_size()
+        ev, prot = self.tree.evictable_size(), self.tree.protected_size()
+        owned = self.request_owned()
+        total = free + ev + prot + owned
+        assert total == self.pool_size, (
+            f"KV accounting broken: free {free} + evictable {ev} + protected {prot} + "
+            f"request-owned {owned} = {total} != pool size {self.pool_size}")
+        self.tree.check_integrity()

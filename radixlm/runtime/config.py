@@ -1,0 +1,129 @@
+"""ServerArgs: every engine and server setting in one frozen dataclass.
+
+CLI flags are generated from the fields (``add_cli_args`` / ``from_cli_args``), with
+SGLang's names where the concept is the same. Numbers derived from these settings and
+the model (pool size, concurrency) are computed by the objects that own them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # model
+    model_path: str | None = field(default=None, metadata={"help": "local HF model directory "
+                                   "(default: the built-in tiny model)"})
+    tokenizer_path: str | None = field(default=None, metadata={"help": "default: model_path"})
+    dtype: str = field(default="auto", metadata={"help": "auto|float32|float16|bfloat16"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
+    context_length: int | None = field(default=None, metadata={"help": "override the model's"})
+    # memory and cache
+    page_size: int = field(default=1, metadata={"help": "tokens per KV page"})
+    max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens"})
+    kv_cache_memory_gb: float = field(default=1.0, metadata={
+        "help": "KV pool memory on CPU when --max-total-tokens is not given"})
+    mem_fraction_static: float = field(default=0.85, metadata={
+        "help": "share of free GPU memory for the KV pool (CUDA)"})
+    disable_radix_cache: bool = False
+    # scheduling
+    chunked_prefill_size: int = field(default=2048, metadata={"help": "max tokens per forward "
+                                      "(prefill chunks); -1 disables chunking"})
+    max_prefill_tokens: int = field(default=16384, metadata={"help": "max new prompt tokens "
+                                    "admitted per prefill batch"})
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    schedule_policy: str = field(default="lpm", metadata={"help": "|".join(SCHEDULE_POLICIES)})
+    enable_mixed_chunk: bool = field(default=True, metadata={
+        "help": "run prefill chunks and decode tokens in one forward"})
+    disable_mixed_chunk: bool = False
+    attention_backend: str | None = field(default=None, metadata={"help": "torch|triton "
+                                          "(default: triton on CUDA, torch on CPU)"})
+    random_seed: int | None = None
+    # server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    shutdown_timeout: float = field(default=30.0, metadata={"help": "seconds running requests "
+                                    "get to finish after SIGTERM"})
+    # logging
+    log_level: str = "info"
+    decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
+    tp_size: int = field(default=1, metadata={"help": "tensor parallel size (only 1)"})
+    dp_size: int = field(default=1, metadata={"help": "data parallel size (only 1)"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.page_size >= 1, f"page_size must be >= 1, got {self.page_size}")
+        need(self.schedule_policy in SCHEDULE_POLICIES,
+             f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        need(self.dtype in ("auto", "float32", "float16", "bfloat16"),
+             f"dtype must be auto|float32|float16|bfloat16, got {self.dtype!r}")
+        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+             f"device must be auto|cpu|cuda, got {self.device!r}")
+        need(self.attention_backend in (None, "torch", "triton"),
+             f"attention_backend must be torch or triton, got {self.attention_backend!r}")
+        need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
+             f"max_total_tokens must be >= 2 pages, got {self.max_total_tokens}")
+        need(self.chunked_prefill_size == -1 or self.chunked_prefill_size >= 1,
+             f"chunked_prefill_size must be >= 1 or -1, got {self.chunked_prefill_size}")
+        need(self.max_prefill_tokens >= 1,
+             f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        need(self.max_running_requests is None or self.max_running_requests >= 1,
+             f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        need(self.max_queued_requests is None or self.max_queued_requests >= 1,
+             f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        need(self.context_length is None or self.context_length >= 2,
+             f"context_length must be >= 2, got {self.context_length}")
+        need(self.tp_size == 1 and self.dp_size == 1,
+             "tp_size and dp_size other than 1 are not supported")
+
+    @property
+    def mixed_chunk(self) -> bool:
+        return self.enable_mixed_chunk and not self.disable_mixed_chunk
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}; valid: {sorted(names)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            kind = hints[f.name]
+            if kind is bool:
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            base = _base_type(kind)
+            parser.add_argument(flag, type=base, default=f.default,
+                                help=f"{help_text} (default: {f.default})".strip())
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def _base_type(kind: Any) -> type:
+    for t in (int, float, str):
+        if kind is t or (getattr(kind, "__args__", None) and t in kind.__args__):
+            return t
+    raise TypeError(f"no CLI type for {kind}")

@@ -1,0 +1,334 @@
+"""The offline Engine: tokenizer + the scheduler in one process, no sockets.
+
+The scheduler runs its loop in a background thread; ``generate`` (callable from any
+thread) tokenizes, validates, submits and waits for the outputs. Same loop as the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.messages import (
+    AbortReq,
+    FlushCacheReq,
+    GenerateReqInput,
+    GetInfoReq,
+    ReqOutput,
+)
+from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
+from radixlm.runtime.validation import validate_request
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class EngineError(RuntimeError):
+    """The scheduler thread failed; every pending request gets this."""
+
+
+class Engine:
+    """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model."""
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        self.model_path = resolve_model_path(model_path)
+        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
+        self.scheduler = Scheduler(self.server_args, self.model_path, self.tokenizer)
+        self.model_config = self.scheduler.model_config
+        self._inbox: queue.Queue = queue.Queue()
+        self._replies: queue.Queue = queue.Queue()
+        self._streams: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- the scheduler thread -------------------------------------------------------------
+    def _recv(self, block: bool) -> list[Any]:
+        msgs = []
+        try:
+            msgs.append(self._inbox.get(timeout=0.1) if block else self._inbox.get_nowait())
+            while True:
+                msgs.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if any(m is _STOP for m in msgs):
+            self._stopped.set()
+        return [m for m in msgs if m is not _STOP]
+
+    def _send(self, obj: Any) -> None:
+        if isinstance(obj, list):
+            with self._lock:
+                for out in obj:
+                    q = self._streams.get(out.rid)
+                    if q is not None:
+                        q.put(out)
+        else:
+            self._replies.put(obj)
+
+    def _loop(self) -> None:
+        try:
+            self.scheduler.run_loop(self._recv, self._send, self._stopped.is_set)
+        except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
+            logger.exception("scheduler thread failed")
+            self._error = e
+            self._stopped.set()
+            with self._lock:
+                for q in self._streams.values():
+                    q.put(e)
+            self._replies.put(e)
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise EngineError(f"the scheduler failed: {self._error!r}") from self._error
+        if self._stopped.is_set():
+            raise EngineError("the engine is shut down")
+
+    def _call(self, msg: Any) -> Any:
+        with self._call_lock:
+            self._check_alive()
+            self._inbox.put(msg)
+            reply = self._replies.get()
+        if isinstance(reply, BaseException):
+            raise EngineError(f"the scheduler failed: {reply!r}") from reply
+        return reply
+
+    # --- requests ---------------------------------------------------------------------------
+    def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
+                 return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
+                 rid: str | None) -> tuple[GenerateReqInput, SamplingParams]:
+        if ids is None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"text must be a string, got {type(prompt).__name__}")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        params = SamplingParams.from_dict(sp)
+        cfg = self.model_config
+        validate_request(list(ids), params, cfg.context_length, cfg.vocab_size,
+                         self.scheduler.cache.pool_size)
+        if top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
+                               return_logprob, logprob_start_len, top_logprobs_num)
+        return msg, params
+
+    def _submit(self, msg: GenerateReqInput) -> queue.Queue:
+        self._check_alive()
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            if msg.rid in self._streams:
+                raise ValueError(f"rid {msg.rid!r} is already in use")
+            self._streams[msg.rid] = q
+        self._inbox.put(msg)
+        return q
+
+    def _outputs(self, rid: str, q: queue.Queue) -> Iterator[ReqOutput]:
+        try:
+            while True:
+                out = q.get()
+                if isinstance(out, BaseException):
+                    raise EngineError(f"the scheduler failed: {out!r}") from out
+                yield out
+                if out.finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 return_logprob: bool = False, logprob_start_len: int = -1,
+                 top_logprobs_num: int = 0, stream: bool = False,
+                 rid: str | list[str] | None = None,
+                 return_text_in_logprobs: bool = False) -> Any:
+        """SGLang's ``Engine.generate``: a dict for one prompt, a list for a batch;
+        ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment."""
+        batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
+                                             and isinstance(input_ids[0], list))
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        ids_list = (input_ids if batch else [input_ids]) if input_ids is not None else None
+        n_items = len(ids_list) if ids_list is not None else len(prompts)
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n_items
+        if isinstance(rid, str) and n_items > 1:
+            raise ValueError("rid must be a list with one id per prompt for a batch")
+        rids = rid if isinstance(rid, list) else [rid] * n_items
+        if len(sps) != n_items or len(rids) != n_items:
+            raise ValueError(f"sampling_params/rid lists must have {n_items} entries")
+        opts = (return_logprob, logprob_start_len, top_logprobs_num)
+        prepared = [self._prepare(None if ids_list else prompts[i],
+                                  ids_list[i] if ids_list else None, sps[i], *opts, rids[i])
+                    for i in range(n_items)]
+        if stream:
+            if n_items != 1 or prepared[0][1].n != 1:
+                raise ValueError("stream=True takes one prompt and n=1")
+            return self._stream(*prepared[0], return_text_in_logprobs)
+        results = self._run_all(prepared, return_text_in_logprobs)
+        return results if batch or len(results) > 1 else results[0]
+
+    def _run_all(self, prepared: list[tuple[GenerateReqInput, SamplingParams]],
+                 text_in_logprobs: bool) -> list[dict]:
+        """Submit everything, then collect; n > 1 first caches the prompt once so the n
+        samples share its KV instead of computing it n times."""
+        if not self.server_args.disable_radix_cache:
+            warm = [(GenerateReqInput(m.rid + "-prefill", m.input_ids, {"max_new_tokens": 0}),
+                     None) for m, p in prepared if p.n > 1]
+            for m, _ in warm:
+                list(self._outputs(m.rid, self._submit(m)))
+        jobs = []
+        for m, p in prepared:
+            for j in range(p.n):
+                sub = m if p.n == 1 else GenerateReqInput(
+                    f"{m.rid}-{j}", m.input_ids, m.sampling_params, m.return_logprob,
+                    m.logprob_start_len, m.top_logprobs_num)
+                jobs.append((sub, p, self._submit(sub), time.monotonic()))
+        return [self._collect(m, p, q, t0, text_in_logprobs) for m, p, q, t0 in jobs]
+
+    def _collect(self, msg: GenerateReqInput, params: SamplingParams, q: queue.Queue,
+                 t0: float, text_in_logprobs: bool) -> dict:
+        result = _Result(self.tokenizer, msg, params, text_in_logprobs)
+        for out in self._outputs(msg.rid, q):
+            result.add(out)
+        return result.to_dict(time.monotonic() - t0)
+
+    def _stream(self, msg: GenerateReqInput, params: SamplingParams,
+                text_in_logprobs: bool) -> Iterator[dict]:
+        t0 = time.monotonic()
+        q = self._submit(msg)
+        result = _Result(self.tokenizer, msg, params, text_in_logprobs)
+        finished = False
+        try:
+            for out in self._outputs(msg.rid, q):
+                result.add(out)
+                finished = out.finished
+                yield result.chunk(time.monotonic() - t0)
+        finally:
+            if not finished:
+                self.abort(msg.rid)
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(AbortReq(rid))
+
+    # --- control ------------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        return self._call(FlushCacheReq()).success
+
+    def get_server_info(self) -> dict[str, Any]:
+        info = self._call(GetInfoReq()).info
+        return {"model_path": self.model_path, **info}
+
+    def check_invariants(self) -> None:
+        """Assert the KV accounting invariant; the engine must be idle."""
+        info = self._call(GetInfoReq(check_invariants=True)).info
+        if info.get("invariant_error"):
+            raise AssertionError(info["invariant_error"])
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Block until no request is waiting or running (aborts settle in a step)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self._call(GetInfoReq()).info
+            if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine not idle after {timeout} s: {info}")
+            time.sleep(0.01)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+class _Result:
+    """Accumulates one request's outputs into SGLang-shaped dicts."""
+
+    def __init__(self, tokenizer: Any, msg: GenerateReqInput, params: SamplingParams,
+                 text_in_logprobs: bool) -> None:
+        self.tokenizer = tokenizer
+        self.msg = msg
+        self.text_in_logprobs = text_in_logprobs
+        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens,
+                                            params.spaces_between_special_tokens,
+                                            params.stop, params.no_stop_trim)
+        self.last: ReqOutput | None = None
+        self.output_lps: list = []
+        self.output_top: list = []
+        self.input_lps: list | None = None
+        self.input_top: list | None = None
+        self.new_lps: list = []
+        self.new_top: list = []
+
+    def add(self, out: ReqOutput) -> None:
+        self.detok.add(out.new_token_ids)
+        self.last = out
+        self.new_lps = [self._entry(lp, t) for lp, t in out.output_token_logprobs or []]
+        self.new_top = [self._top(t) for t in out.output_top_logprobs or []]
+        self.output_lps += self.new_lps
+        self.output_top += self.new_top
+        if out.input_token_logprobs is not None:
+            self.input_lps = [self._entry(lp, t) for lp, t in out.input_token_logprobs]
+            self.input_top = [self._top(t) for t in out.input_top_logprobs or []]
+
+    def _entry(self, lp: float | None, tok: int) -> list:
+        text = self.tokenizer.decode([tok]) if self.text_in_logprobs else None
+        return [lp, tok, text]
+
+    def _top(self, pairs: list | None) -> list | None:
+        return None if pairs is None else [self._entry(lp, t) for lp, t in pairs]
+
+    def _meta(self, latency: float, incremental: bool) -> dict[str, Any]:
+        out = self.last
+        assert out is not None
+        meta: dict[str, Any] = {
+            "id": self.msg.rid, "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
+            "finish_reason": out.finish_reason, "e2e_latency": latency,
+        }
+        if self.msg.return_logprob:
+            meta["output_token_logprobs"] = self.new_lps if incremental else self.output_lps
+            meta["output_token_logprobs_length"] = len(self.output_lps)
+            if self.msg.top_logprobs_num:
+                meta["output_top_logprobs"] = self.new_top if incremental else self.output_top
+            meta["input_token_logprobs"] = self.input_lps
+            if self.msg.top_logprobs_num:
+                meta["input_top_logprobs"] = self.input_top
+        return meta
+
+    def to_dict(self, latency: float) -> dict[str, Any]:
+        matched = (self.last.finish_reason or {}).get("matched")
+        return {"text": self.detok.final_text(matched), "output_ids": list(self.detok.ids),
+                "meta_info": self._meta(latency, incremental=False)}
+
+    def chunk(self, latency: float) -> dict[str, Any]:
+        out = self.last
+        assert out is not None
+        if out.finished:
+            text = self.detok.final_delta((out.finish_reason or {}).get("matched"))
+        else:
+            text = self.detok.delta()
+        return {"text": text, "output_ids": list(out.new_token_ids),
+                "meta_info": self._meta(latency, incremental=True)}
+

@@ -1,0 +1,87 @@
+"""Typed messages between the front end (Engine / tokenizer manager) and the scheduler.
+
+msgspec Structs: passed as objects inside one process, msgpack-encoded between processes
+(``encode`` / ``decode``). Never pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class GenerateReqInput(msgspec.Struct, tag=True):
+    """One tokenized, validated request for the scheduler."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    namespace: str | None = None
+
+
+class AbortReq(msgspec.Struct, tag=True):
+    rid: str
+    message: str = "aborted"
+
+
+class FlushCacheReq(msgspec.Struct, tag=True):
+    pass
+
+
+class GetInfoReq(msgspec.Struct, tag=True):
+    check_invariants: bool = False  # also assert the KV accounting (idle scheduler only)
+
+
+class InfoOutput(msgspec.Struct, tag=True):
+    info: dict[str, Any]
+
+
+class FlushCacheOutput(msgspec.Struct, tag=True):
+    success: bool
+    message: str = ""
+
+
+class ReqOutput(msgspec.Struct, tag=True):
+    """What one scheduler step produced for one request (new tokens since the last one)."""
+
+    rid: str
+    new_token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: dict[str, Any] | None = None
+    # [logprob, token_id] pairs for new_token_ids; top lists per new token
+    output_token_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # sent once, with the first output of a request that asked for prompt logprobs
+    input_token_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class BatchOutput(msgspec.Struct, tag=True):
+    outputs: list[ReqOutput]
+
+
+Message = (
+    GenerateReqInput | AbortReq | FlushCacheReq | GetInfoReq | InfoOutput | FlushCacheOutput
+    | BatchOutput
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)

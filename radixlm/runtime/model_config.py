@@ -1,0 +1,203 @@
+"""ModelConfig: the numbers the engine needs from a Hugging Face ``config.json``.
+
+``ModelConfig.from_hf(dir)`` normalises the quirks of the formats in the wild (missing
+``num_key_value_heads``, ``rope_scaling`` with ``type`` or ``rope_type``, transformers 5's
+``rope_parameters``, ``eos_token_id`` as an int or a list, ...) into one frozen object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "half": torch.float16,
+    "float": torch.float32,
+}
+_ROPE_KEYS_NOT_SCALING = ("rope_theta", "partial_rotary_factor")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture numbers of one checkpoint, plus the serving dtype and context length.
+
+    ``rope_scaling`` is None for plain RoPE, else a dict with a ``rope_type`` key
+    (``linear`` or ``llama3``) and that type's parameters.
+    """
+
+    model_dir: Path
+    architectures: tuple[str, ...]
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    context_length: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    sliding_window: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    torch_dtype: torch.dtype  # the checkpoint's dtype
+    dtype: str = "auto"  # requested serving dtype; see resolve_dtype
+
+    @classmethod
+    def from_hf(
+        cls,
+        model_dir: str | Path,
+        dtype: str = "auto",
+        context_length: int | None = None,
+    ) -> ModelConfig:
+        model_dir = Path(model_dir)
+        path = model_dir / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+        hf = json.loads(path.read_text(encoding="utf-8"))
+        if dtype != "auto" and dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        heads = hf["num_attention_heads"]
+        model_type = hf.get("model_type", "")
+        max_pos = hf.get("max_position_embeddings", 2048)
+        sliding_window = _sliding_window(hf)
+        return cls(
+            model_dir=model_dir,
+            architectures=tuple(hf.get("architectures") or ()),
+            model_type=model_type,
+            hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate_size=hf["intermediate_size"],
+            vocab_size=hf["vocab_size"],
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_theta(hf)),
+            rope_scaling=_rope_scaling(hf),
+            max_position_embeddings=max_pos,
+            context_length=_context_length(max_pos, sliding_window, context_length),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # Qwen2 checkpoints always carry a q/k/v bias and have no flag for it.
+            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            sliding_window=sliding_window,
+            eos_token_ids=_eos_token_ids(hf, model_dir),
+            bos_token_id=hf.get("bos_token_id"),
+            torch_dtype=_DTYPES.get(hf.get("torch_dtype") or hf.get("dtype"), torch.float32),
+            dtype=dtype,
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def sm_scale(self) -> float:
+        return self.head_dim**-0.5
+
+    def resolve_dtype(self, device: torch.device | str = "cpu") -> torch.dtype:
+        """The dtype to serve in: explicit when asked; ``auto`` is float32 on a CPU and the
+        checkpoint's dtype on an accelerator."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        return torch.float32 if torch.device(device).type == "cpu" else self.torch_dtype
+
+
+def _rope_params(hf: dict) -> dict[str, Any]:
+    # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older files
+    # write `rope_scaling` beside a top-level `rope_theta`.
+    return dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+
+
+def _rope_theta(hf: dict) -> float:
+    return hf.get("rope_theta") or _rope_params(hf).get("rope_theta") or 10000.0
+
+
+def _rope_scaling(hf: dict) -> dict[str, Any] | None:
+    params = _rope_params(hf)
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    for key in _ROPE_KEYS_NOT_SCALING:
+        params.pop(key, None)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope_scaling type {rope_type!r} in config.json; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return None
+    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}[
+        rope_type
+    ]
+    missing = [k for k in required if k not in params]
+    if missing:
+        raise ValueError(f"rope_scaling of type {rope_type!r} lacks {missing} in config.json")
+    if rope_type == "llama3":
+        params.setdefault(
+            "original_max_position_embeddings", hf.get("max_position_embeddings", 8192)
+        )
+    return {"rope_type": rope_type, **params}
+
+
+def _sliding_window(hf: dict) -> int | None:
+    if hf.get("use_sliding_window") is False:  # Qwen2 sets a window but leaves it off
+        return None
+    return hf.get("sliding_window")
+
+
+def _context_length(max_pos: int, sliding_window: int | None, requested: int | None) -> int:
+    """Sliding-window attention is not implemented: within the window it equals full
+    attention, so the context is capped at the window instead."""
+    if sliding_window is not None and requested is not None and requested > sliding_window:
+        raise ValueError(
+            f"context_length {requested} exceeds the model's sliding_window {sliding_window}, "
+            "and radixlm does not implement sliding-window attention"
+        )
+    length = requested if requested is not None else max_pos
+    if requested is not None and requested > max_pos:
+        logger.warning(
+            "context_length %d exceeds max_position_embeddings %d of the model", requested, max_pos
+        )
+    if sliding_window is not None and sliding_window < length:
+        logger.warning("capping context_length %d at the sliding window %d", length, sliding_window)
+        length = sliding_window
+    return length
+
+
+def _eos_token_ids(hf: dict, model_dir: Path) -> tuple[int, ...]:
+    """EOS ids of config.json, then any more from generation_config.json (chat models list
+    their end-of-turn token there)."""
+    ids: list[int] = []
+    sources = [hf.get("eos_token_id")]
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        sources.append(json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+    for value in sources:
+        for i in [value] if isinstance(value, int) else value or []:
+            if i not in ids:
+                ids.append(i)
+    return tuple(ids)

@@ -1,0 +1,96 @@
+"""ModelRunner: owns the model and the KV pool; turns a ScheduleBatch into one forward."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.models import load_model
+from radixlm.runtime.request import ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+# a CPU default: enough for hundreds of concurrent requests of a small model
+MAX_DEFAULT_POOL_TOKENS = 1 << 17
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_path: str) -> None:
+        self.device = resolve_device(args.device)
+        self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
+                                                context_length=args.context_length)
+        self.dtype = self.model_config.resolve_dtype(self.device)
+        self.attention_backend = args.attention_backend
+        if args.random_seed is not None:
+            torch.manual_seed(args.random_seed)
+        self.model = load_model(self.model_config, model_path, self.device)
+        self.pool_size = self._pool_size(args)
+        cfg = self.model_config
+        self.kv_pool = KVPool(self.pool_size, cfg.num_layers, cfg.num_key_value_heads,
+                              cfg.head_dim, self.dtype, self.device)
+
+    def _pool_size(self, args: ServerArgs) -> int:
+        cfg = self.model_config
+        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_key_value_heads,
+                                           cfg.head_dim, self.dtype)
+        if args.max_total_tokens is not None:
+            size = args.max_total_tokens
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            size = int(free * args.mem_fraction_static) // per_token
+        else:
+            size = min(int(args.kv_cache_memory_gb * (1 << 30)) // per_token,
+                       MAX_DEFAULT_POOL_TOKENS)
+        size -= size % args.page_size
+        if size < 2 * args.page_size:
+            raise ValueError(f"KV pool too small: {size} tokens (page_size {args.page_size})")
+        return size
+
+    def build_forward_batch(self, batch: ScheduleBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """Packed tensors for ``batch``; see ForwardBatch for the layout."""
+        decode = batch.is_decode
+        input_ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        locs, kv_slices, logits_rows = [], [], []
+        qo_indptr, kv_indptr = [0], [0]
+        for req, n, (a, b) in zip(batch.reqs, batch.extend_lens, batch.logit_ranges):
+            start = req.kv_len
+            row = req_to_token[req.req_pool_idx]
+            input_ids.extend(req.tokens(start, start + n))
+            positions.append(torch.arange(start, start + n))
+            locs.append(row[start: start + n])
+            kv_end = start + n if decode else start
+            kv_slices.append(row[:kv_end])
+            logits_rows.append(torch.arange(qo_indptr[-1] + a, qo_indptr[-1] + b))
+            qo_indptr.append(qo_indptr[-1] + n)
+            kv_indptr.append(kv_indptr[-1] + kv_end)
+        dev = self.device
+        return ForwardBatch(
+            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.cat(positions).to(dev),
+            out_cache_loc=torch.cat(locs),
+            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int64, device=dev),
+            kv_indptr=torch.tensor(kv_indptr, dtype=torch.int64, device=dev),
+            kv_indices=torch.cat(kv_slices),
+            logits_indices=torch.cat(logits_rows).to(dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduleBatch, req_to_token: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges``."""
+        fb = self.build_forward_batch(batch, req_to_token)
+        return self.model(fb)

@@ -1,0 +1,152 @@
+"""Per-request sampling parameters, with SGLang's field names and defaults.
+
+``from_dict`` takes the ``sampling_params`` object of a native ``/generate`` request;
+``verify`` checks the numbers against the model's vocabulary and context length. Both
+raise ``ValueError`` with a message that names the field and the limit, which the
+server turns into an HTTP 400.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# Temperatures below this are treated as greedy (argmax), as in SGLang.
+GREEDY_TEMPERATURE_EPS = 1e-5
+_ALIASES = {"sampling_seed": "seed"}
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request's tokens. ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = the whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: str | list[str] | None = None  # normalised to list[str] | None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: int | None = None  # SGLang's `sampling_seed`
+    regex: str | None = None
+    json_schema: str | None = None  # a dict is accepted and dumped to a string
+    logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is not None:
+            self.stop = list(self.stop)
+        if isinstance(self.json_schema, dict):
+            self.json_schema = json.dumps(self.json_schema)
+        if self.logit_bias is not None:
+            self.logit_bias = {_token_id_key(k): float(v) for k, v in self.logit_bias.items()}
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        """Build from a request's ``sampling_params``; unknown keys are a ValueError."""
+        if d is None:
+            return cls()
+        valid = cls.field_names()
+        kwargs: dict[str, Any] = {}
+        for key, value in d.items():
+            name = _ALIASES.get(key, key)
+            if name not in valid:
+                names = ", ".join(valid + list(_ALIASES))
+                raise ValueError(f"unknown sampling parameter {key!r}; valid fields: {names}")
+            if name in kwargs and kwargs[name] != value:
+                raise ValueError(f"{key!r} conflicts with {name!r}: give only one of them")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def clone(self) -> SamplingParams:
+        return self.replace()
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied; list and dict fields are copied, not shared."""
+        current = {f: getattr(self, f) for f in self.field_names()}
+        for name in ("stop", "stop_token_ids"):
+            if current[name] is not None:
+                current[name] = list(current[name])
+        if current["logit_bias"] is not None:
+            current["logit_bias"] = dict(current["logit_bias"])
+        return SamplingParams(**{**current, **changes})
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
+
+    def verify(self, vocab_size: int, context_len: int | None = None) -> None:
+        """Raise ValueError naming the first field that is out of range."""
+        self._verify_distribution()
+        self._verify_lengths(context_len)
+        self._verify_stops(vocab_size)
+        if self.regex is not None and self.json_schema is not None:
+            raise ValueError("regex and json_schema cannot both be set")
+        for token_id in (self.logit_bias or {}).keys():
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"logit_bias keys must be in [0, {vocab_size}), got {token_id}")
+
+    def _verify_distribution(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+
+    def _verify_lengths(self, context_len: int | None) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if context_len is not None and self.max_new_tokens > context_len:
+            raise ValueError(
+                f"max_new_tokens must be <= the context length {context_len}, "
+                f"got {self.max_new_tokens}"
+            )
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
+
+    def _verify_stops(self, vocab_size: int) -> None:
+        if any(s == "" for s in self.stop or []):
+            raise ValueError("stop strings must be non-empty, got ''")
+        for token_id in self.stop_token_ids or []:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")
+
+
+def _token_id_key(key: object) -> int:
+    try:
+        return int(key)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None

@@ -1,0 +1,81 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import radixlm
+from radixlm.tiny_model import default_tiny_model_path
+
+# --- tiny models ---
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir() -> Path:
+    """The built-in tiny Llama checkpoint (built once per machine, then cached)."""
+    return default_tiny_model_path("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    """The built-in tiny Qwen2 checkpoint (q/k/v bias, tied embeddings)."""
+    return default_tiny_model_path("qwen2")
+
+
+# --- engines ---
+# Every Engine a test builds through these fixtures is checked after each test: at idle,
+# free + evictable + protected + request-owned == pool size, and the tree is sound.
+
+_LIVE_ENGINES: list = []
+
+
+def _engine_factory():
+    made = []
+
+    def make(**kwargs):
+        kwargs.setdefault("random_seed", 0)
+        kwargs.setdefault("max_total_tokens", 16384)
+        eng = radixlm.Engine(**kwargs)
+        made.append(eng)
+        _LIVE_ENGINES.append(eng)
+        return eng
+
+    return make, made
+
+
+def _shutdown(made) -> None:
+    for eng in made:
+        eng.shutdown()
+        _LIVE_ENGINES.remove(eng)
+
+
+@pytest.fixture
+def make_engine():
+    """``make_engine(**server_args)`` -> a radixlm.Engine, shut down after the test."""
+    make, made = _engine_factory()
+    yield make
+    _check_engines(made)
+    _shutdown(made)
+
+
+@pytest.fixture(scope="module")
+def make_module_engine():
+    """Like ``make_engine``, for engines shared by a module's tests."""
+    make, made = _engine_factory()
+    yield make
+    _shutdown(made)
+
+
+def _check_engines(engines) -> None:
+    for eng in engines:
+        if eng.is_alive:
+            eng.wait_idle()
+            eng.check_invariants()
+
+
+@pytest.fixture(autouse=True)
+def _check_kv_invariants_after_test():
+    yield
+    _check_engines(list(_LIVE_ENGINES))
