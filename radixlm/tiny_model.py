@@ -202,6 +202,7 @@ def default_tiny_model_path(arch: str = "llama") -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         make_tiny_model(tmp, arch=arch)
+        tmp.chmod(0o755)  # mkdtemp makes it private
         os.rename(tmp, path)
     except OSError:
         if not path.is_dir():

@@ -21,6 +21,7 @@ class GenerateReqInput(msgspec.Struct, tag=True):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     namespace: str | None = None
+    return_text_in_logprobs: bool = False  # read by the detokenizer, not the scheduler
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -68,11 +69,69 @@ class ReqOutput(msgspec.Struct, tag=True):
 
 class BatchOutput(msgspec.Struct, tag=True):
     outputs: list[ReqOutput]
+    # seconds each request admitted in this step waited in the queue (server metrics)
+    queue_times: list[float] = msgspec.field(default_factory=list)
+
+
+# --- the server's processes (scheduler -> detokenizer -> tokenizer manager) ---------------
+
+
+class DetokRegister(msgspec.Struct, tag=True):
+    """How to turn one request's token ids into text; sent ahead of its first output."""
+
+    rid: str
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: list[str] | None = None
+    no_stop_trim: bool = False
+    text_in_logprobs: bool = False
+
+
+class RegisterReqs(msgspec.Struct, tag=True):
+    reqs: list[DetokRegister]
+
+
+# [logprob, token_id, text or None], SGLang's logprob entry
+LogprobEntry = tuple[float | None, int, str | None]
+
+
+class TextOutput(msgspec.Struct, tag=True):
+    """A ReqOutput after detokenisation: ``text`` is the new piece that is safe to show;
+    ``final_text`` (on the last output only) is the whole stop-trimmed text."""
+
+    rid: str
+    text: str
+    new_token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: dict[str, Any] | None = None
+    final_text: str | None = None
+    output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    input_token_logprobs: list[LogprobEntry] | None = None
+    input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class TextBatch(msgspec.Struct, tag=True):
+    outputs: list[TextOutput]
+    queue_times: list[float] = msgspec.field(default_factory=list)
+
+
+class SchedulerReady(msgspec.Struct, tag=True):
+    """The scheduler process loaded the model; ``info`` is its ``get_info()``."""
+
+    info: dict[str, Any]
+    model_info: dict[str, Any]
 
 
 Message = (
     GenerateReqInput | AbortReq | FlushCacheReq | GetInfoReq | InfoOutput | FlushCacheOutput
-    | BatchOutput
+    | BatchOutput | RegisterReqs | TextBatch | SchedulerReady
 )
 
 _encoder = msgspec.msgpack.Encoder()

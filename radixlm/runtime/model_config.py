@@ -52,7 +52,9 @@ class ModelConfig:
     max_position_embeddings: int
     context_length: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    attention_bias: bool  # Llama's flag: a bias on q, k, v and o
+    qkv_bias: bool  # a bias on q, k, v (Qwen2: always, o has none)
+    mlp_bias: bool
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
@@ -94,8 +96,10 @@ class ModelConfig:
             max_position_embeddings=max_pos,
             context_length=_context_length(max_pos, sliding_window, context_length),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
             # Qwen2 checkpoints always carry a q/k/v bias and have no flag for it.
-            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)),
             sliding_window=sliding_window,
             eos_token_ids=_eos_token_ids(hf, model_dir),
             bos_token_id=hf.get("bos_token_id"),

@@ -48,16 +48,21 @@ class OutputProcessor:
         sample_reqs: list[Req] = []
         sample_rows: list[int] = []
         done_prefill: list[Req] = []
-        for req, n, (a, b) in zip(batch.reqs, batch.extend_lens, batch.logit_ranges):
+        for i, (req, n, (a, b)) in enumerate(
+                zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
             kv0 = req.kv_len
             req.kv_len += n
             if req.wants_input_logprobs:
                 n_in = min(b, req.prompt_len - 1 - kv0) - a
                 self._input_logprobs(req, logits[row: row + max(n_in, 0)], kv0 + a)
             row += b - a
-            if req.kv_len < req.seq_len:  # more of the prompt to come
+            if i < batch.num_prefill:
+                # share the prompt's KV at once: later requests with the same prefix
+                # (the rest of a group, n > 1 samples) match it while this one decodes
                 self.s.cache.cache_unfinished(req)
-            elif req.sampling_params.max_new_tokens == 0:  # prefill only
+            if req.kv_len < req.seq_len:  # more of the prompt to come
+                continue
+            if req.sampling_params.max_new_tokens == 0:  # prefill only
                 done_prefill.append(req)
             else:
                 sample_reqs.append(req)

@@ -131,6 +131,7 @@ class ScheduleBatch:
     extend_lens: list[int]
     # rows of each request whose logits are needed: (start, end) offsets into its new tokens
     logit_ranges: list[tuple[int, int]] = field(default_factory=list)
+    num_prefill: int = 0  # the first ``num_prefill`` requests extend their prompt
 
     @property
     def is_decode(self) -> bool:

@@ -10,6 +10,9 @@ from radixlm.runtime.request import Req
 
 # Past this many waiting requests, prefix-aware orders cost more than they win (SGLang).
 PREFIX_POLICY_QUEUE_LIMIT = 128
+# Waiting requests whose next this-many uncached tokens equal those of a request ahead of
+# them wait one step, so that the shared part is computed once and then matched.
+IN_BATCH_PREFIX_TOKENS = 32
 # Decode tokens a running request is assumed to still need, at most (times new_token_ratio).
 CLIP_MAX_NEW_TOKENS = 4096
 
@@ -33,10 +36,28 @@ class SchedulePolicy:
             return list(waiting)
         if policy == "lof":
             return sorted(waiting, key=lambda r: -r.sampling_params.max_new_tokens)
+        prefix = {r.rid: self.cache.match(r) for r in waiting}
         if policy == "lpm":
-            prefix = {r.rid: self.cache.match(r) for r in waiting}
-            return sorted(waiting, key=lambda r: -prefix[r.rid])
-        return self._dfs_weight(waiting)
+            ordered = sorted(waiting, key=lambda r: -prefix[r.rid])
+        else:
+            ordered = self._dfs_weight(waiting)
+        return self._defer_in_batch_duplicates(ordered, prefix)
+
+    @staticmethod
+    def _defer_in_batch_duplicates(ordered: list[Req], prefix: dict[str, int]) -> list[Req]:
+        """Drop, for this step, requests that would compute the same uncached tokens as a
+        request ahead of them; next step they find those tokens in the tree."""
+        seen: set[tuple] = set()
+        keep = []
+        for r in ordered:
+            m = prefix[r.rid]
+            nxt = tuple(r.fill_ids[m: m + IN_BATCH_PREFIX_TOKENS])
+            key = (r.namespace, m, nxt)
+            if len(nxt) == IN_BATCH_PREFIX_TOKENS and key in seen:
+                continue
+            seen.add(key)
+            keep.append(r)
+        return keep
 
     def _dfs_weight(self, waiting: list[Req]) -> list[Req]:
         tree: RadixCache = self.cache.tree

@@ -126,7 +126,7 @@ class Scheduler:
         reqs, lens = prefill.reqs + decodes, prefill.extend_lens + [1] * len(decodes)
         ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
         self._log_prefill(prefill, len(decodes))
-        return ScheduleBatch(reqs, lens, ranges)
+        return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs))
 
     def _prefill_batch(self) -> PrefillAdder | None:
         if not self.waiting and self.chunked_req is None:

@@ -198,6 +198,25 @@ def test_rope_scaling_matches_transformers(tiny_llama_dir, tmp_path, rope_scalin
     assert not torch.allclose(logits, unscaled, atol=1e-2)  # the scaling did something
 
 
+def test_llama_attention_and_mlp_bias_match_transformers(tiny_llama_dir, tmp_path):
+    """Llama's `attention_bias` puts a bias on q/k/v *and* o; `mlp_bias` on the MLP."""
+    tensors = load_file(tiny_llama_dir / "model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    for name in list(tensors):
+        if name.endswith("_proj.weight"):
+            out_features = tensors[name].shape[0]
+            bias = torch.randn(out_features, generator=gen) * 0.1
+            tensors[name.removesuffix("weight") + "bias"] = bias
+    d = _copy_without_weights(tiny_llama_dir, tmp_path / "biased")
+    save_file(tensors, d / "model.safetensors")
+    hf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**hf, "attention_bias": True, "mlp_bias": True}))
+    config = ModelConfig.from_hf(d)
+    ids = _token_ids(d)[1]
+    logits = load_model(config, d, "cpu")(Seqs(config).batch(ForwardMode.EXTEND, {0: ids}))
+    torch.testing.assert_close(logits, hf_logits(d, ids), atol=ATOL, rtol=0)
+
+
 def test_missing_tensor_raises(tiny_llama_dir, tmp_path):
     tensors = load_file(tiny_llama_dir / "model.safetensors")
     del tensors["model.layers.2.mlp.up_proj.weight"]
@@ -246,7 +265,7 @@ def test_config_defaults(tmp_path):
     c = _config_from(tmp_path)
     assert (c.num_key_value_heads, c.head_dim, c.num_kv_groups) == (4, 16, 1)
     assert (c.rope_theta, c.rope_scaling, c.context_length) == (10000.0, None, 512)
-    assert c.eos_token_ids == (2,) and not c.attention_bias and not c.tie_word_embeddings
+    assert c.eos_token_ids == (2,) and not c.qkv_bias and not c.tie_word_embeddings
     assert c.resolve_dtype("cpu") == torch.float32
 
 
@@ -263,7 +282,9 @@ def test_config_qwen2_always_has_qkv_bias(tmp_path):
         use_sliding_window=False,
         sliding_window=64,
     )
-    assert c.attention_bias and c.sliding_window is None and c.context_length == 512
+    assert (
+        c.qkv_bias and not c.attention_bias and c.sliding_window is None and c.context_length == 512
+    )
 
 
 def test_config_rope_parameters_transformers5(tmp_path):

@@ -71,11 +71,11 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.sm_scale = config.sm_scale
-        hidden, bias = config.hidden_size, config.attention_bias
+        hidden, bias = config.hidden_size, config.qkv_bias
         self.q_proj = nn.Linear(hidden, config.q_size, bias=bias)
         self.k_proj = nn.Linear(hidden, config.kv_size, bias=bias)
         self.v_proj = nn.Linear(hidden, config.kv_size, bias=bias)
-        self.o_proj = nn.Linear(config.q_size, hidden, bias=False)
+        self.o_proj = nn.Linear(config.q_size, hidden, bias=config.attention_bias)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
         n, backend = x.shape[0], fb.attention_backend
@@ -99,9 +99,10 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

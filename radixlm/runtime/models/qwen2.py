@@ -1,6 +1,6 @@
 """Qwen2: Llama with a bias on the q/k/v projections (and usually tied embeddings).
 
-Both differences come from ``ModelConfig`` (``attention_bias`` is always set for Qwen2,
+Both differences come from ``ModelConfig`` (``qkv_bias`` is always set for Qwen2,
 ``tie_word_embeddings`` is read from the checkpoint), so the Llama code serves as is.
 """
 
@@ -12,5 +12,5 @@ from radixlm.runtime.models.llama import LlamaForCausalLM
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
-        assert config.attention_bias, "Qwen2 has a q/k/v bias; ModelConfig.from_hf sets it"
+        assert config.qkv_bias, "Qwen2 has a q/k/v bias; ModelConfig.from_hf sets it"
         super().__init__(config)
