@@ -32,7 +32,9 @@ class KVPool:
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * num_kv_heads * head_dim * itemsize
 
@@ -50,7 +52,9 @@ class ReqToTokenPool:
     def __init__(self, max_reqs: int, max_context_len: int, device: torch.device | str = "cpu"):
         self.max_reqs = max_reqs
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token = torch.zeros(
+            (max_reqs, max_context_len), dtype=torch.int64, device=device
+        )
         self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
 
     def available_size(self) -> int:

@@ -88,9 +88,6 @@ class CacheManager:
             self.tree.evict(short)
         return self.allocator.available_size() >= num_tokens
 
-    def out_cache_loc(self, req: Req, num_new: int) -> torch.Tensor:
-        return self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len: req.kv_len + num_new]
-
     # --- release ----------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: put the computed tokens in the tree and re-lock on them,

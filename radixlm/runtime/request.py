@@ -41,7 +41,8 @@ class Req:
         # -1: no prompt logprobs (SGLang); otherwise the first prompt position to report
         if return_logprob and logprob_start_len < 0:  # SGLang: only the last prompt token
             logprob_start_len = len(input_ids) - 1
-        self.logprob_start_len = min(logprob_start_len, len(input_ids) - 1) if return_logprob else -1
+        self.logprob_start_len = (
+            min(logprob_start_len, len(input_ids) - 1) if return_logprob else -1)
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.namespace = namespace
         self.output_ids: list[int] = []

@@ -108,7 +108,7 @@ def test_logprobs_match_direct_computation(eng):
     assert [t for _, t, _ in inp] == ids
     outp = meta["output_token_logprobs"]
     assert [t for _, t, _ in outp] == out["output_ids"]
-    for lp, tok, _ in outp:
+    for lp, _, _ in outp:
         assert lp <= 0
     for top, (lp, tok, _) in zip(meta["output_top_logprobs"], outp):
         assert len(top) == 3 and top[0][1] == tok  # greedy: the chosen token is the top one
