@@ -9,6 +9,7 @@ import sys
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.server import launch_server
 from radixlm.tiny_model import make_tiny_model
 
 DEMO_PROMPTS = [
@@ -38,18 +39,24 @@ def _make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    return launch_server(ServerArgs.from_cli_args(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="offline generation on the built-in tiny model")
     ServerArgs.add_cli_args(demo)
+    serve = sub.add_parser("serve", help="the HTTP server: SGLang's /generate and OpenAI /v1/*")
+    ServerArgs.add_cli_args(serve)
     tiny = sub.add_parser("make-tiny-model", help="write the built-in tiny model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
                         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
-    handlers = {"demo": _demo, "make-tiny-model": _make_tiny}
+    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve}
     return handlers[args.command](args)
 
 

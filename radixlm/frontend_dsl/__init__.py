@@ -1,0 +1,50 @@
+"""The frontend DSL: ``@function`` programs compiled into backend calls (SGLang's API)."""
+
+from radixlm.frontend_dsl.api import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    gen,
+    gen_int,
+    gen_string,
+    get_server_info,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixlm.frontend_dsl.backends import (
+    Backend,
+    BackendError,
+    LocalBackend,
+    OpenAI,
+    Runtime,
+    RuntimeEndpoint,
+)
+from radixlm.frontend_dsl.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from radixlm.frontend_dsl.program import (
+    ProgramBatchError,
+    SglFunction,
+    function,
+    get_default_backend,
+    set_default_backend,
+)
+from radixlm.frontend_dsl.state import ProgramState, ProgramStateGroup
+
+__all__ = [
+    "Backend", "BackendError", "LocalBackend", "OpenAI", "ProgramBatchError", "ProgramState",
+    "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SglFunction", "assistant",
+    "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
+    "gen_string", "get_default_backend", "get_server_info", "greedy_token_selection",
+    "select", "set_default_backend", "system", "system_begin", "system_end",
+    "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin",
+    "user_end",
+]

@@ -46,6 +46,13 @@ class ServerArgs:
     attention_backend: str | None = field(default=None, metadata={"help": "torch|triton "
                                           "(default: triton on CUDA, torch on CPU)"})
     random_seed: int | None = None
+    # constrained decoding
+    disable_jump_forward: bool = field(default=False, metadata={
+        "help": "do not append grammar-forced text without sampling it"})
+    grammar_compile_timeout: float = field(default=10.0, metadata={
+        "help": "seconds a regex / JSON schema may take to compile"})
+    grammar_cache_size: int = field(default=256, metadata={
+        "help": "compiled grammars kept (LRU)"})
     # server
     host: str = "127.0.0.1"
     port: int = 30000

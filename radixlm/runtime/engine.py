@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.messages import (
     AbortReq,
     FlushCacheReq,
@@ -23,6 +23,7 @@ from radixlm.runtime.messages import (
     GetInfoReq,
     ReqOutput,
 )
+from radixlm.runtime.result import ResultBuilder
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
@@ -140,6 +141,9 @@ class Engine:
                 out = q.get()
                 if isinstance(out, BaseException):
                     raise EngineError(f"the scheduler failed: {out!r}") from out
+                reason = out.finish_reason or {}
+                if reason.get("status_code") == 400:  # a bad request found by the scheduler
+                    raise ValueError(reason.get("message", "bad request"))
                 yield out
                 if out.finished:
                     return
@@ -263,72 +267,19 @@ class Engine:
 
 
 class _Result:
-    """Accumulates one request's outputs into SGLang-shaped dicts."""
+    """One request in the Engine: in-process detokenisation, then the shared builder."""
 
     def __init__(self, tokenizer: Any, msg: GenerateReqInput, params: SamplingParams,
                  text_in_logprobs: bool) -> None:
-        self.tokenizer = tokenizer
-        self.msg = msg
-        self.text_in_logprobs = text_in_logprobs
-        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens,
-                                            params.spaces_between_special_tokens,
-                                            params.stop, params.no_stop_trim)
-        self.last: ReqOutput | None = None
-        self.output_lps: list = []
-        self.output_top: list = []
-        self.input_lps: list | None = None
-        self.input_top: list | None = None
-        self.new_lps: list = []
-        self.new_top: list = []
+        self.detok = RequestDetokenizer(tokenizer, make_register(msg.rid, params,
+                                                                 text_in_logprobs))
+        self.builder = ResultBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num)
 
     def add(self, out: ReqOutput) -> None:
-        self.detok.add(out.new_token_ids)
-        self.last = out
-        self.new_lps = [self._entry(lp, t) for lp, t in out.output_token_logprobs or []]
-        self.new_top = [self._top(t) for t in out.output_top_logprobs or []]
-        self.output_lps += self.new_lps
-        self.output_top += self.new_top
-        if out.input_token_logprobs is not None:
-            self.input_lps = [self._entry(lp, t) for lp, t in out.input_token_logprobs]
-            self.input_top = [self._top(t) for t in out.input_top_logprobs or []]
-
-    def _entry(self, lp: float | None, tok: int) -> list:
-        text = self.tokenizer.decode([tok]) if self.text_in_logprobs else None
-        return [lp, tok, text]
-
-    def _top(self, pairs: list | None) -> list | None:
-        return None if pairs is None else [self._entry(lp, t) for lp, t in pairs]
-
-    def _meta(self, latency: float, incremental: bool) -> dict[str, Any]:
-        out = self.last
-        assert out is not None
-        meta: dict[str, Any] = {
-            "id": self.msg.rid, "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finish_reason, "e2e_latency": latency,
-        }
-        if self.msg.return_logprob:
-            meta["output_token_logprobs"] = self.new_lps if incremental else self.output_lps
-            meta["output_token_logprobs_length"] = len(self.output_lps)
-            if self.msg.top_logprobs_num:
-                meta["output_top_logprobs"] = self.new_top if incremental else self.output_top
-            meta["input_token_logprobs"] = self.input_lps
-            if self.msg.top_logprobs_num:
-                meta["input_top_logprobs"] = self.input_top
-        return meta
+        self.builder.add(self.detok.process(out))
 
     def to_dict(self, latency: float) -> dict[str, Any]:
-        matched = (self.last.finish_reason or {}).get("matched")
-        return {"text": self.detok.final_text(matched), "output_ids": list(self.detok.ids),
-                "meta_info": self._meta(latency, incremental=False)}
+        return self.builder.to_dict(latency)
 
     def chunk(self, latency: float) -> dict[str, Any]:
-        out = self.last
-        assert out is not None
-        if out.finished:
-            text = self.detok.final_delta((out.finish_reason or {}).get("matched"))
-        else:
-            text = self.detok.delta()
-        return {"text": text, "output_ids": list(out.new_token_ids),
-                "meta_info": self._meta(latency, incremental=True)}
-
+        return self.builder.chunk(latency)

@@ -28,6 +28,7 @@ class OutputProcessor:
         self.generator = torch.Generator(scheduler.model_runner.device)
         self.generator.manual_seed(seed if seed is not None else random.getrandbits(63))
         self._pending: list[ReqOutput] = []
+        self.jump_forward = not scheduler.args.disable_jump_forward
 
     # --- which logits a forward must produce ----------------------------------------------
     @staticmethod
@@ -99,7 +100,8 @@ class OutputProcessor:
             params, [r.output_ids for r in reqs], self.vocab_size,
             prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
             eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
-            vocab_mask=None, generator=self.generator, device=logits.device)
+            vocab_mask=self._grammar_mask(reqs, logits.device), generator=self.generator,
+            device=logits.device)
         out = sample(logits[:, : self.vocab_size], info)
         ids, lps = out.next_token_ids.tolist(), out.logprobs.tolist()
         outs = []
@@ -108,14 +110,51 @@ class OutputProcessor:
             self.s.stats["generation_tokens"] += 1
             self.s._gen_tokens_since_log += 1
             req.finish_reason = self._check_finish(req, tok)
+            new_ids = [tok] + self._advance_grammar(req, tok)
             top = None
             if out.top_logprobs is not None and req.top_logprobs_num:
                 v, t = out.top_logprobs[i]
                 top = [list(zip(v, t))]
-            outs.append(self._output(req, [tok], [(lps[i], tok)], top))
+            outs.append(self._output(req, new_ids, [(lps[i], tok)], top))
             if req.finished:
                 self.s.cache.release(req, cache=True)
         return outs
+
+    # --- constrained decoding -------------------------------------------------------------
+    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
+        """[B, V] allowed tokens; only built when a row has a grammar (others: all True)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        mask = torch.ones((len(reqs), self.vocab_size), dtype=torch.bool)
+        for i in rows:
+            reqs[i].grammar.fill_mask(mask, i)
+        return mask.to(device)
+
+    def _advance_grammar(self, req: Req, tok: int) -> list[int]:
+        """Move the request's automaton over ``tok``; finish it when only EOS is left;
+        append the text the grammar forces (jump-forward). Returns the appended ids."""
+        g = req.grammar
+        if g is None or req.finished:
+            return []
+        g.accept_token(tok)
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+            return []
+        if not self.jump_forward or req.return_logprob:
+            return []
+        forced = g.forced_string()
+        if not forced:
+            return []
+        ids = self.tokenizer.encode(forced, add_special_tokens=False)
+        room = req.sampling_params.max_new_tokens - len(req.output_ids)
+        if not ids or len(ids) >= room or not g.jump_forward(forced, ids):
+            return []
+        req.output_ids.extend(ids)
+        self.s.stats["jump_forward_tokens"] += len(ids)
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+        return ids
 
     def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
         sp = req.sampling_params

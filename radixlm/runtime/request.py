@@ -62,6 +62,7 @@ class Req:
         self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
         self.input_logprobs_sent = False
         self.grammar: Any = None  # a constrained-decoding matcher, when the request has one
+        self.grammar_future: Any = None  # its compilation, while the request waits for it
 
     @property
     def fill_ids(self) -> list[int]:
@@ -89,6 +90,11 @@ class Req:
     def is_prefilling(self) -> bool:
         """True while the request still has tokens to extend before it can decode."""
         return self.kv_len < self.seq_len - 1
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens whose KV the next forward computes (> 1 after a jump-forward)."""
+        return self.seq_len - self.kv_len
 
     @property
     def finished(self) -> bool:

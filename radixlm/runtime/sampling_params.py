@@ -48,8 +48,11 @@ class SamplingParams:
             self.stop = [self.stop]
         elif self.stop is not None:
             self.stop = list(self.stop)
-        if isinstance(self.json_schema, dict):
-            self.json_schema = json.dumps(self.json_schema)
+        if isinstance(self.json_schema, (dict, bool)):
+            try:
+                self.json_schema = json.dumps(self.json_schema)
+            except RecursionError:
+                raise ValueError("json_schema is nested too deeply to encode") from None
         if self.logit_bias is not None:
             self.logit_bias = {_token_id_key(k): float(v) for k, v in self.logit_bias.items()}
 

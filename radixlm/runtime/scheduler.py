@@ -16,6 +16,7 @@ import torch
 
 from radixlm.runtime.cache_manager import CacheManager
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.constrained import GrammarCompiler
 from radixlm.runtime.messages import (
     AbortReq,
     FlushCacheOutput,
@@ -51,13 +52,17 @@ class Scheduler:
                                   self.model_runner.device)
         self.policy = SchedulePolicy(args.schedule_policy, self.cache)
         self.outputs = OutputProcessor(self, tokenizer)
+        self.grammar_compiler = GrammarCompiler(
+            tokenizer, max_cache_entries=args.grammar_cache_size,
+            timeout_s=args.grammar_compile_timeout)
+        self.grammar_waiting: list[Req] = []  # requests whose grammar is compiling
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # requests that decode
         self.chunked_req: Req | None = None  # at most one request in the middle of prefill
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.stats: dict[str, float] = dict.fromkeys(
             ("prompt_tokens", "cached_tokens", "generation_tokens", "num_preemptions",
-             "forward_steps", "decode_steps"), 0)
+             "forward_steps", "decode_steps", "jump_forward_tokens"), 0)
         self._gen_tokens_since_log = 0
         self._last_log_time = time.monotonic()
 
@@ -66,8 +71,15 @@ class Scheduler:
         """Apply one input message; returns a reply for request/response messages."""
         if isinstance(msg, GenerateReqInput):
             params = SamplingParams.from_dict(msg.sampling_params)
-            self.waiting.append(Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
-                                    msg.logprob_start_len, msg.top_logprobs_num, msg.namespace))
+            req = Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
+                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace)
+            if params.regex is not None or params.json_schema is not None:
+                kind, spec = (("regex", params.regex) if params.regex is not None
+                              else ("json_schema", params.json_schema))
+                req.grammar_future = self.grammar_compiler.submit(kind, spec)
+                self.grammar_waiting.append(req)
+            else:
+                self.waiting.append(req)
             return None
         if isinstance(msg, AbortReq):
             return self.abort(msg.rid, msg.message)
@@ -87,9 +99,10 @@ class Scheduler:
     def abort(self, rid: str, message: str = "aborted") -> None:
         """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree)."""
         reason = {"type": "abort", "message": message}
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
+        for queue in (self.waiting, self.grammar_waiting):
+            req = next((r for r in queue if r.rid == rid), None)
+            if req is not None:
+                queue.remove(req)
                 self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
                 return None
         for req in [*self.running, *([self.chunked_req] if self.chunked_req else [])]:
@@ -104,9 +117,28 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_waiting)
+
+    def _poll_grammars(self) -> None:
+        """Requests whose grammar compiled join the waiting queue; failures finish as
+        bad requests (HTTP 400, ValueError in the Engine)."""
+        still = []
+        for req in self.grammar_waiting:
+            if not req.grammar_future.done():
+                still.append(req)
+                continue
+            try:
+                req.grammar = req.grammar_future.result().new_matcher()
+            except ValueError as e:
+                reason = {"type": "abort", "message": str(e), "status_code": 400}
+                self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
+                continue
+            self.waiting.append(req)
+        self.grammar_waiting = still
 
     def step(self) -> list[ReqOutput]:
+        if self.grammar_waiting:
+            self._poll_grammars()
         batch = self._next_batch()
         if batch is None:
             return []
@@ -120,10 +152,11 @@ class Scheduler:
         decodes = self._prepare_decode() if self.running and (prefill is None or mixed) else []
         if prefill is None and not decodes:
             return None
+        dec_lens = [r.num_new_tokens for r in decodes]
         if prefill is None:
             self._on_decode_step(len(decodes))
-            return ScheduleBatch(decodes, [1] * len(decodes), [(0, 1)] * len(decodes))
-        reqs, lens = prefill.reqs + decodes, prefill.extend_lens + [1] * len(decodes)
+            return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens])
+        reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
         ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
         self._log_prefill(prefill, len(decodes))
         return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs))
@@ -161,15 +194,16 @@ class Scheduler:
         self.waiting = [r for r in self.waiting if r.rid not in admitted]
 
     def _prepare_decode(self) -> list[Req]:
-        """One more KV slot for every running request; evict, then retract, if short."""
+        """KV slots for the next token(s) of every running request (more than one after a
+        jump-forward); evict, then retract, if short."""
         reqs = sorted(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len))
-        need = sum(self.cache.pages_needed(r, 1) for r in reqs)
+        need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
         while not self.cache.ensure_free(need) and len(reqs) > 1:
             victim = reqs.pop(0)
             self._retract(victim)
-            need = sum(self.cache.pages_needed(r, 1) for r in reqs)
+            need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
         for r in list(reqs):
-            if not self.cache.alloc(r, 1):  # a lone request that cannot grow: out of memory
+            if not self.cache.alloc(r, r.num_new_tokens):  # a lone request cannot grow
                 self.running.remove(r)
                 reqs.remove(r)
                 self.outputs.emit_later(self.outputs.finish(
@@ -227,7 +261,7 @@ class Scheduler:
             "context_length": self.context_len,
             "max_running_requests": self.max_running_requests,
             "num_running_reqs": len(self.running) + (self.chunked_req is not None),
-            "num_waiting_reqs": len(self.waiting),
+            "num_waiting_reqs": len(self.waiting) + len(self.grammar_waiting),
             "token_usage": self.token_usage(),
             "used_tokens": self.cache.used_size(),
             "free_tokens": self.cache.allocator.available_size(),
@@ -258,3 +292,5 @@ class Scheduler:
             outs = self.outputs.take_pending() + outs
             if outs:
                 send(outs)
+            elif self.grammar_waiting and not (self.waiting or self.running):
+                time.sleep(0.001)  # only compiles in flight: do not spin on the GIL

@@ -90,7 +90,9 @@ class GrammarCompiler:
     ) -> None:
         assert max_cache_entries >= 1 and timeout_s > 0, (max_cache_entries, timeout_s)
         self.info = tokenizer_info(tokenizer)
-        self.limits = GrammarLimits(max_regex_len=max_regex_len, max_states=max_states)
+        self.limits = GrammarLimits(
+            max_regex_len=max_regex_len, max_states=max_states, max_expanded_size=2 * max_states
+        )
         self.timeout_s = timeout_s
         self.max_cache_entries = max_cache_entries
         self._cache: OrderedDict[tuple[str, str, int], Future[CompiledGrammar]] = OrderedDict()

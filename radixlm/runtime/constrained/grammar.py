@@ -45,8 +45,10 @@ class GrammarLimits:
     """Bounds checked before any automaton is built."""
 
     max_regex_len: int = 100_000
-    max_expanded_size: int = 200_000  # pattern size with bounded repeats unrolled
-    max_states: int = 20_000  # states of the byte-level DFA
+    max_states: int = 10_000  # states of the byte-level DFA
+    # Pattern size with bounded repeats unrolled: roughly the NFA size, checked in Python
+    # before the (uninterruptible) DFA build, whose cost grows with it.
+    max_expanded_size: int = 20_000
 
 
 def _scan_text_features(regex: str) -> None:
@@ -187,10 +189,46 @@ def canonical_schema(spec: str | dict[str, Any] | bool) -> str:
         raise ValueError(f"json_schema must be an object or a boolean, got {type(obj).__name__}")
     if _depth(obj, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
         raise ValueError(f"json_schema is nested too deeply (limit {MAX_SCHEMA_DEPTH} levels)")
+    check_schema_keywords(obj)
     try:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema cannot be serialised as JSON: {e}") from None
+
+
+# Keywords outlines-core's schema compiler silently ignores although they restrict values:
+# a schema using them could be "satisfied" by output that breaks it, so it is refused.
+UNSUPPORTED_SCHEMA_KEYWORDS = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
+    "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
+    "dependentSchemas", "dependencies", "not", "if", "then", "else",
+    "unevaluatedProperties", "unevaluatedItems",
+})
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def check_schema_keywords(schema: Any, path: str = "#") -> None:
+    """Raise ValueError naming the first keyword (and where) the decoder cannot enforce."""
+    stack: list[tuple[Any, str]] = [(schema, path)]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        bad = sorted(UNSUPPORTED_SCHEMA_KEYWORDS.intersection(node))
+        if bad:
+            raise ValueError(f"unsupported json_schema: keyword {bad[0]!r} at {where} cannot "
+                             "be enforced by constrained decoding")
+        for key in _SUBSCHEMA_MAPS:
+            for name, sub in (node.get(key) or {}).items():
+                stack.append((sub, f"{where}/{key}/{name}"))
+        for key in _SUBSCHEMA_LISTS:
+            for i, sub in enumerate(node.get(key) or []):
+                stack.append((sub, f"{where}/{key}/{i}"))
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                stack.append((node[key], f"{where}/{key}"))
 
 
 def schema_to_regex(canonical: str) -> str:

@@ -1,0 +1,213 @@
+"""The HTTP backend: a radixlm (or SGLang) server through its native API.
+
+``RuntimeEndpoint(base_url, api_key=None)`` talks to a running server; ``Runtime(...)``
+starts ``radixlm serve`` in a subprocess, waits for ``/health`` and is itself an
+endpoint. The chat template comes from ``GET /get_model_info`` (field
+``chat_template``, the Jinja source); without it a named template is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from radixlm.frontend_dsl.backends.base import BackendError, NativeBackend
+from radixlm.frontend_dsl.chat_template import ChatTemplate, resolve_chat_template
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class RuntimeEndpoint(NativeBackend):
+    """A radixlm / SGLang server at ``base_url`` (``http://host:port``)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None,
+                 chat_template: str | None = None,
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
+                                   limits=httpx.Limits(max_connections=256))
+        self.timeout = timeout
+        self._chat_template_name = chat_template
+        self._chat_template: ChatTemplate | None = None
+        self._model_info: dict[str, Any] | None = None
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: Any = None,
+              timeout: float | None = None) -> Any:
+        try:
+            resp = self.client.request(method, path, json=body,
+                                       timeout=self._timeout(timeout))
+        except httpx.TimeoutException as e:
+            raise TimeoutError(f"{method} {self.base_url}{path} timed out: {e}") from e
+        except httpx.HTTPError as e:
+            raise BackendError(f"{method} {self.base_url}{path} failed: {e!r}") from e
+        if resp.status_code != 200:
+            raise BackendError(f"{method} {self.base_url}{path} returned HTTP "
+                               f"{resp.status_code}: {resp.text[:500]}")
+        return resp.json() if resp.content else None
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        if timeout is None:
+            return self.timeout
+        return timeout if self.timeout is None else min(timeout, self.timeout)
+
+    def request(self, payload: dict[str, Any], timeout: float | None = None) -> Any:
+        return self._call("POST", "/generate", payload, timeout)
+
+    def request_stream(self, payload: dict[str, Any],
+                       timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """SSE ``data: {...}`` chunks carry the cumulative text; yield increments."""
+        sent = 0
+        try:
+            with self.client.stream("POST", "/generate", json={**payload, "stream": True},
+                                    timeout=self._timeout(timeout)) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise BackendError(f"POST {self.base_url}/generate returned HTTP "
+                                       f"{resp.status_code}: {resp.text[:500]}")
+                for chunk in _sse_chunks(resp.iter_lines()):
+                    text = chunk.get("text", "")
+                    yield {**chunk, "text": text[sent:]}
+                    sent = len(text)
+        except httpx.TimeoutException as e:
+            raise TimeoutError(f"streaming from {self.base_url}/generate timed out") from e
+        except httpx.HTTPError as e:
+            raise BackendError(f"streaming from {self.base_url}/generate failed: {e!r}") from e
+
+    # --- backend API --------------------------------------------------------------------------
+    def get_model_info(self) -> dict[str, Any]:
+        if self._model_info is None:
+            self._model_info = self._call("GET", "/get_model_info")
+        return self._model_info
+
+    def get_chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            source = None
+            info: dict[str, Any] = {}
+            if not self._chat_template_name:
+                info = self.get_model_info()
+                source = info.get("chat_template")
+            self._chat_template = resolve_chat_template(
+                source, info.get("model_path"), info.get("bos_token") or "",
+                info.get("eos_token") or "", fallback=self._chat_template_name)
+        return self._chat_template
+
+    def abort(self, rid: str) -> None:
+        try:
+            self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+        except httpx.HTTPError:
+            logger.debug("abort of %s failed", rid, exc_info=True)
+
+    def flush_cache(self) -> bool:
+        try:
+            self._call("POST", "/flush_cache")
+        except BackendError:
+            return False
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._call("GET", "/get_server_info")
+
+    def shutdown(self) -> None:
+        self.client.close()
+
+
+def _sse_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise BackendError(f"the server reported an error mid-stream: {chunk['error']}")
+        yield chunk
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Runtime(RuntimeEndpoint):
+    """Starts ``radixlm serve`` in a subprocess; a backend until ``shutdown()``.
+
+    Keyword arguments are server flags: ``Runtime(page_size=4, max_total_tokens=8192)``."""
+
+    def __init__(self, model_path: str | None = None, port: int | None = None,
+                 host: str = "127.0.0.1", api_key: str | None = None,
+                 startup_timeout: float = 300.0, **server_args: Any) -> None:
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
+        cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", host,
+               "--port", str(self.port)]
+        if model_path:
+            cmd += ["--model-path", model_path]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        cmd += _flags(server_args)
+        # a file, not a pipe: a chatty server must never block on a full pipe buffer
+        self._log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        super().__init__(self.url, api_key=api_key)
+        try:
+            self._wait_healthy(startup_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")
+                raise BackendError(f"radixlm serve exited with code {self.process.returncode}:"
+                                   f"\n{err[-2000:]}")
+            try:
+                if self.client.get("/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"radixlm serve did not become healthy within {timeout} s")
+
+    @property
+    def endpoint(self) -> RuntimeEndpoint:
+        return self
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def _flags(server_args: dict[str, Any]) -> list[str]:
+    out = []
+    for key, value in server_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value not in (False, None):
+            out += [flag, str(value)]
+    return out
