@@ -39,7 +39,8 @@ def load_hf(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def run_hf(model, prompts: list[list[int]], out_len: int) -> float:
+def run_hf(model, prompts: list[list[int]], out_len: int, threads: int) -> float:
+    torch.set_num_threads(threads)
     ids = torch.tensor(prompts)  # equal lengths: a static batch needs no padding here
     mask = torch.ones_like(ids)
     kw = dict(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
@@ -104,6 +105,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     path = str(default_tiny_model_path())
+    hf_threads = torch.get_num_threads()  # transformers keeps torch's default
     n = args.groups * args.per_group
     timer = StepTimer(batch_size=n)
     timer.install()
@@ -114,14 +116,14 @@ def main() -> None:
     hf = load_hf(path)
     warm = make_workload(eng.model_config.vocab_size, 2, 2, 64, 8, seed=1)
     run_engine(eng, warm, sp)
-    run_hf(hf, warm, 4)
+    run_hf(hf, warm, 4, hf_threads)
     # alternate the two runners so that machine noise hits both alike; report medians
     t_engine, t_hf = [], []
     for _ in range(args.rounds):
         timer.step_time = timer.forward_time = 0.0
         timer.steps = 0
         t_engine.append(run_engine(eng, prompts, sp))
-        t_hf.append(run_hf(hf, prompts, args.output_len))
+        t_hf.append(run_hf(hf, prompts, args.output_len, hf_threads))
     info = eng.get_server_info()
     eng.shutdown()
     dt_engine, dt_hf = statistics.median(t_engine), statistics.median(t_hf)
@@ -129,7 +131,8 @@ def main() -> None:
     outside = 1 - timer.forward_time / max(timer.step_time, 1e-9)
     print(f"workload: {args.groups} groups x {args.per_group} prompts, system "
           f"{args.system_len} + question {args.question_len} tokens, {args.output_len} "
-          f"output tokens, torch threads {torch.get_num_threads()}, median of "
+          f"output tokens; torch threads: transformers {hf_threads}, radixlm "
+          f"{eng.server_args.resolve_cpu_threads()}; median of "
           f"{args.rounds} alternating rounds")
     print("| runner | time (s) | output tok/s | ratio |")
     print("|---|---|---|---|")

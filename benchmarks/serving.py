@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import torch
 
 from radixlm import Engine
+from radixlm.runtime.scheduler_process import default_cpu_threads
 from radixlm.runtime.server_process import ServerProcess
 
 
@@ -57,8 +59,11 @@ def make_workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int) -> ReqResult:
     res = ReqResult(len(ids))
-    body = {"input_ids": ids, "stream": True, "sampling_params": {
-        "max_new_tokens": out_len, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "input_ids": ids,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True, "temperature": 0},
+    }
     t0 = last = time.perf_counter()
     async with client.stream("POST", "/generate", json=body) as resp:
         resp.raise_for_status()
@@ -76,12 +81,14 @@ async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int) -
     return res
 
 
-async def run_client(url: str, prompts: list[list[int]], args: argparse.Namespace,
-                     concurrency: int | None) -> tuple[list[ReqResult], float]:
+async def run_client(
+    url: str, prompts: list[list[int]], args: argparse.Namespace, concurrency: int | None
+) -> tuple[list[ReqResult], float]:
     sem = asyncio.Semaphore(concurrency or len(prompts))
     rng = random.Random(args.seed + 1)
     limits = httpx.Limits(max_connections=len(prompts) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
         async def limited(ids: list[int]) -> ReqResult:
             async with sem:
                 return await one_request(client, ids, args.output_len)
@@ -109,20 +116,31 @@ def report(name: str, results: list[ReqResult], wall: float) -> dict[str, float]
     out_tokens = sum(r.output_len for r in done)
     in_tokens = sum(r.prompt_len for r in done)
     tpots = [(r.e2e - r.ttft) / (r.output_len - 1) for r in done if r.output_len > 1]
-    row = {"requests": len(done), "duration_s": wall, "req_per_s": len(done) / wall,
-           "output_tok_per_s": out_tokens / wall,
-           "total_tok_per_s": (in_tokens + out_tokens) / wall}
+    row = {
+        "requests": len(done),
+        "duration_s": wall,
+        "req_per_s": len(done) / wall,
+        "output_tok_per_s": out_tokens / wall,
+        "total_tok_per_s": (in_tokens + out_tokens) / wall,
+    }
     print(f"\n== {name} ==")
-    print(f"requests {len(done)}/{len(results)}  duration {wall:.2f} s  "
-          f"{row['req_per_s']:.2f} req/s  output {row['output_tok_per_s']:.1f} tok/s  "
-          f"total {row['total_tok_per_s']:.1f} tok/s")
+    print(
+        f"requests {len(done)}/{len(results)}  duration {wall:.2f} s  "
+        f"{row['req_per_s']:.2f} req/s  output {row['output_tok_per_s']:.1f} tok/s  "
+        f"total {row['total_tok_per_s']:.1f} tok/s"
+    )
     print(f"{'metric (ms)':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for label, vals in (("TTFT", [r.ttft for r in done]), ("TPOT", tpots),
-                        ("ITL", [x for r in done for x in r.itls]),
-                        ("E2E", [r.e2e for r in done])):
+    for label, vals in (
+        ("TTFT", [r.ttft for r in done]),
+        ("TPOT", tpots),
+        ("ITL", [x for r in done for x in r.itls]),
+        ("E2E", [r.e2e for r in done]),
+    ):
         mean = statistics.fmean(vals) * 1000 if vals else float("nan")
-        print(f"{label:<12}{mean:>10.1f}{_pct(vals, 50):>10.1f}{_pct(vals, 90):>10.1f}"
-              f"{_pct(vals, 99):>10.1f}")
+        print(
+            f"{label:<12}{mean:>10.1f}{_pct(vals, 50):>10.1f}{_pct(vals, 90):>10.1f}"
+            f"{_pct(vals, 99):>10.1f}"
+        )
     return row
 
 
@@ -135,9 +153,12 @@ def run_engine(prompts: list[list[int]], args: argparse.Namespace, flags: dict) 
         outs = eng.generate(input_ids=prompts, sampling_params=sp)
         wall = time.perf_counter() - t0
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    print(f"\n== offline Engine (one batch of {len(prompts)}) ==\n"
-          f"duration {wall:.2f} s  output {tokens / wall:.1f} tok/s  "
-          f"total {(tokens + sum(map(len, prompts))) / wall:.1f} tok/s")
+    print(
+        f"\n== offline Engine (one batch of {len(prompts)}, "
+        f"{torch.get_num_threads()} torch threads) ==\n"
+        f"duration {wall:.2f} s  output {tokens / wall:.1f} tok/s  "
+        f"total {(tokens + sum(map(len, prompts))) / wall:.1f} tok/s"
+    )
     return tokens / wall
 
 
@@ -150,29 +171,44 @@ def main() -> None:
     p.add_argument("--system-prompt-len", type=int, default=512)
     p.add_argument("--question-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="Poisson arrivals per second (default: all at once)")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals per second (default: all at once)",
+    )
     p.add_argument("--max-concurrency", type=int, default=32)
     p.add_argument("--vocab-size", type=int, default=2000, help="range of random token ids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-env", nargs="*", default=[], help="KEY=VALUE for the server")
+    p.add_argument(
+        "--engine-threads",
+        type=int,
+        default=None,
+        help="torch threads of the Engine run (default: the server's default)",
+    )
     p.add_argument("--no-engine", action="store_true", help="skip the offline Engine run")
     args = p.parse_args()
     prompts = make_workload(args, args.vocab_size)
     flags = {"max_total_tokens": args.max_total_tokens, "random_seed": 0}
+    # the same torch thread count as the server's scheduler process, for a fair comparison
+    torch.set_num_threads(args.engine_threads or default_cpu_threads())
     engine_tps = None if args.no_engine else run_engine(prompts, args, flags)
     server = None
     if args.url is None:
         log = Path(tempfile.mkdtemp()) / "server.log"
-        server = ServerProcess(["--max-total-tokens", str(args.max_total_tokens),
-                                "--log-level", "warning"], log, env=dict(
-                                    e.split("=", 1) for e in args.server_env))
+        server = ServerProcess(
+            ["--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"],
+            log,
+            env=dict(e.split("=", 1) for e in args.server_env),
+        )
         server.wait_healthy()
     try:
         url = args.url or server.url
         results, wall = asyncio.run(run_client(url, prompts, args, args.max_concurrency))
-        row = report(f"server, concurrency {args.max_concurrency}, rate {args.request_rate}",
-                     results, wall)
+        row = report(
+            f"server, concurrency {args.max_concurrency}, rate {args.request_rate}", results, wall
+        )
     finally:
         if server is not None:
             server.stop()

@@ -25,11 +25,15 @@ def _demo(args: argparse.Namespace) -> int:
         outs = eng.generate(DEMO_PROMPTS, {"max_new_tokens": 24, "temperature": 0})
         for prompt, out in zip(DEMO_PROMPTS, outs):
             meta = out["meta_info"]
-            print(f"{prompt!r} -> {out['text']!r}  (prompt {meta['prompt_tokens']}, "
-                  f"cached {meta['cached_tokens']}, generated {meta['completion_tokens']})")
+            print(
+                f"{prompt!r} -> {out['text']!r}  (prompt {meta['prompt_tokens']}, "
+                f"cached {meta['cached_tokens']}, generated {meta['completion_tokens']})"
+            )
         info = eng.get_server_info()
-        print(f"KV pool: {info['max_total_num_tokens']} tokens, "
-              f"cache hit rate {100 * info['cache_hit_rate']:.1f}%")
+        print(
+            f"KV pool: {info['max_total_num_tokens']} tokens, "
+            f"cache hit rate {100 * info['cache_hit_rate']:.1f}%"
+        )
     return 0
 
 
@@ -54,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("dir")
     tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
-                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper(),
+        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+    )
     handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve}
     return handlers[args.command](args)
 

@@ -22,24 +22,36 @@ from radixlm.frontend_dsl.ir import (
 from radixlm.frontend_dsl.program import resolve_backend
 
 
-def gen(name: str | None = None, max_tokens: int | None = None,
-        min_tokens: int | None = None, n: int | None = None,
-        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        temperature: float | None = None, top_p: float | None = None,
-        top_k: int | None = None, min_p: float | None = None,
-        frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        repetition_penalty: float | None = None, ignore_eos: bool | None = None,
-        return_logprob: bool | None = None, logprob_start_len: int | None = None,
-        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        dtype: type | str | None = None, choices: list[str] | None = None,
-        choices_method: ChoicesSamplingMethod | None = None,
-        regex: str | None = None, json_schema: str | dict | None = None) -> Expr:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: str | dict | None = None,
+) -> Expr:
     """Generate text into variable ``name``. Unset arguments take the defaults given to
     ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
     str) constrains the text with a regex."""
     if choices is not None:
-        return select(name, choices, temperature or 0.0,
-                      choices_method or token_length_normalized)
+        return select(name, choices, temperature or 0.0, choices_method or token_length_normalized)
     given = [x for x in (regex, json_schema, dtype) if x is not None]
     if len(given) > 1:
         raise ValueError("gen() takes at most one of regex, json_schema and dtype")
@@ -48,13 +60,26 @@ def gen(name: str | None = None, max_tokens: int | None = None,
         regex = dtype_to_regex(dtype)
         dtype_name = dtype if isinstance(dtype, str) else dtype.__name__
     args = SamplingArgs(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, regex=regex,
-        json_schema=json_schema, return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs)
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        n=n,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        regex=regex,
+        json_schema=json_schema,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
     return Gen(name, args, dtype_name)
 
 
@@ -66,9 +91,12 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs:
     return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
 
 
-def select(name: str | None = None, choices: list[str] | None = None,
-           temperature: float = 0.0,
-           choices_method: ChoicesSamplingMethod = token_length_normalized) -> Expr:
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Expr:
     """Pick one of ``choices`` by the logprobs of prefix + choice (``choices_method``)."""
     if not choices:
         raise ValueError("select() needs a non-empty list of choices")
@@ -126,4 +154,3 @@ def flush_cache(backend: Any = None) -> bool:
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:
     return resolve_backend(backend).get_server_info()
-

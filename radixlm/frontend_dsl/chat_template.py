@@ -40,8 +40,9 @@ class ChatTemplate:
 
     def _pair(self, role: str) -> tuple[str, str]:
         if role not in self.roles:
-            raise ValueError(f"chat template {self.name!r} has no role {role!r}; "
-                             f"roles: {sorted(self.roles)}")
+            raise ValueError(
+                f"chat template {self.name!r} has no role {role!r}; roles: {sorted(self.roles)}"
+            )
         return self.roles[role]
 
 
@@ -51,21 +52,30 @@ def _chatml() -> ChatTemplate:
 
 
 def _llama3() -> ChatTemplate:
-    roles = {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
-             for r in ("system", "user", "assistant")}
-    return ChatTemplate("llama-3-instruct", roles, stop_str=("<|eot_id|>",),
-                        preamble="<|begin_of_text|>")
+    roles = {
+        r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
+        for r in ("system", "user", "assistant")
+    }
+    return ChatTemplate(
+        "llama-3-instruct", roles, stop_str=("<|eot_id|>",), preamble="<|begin_of_text|>"
+    )
 
 
 def _llama2() -> ChatTemplate:
-    roles = {"system": ("<<SYS>>\n", "\n<</SYS>>\n\n"), "user": ("[INST] ", " [/INST]"),
-             "assistant": (" ", "</s><s>")}
+    roles = {
+        "system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+        "user": ("[INST] ", " [/INST]"),
+        "assistant": (" ", "</s><s>"),
+    }
     return ChatTemplate("llama-2-chat", roles, stop_str=("</s>",), preamble="<s>")
 
 
 def _default() -> ChatTemplate:
-    roles = {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
-             "assistant": ("ASSISTANT:", "\n")}
+    roles = {
+        "system": ("SYSTEM:", "\n"),
+        "user": ("USER:", "\n"),
+        "assistant": ("ASSISTANT:", "\n"),
+    }
     return ChatTemplate("default", roles)
 
 
@@ -91,8 +101,9 @@ def guess_template_name(model_path: str | None) -> str:
     return "chatml"
 
 
-def from_jinja(source: str, bos_token: str = "", eos_token: str = "",
-               name: str = "model") -> ChatTemplate:
+def from_jinja(
+    source: str, bos_token: str = "", eos_token: str = "", name: str = "model"
+) -> ChatTemplate:
     """Derive role markers from a Jinja chat template; ValueError when it cannot."""
     render = _renderer(source, bos_token, eos_token)
     user_only = render([("user", 0)], False)
@@ -100,11 +111,11 @@ def from_jinja(source: str, bos_token: str = "", eos_token: str = "",
     pre_user, user_suffix = _split(user_only, _S[0])
     if not with_gen.startswith(user_only):
         raise ValueError("the generation prompt does not extend the conversation")
-    asst_prefix = with_gen[len(user_only):]
+    asst_prefix = with_gen[len(user_only) :]
     ua = render([("user", 0), ("assistant", 1)], False)
     asst_suffix = _split(ua, _S[1])[1]
     uau = render([("user", 0), ("assistant", 1), ("user", 2)], False)
-    between = uau[uau.index(_S[1]) + len(_S[1]): uau.index(_S[2])]
+    between = uau[uau.index(_S[1]) + len(_S[1]) : uau.index(_S[2])]
     user_prefix = _strip_prefix(between, asst_suffix)
     preamble = _strip_suffix(pre_user, user_prefix)
     roles = {"user": (user_prefix, user_suffix), "assistant": (asst_prefix, asst_suffix)}
@@ -135,8 +146,12 @@ def _renderer(source: str, bos_token: str, eos_token: str):
 
     def render(turns: list[tuple[str, int]], add_generation_prompt: bool) -> str:
         messages = [{"role": role, "content": _S[i]} for role, i in turns]
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
 
     return render
 
@@ -151,7 +166,7 @@ def _split(text: str, sentinel: str) -> tuple[str, str]:
 def _strip_prefix(text: str, prefix: str) -> str:
     if not text.startswith(prefix):
         raise ValueError(f"expected {text!r} to start with {prefix!r}")
-    return text[len(prefix):]
+    return text[len(prefix) :]
 
 
 def _strip_suffix(text: str, suffix: str) -> str:
@@ -160,14 +175,21 @@ def _strip_suffix(text: str, suffix: str) -> str:
     return text[: len(text) - len(suffix)]
 
 
-def resolve_chat_template(jinja_source: str | None, model_path: str | None = None,
-                          bos_token: str = "", eos_token: str = "",
-                          fallback: str | None = None) -> ChatTemplate:
+def resolve_chat_template(
+    jinja_source: str | None,
+    model_path: str | None = None,
+    bos_token: str = "",
+    eos_token: str = "",
+    fallback: str | None = None,
+) -> ChatTemplate:
     """The model's own template when it can be derived, else a named fallback."""
     if jinja_source:
         try:
             return from_jinja(jinja_source, bos_token, eos_token, name=model_path or "model")
         except (ValueError, TemplateError) as e:
-            logger.warning("cannot derive role markers from the chat template (%s); "
-                           "falling back to a named template", e)
+            logger.warning(
+                "cannot derive role markers from the chat template (%s); "
+                "falling back to a named template",
+                e,
+            )
     return get_chat_template(fallback or guess_template_name(model_path))

@@ -39,24 +39,39 @@ class ChoicesSamplingMethod:
 
     requires_unconditional_logprobs: bool = False
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float],
-                 input_token_logprobs: list[Entries], output_token_logprobs: list[Entries],
-                 unconditional_token_logprobs: list[Entries] | None = None
-                 ) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[Entries],
+        output_token_logprobs: list[Entries],
+        unconditional_token_logprobs: list[Entries] | None = None,
+    ) -> ChoicesDecision:
         raise NotImplementedError
 
 
 class TokenLengthNormalized(ChoicesSamplingMethod):
     """The choice with the highest mean logprob per token."""
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs,
+        unconditional_token_logprobs=None,
+    ):
         best = _argmax_first(normalized_prompt_logprobs)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-        })
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):
@@ -64,8 +79,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
     among the survivors, and so on. A choice that has run out of tokens is padded with
     its own mean logprob, so short choices are neither favoured nor ruled out."""
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs,
+        unconditional_token_logprobs=None,
+    ):
         rows = [_logprobs(e) for e in input_token_logprobs]
         width = max((len(r) for r in rows), default=0)
         matrix = [r + [_mean(r)] * (width - len(r)) for r in rows]
@@ -75,12 +97,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
             remaining = [i for i in remaining if matrix[i][col] == top]
             if len(remaining) == 1:
                 break
-        return ChoicesDecision(choices[remaining[0]], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-            "greedy_logprob_matrix": matrix,
-        })
+        return ChoicesDecision(
+            choices[remaining[0]],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "greedy_logprob_matrix": matrix,
+            },
+        )
 
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
@@ -90,24 +115,35 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
 
     requires_unconditional_logprobs = True
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs,
+        unconditional_token_logprobs=None,
+    ):
         if unconditional_token_logprobs is None:
-            raise ValueError("unconditional_likelihood_normalized needs "
-                             "unconditional_token_logprobs")
+            raise ValueError(
+                "unconditional_likelihood_normalized needs unconditional_token_logprobs"
+            )
         scores = []
         for cond, uncond in zip(input_token_logprobs, unconditional_token_logprobs):
             base = [0.0 if e[0] is None else float(e[0]) for e in uncond]
             diffs = [c - u for c, u in zip(_logprobs(cond), base)]
             scores.append(_mean(diffs))
         best = _argmax_first(scores)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": scores,
-        })
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "unconditional_token_logprobs": unconditional_token_logprobs,
+                "normalized_unconditional_prompt_logprobs": scores,
+            },
+        )
 
 
 token_length_normalized = TokenLengthNormalized()

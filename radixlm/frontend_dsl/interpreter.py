@@ -37,16 +37,27 @@ from radixlm.frontend_dsl.ir import (
 
 _END = object()
 _ids = itertools.count()
-_LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
-                 "return_text_in_logprobs")
+_LOGPROB_ARGS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
 
 
 class StreamExecutor:
     """The text, messages and variables of one program state, built by a worker thread."""
 
-    def __init__(self, backend: Backend, arguments: dict[str, Any],
-                 default_args: SamplingArgs, chat_template: ChatTemplate, stream: bool,
-                 deadline: float | None, use_thread: bool = True) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        arguments: dict[str, Any],
+        default_args: SamplingArgs,
+        chat_template: ChatTemplate,
+        stream: bool,
+        deadline: float | None,
+        use_thread: bool = True,
+    ) -> None:
         self.backend = backend
         self.arguments = arguments
         self.default_args = default_args
@@ -72,8 +83,9 @@ class StreamExecutor:
         self.queue: queue.Queue = queue.Queue()
         self.thread: threading.Thread | None = None
         if use_thread:
-            self.thread = threading.Thread(target=self._worker, daemon=True,
-                                           name=f"radixlm-dsl-{next(_ids)}")
+            self.thread = threading.Thread(
+                target=self._worker, daemon=True, name=f"radixlm-dsl-{next(_ids)}"
+            )
             self.thread.start()
 
     # --- submitting and waiting ---------------------------------------------------------
@@ -178,8 +190,9 @@ class StreamExecutor:
             self.sync()
             with self.cond:
                 if name not in self.variables:
-                    raise KeyError(f"no variable {name!r} in this program; "
-                                   f"variables: {sorted(self.variables)}")
+                    raise KeyError(
+                        f"no variable {name!r} in this program; variables: {sorted(self.variables)}"
+                    )
                 return self.variables[name]
         self.wait_for(event.is_set)
         return self.variables[name]
@@ -198,8 +211,14 @@ class StreamExecutor:
         self.sync()
         children = []
         for _ in range(size):
-            child = StreamExecutor(self.backend, self.arguments, self.default_args,
-                                   self.chat_template, self.stream, self.deadline)
+            child = StreamExecutor(
+                self.backend,
+                self.arguments,
+                self.default_args,
+                self.chat_template,
+                self.stream,
+                self.deadline,
+            )
             with self.cond:
                 child.text_, child.messages_ = self.text_, list(self.messages_)
                 child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
@@ -226,7 +245,7 @@ class StreamExecutor:
         elif isinstance(expr, VarScopeBegin):
             self.scope_begin[expr.name] = len(self.text_)
         elif isinstance(expr, VarScopeEnd):
-            self.set_var(expr.name, self.text_[self.scope_begin.pop(expr.name, 0):])
+            self.set_var(expr.name, self.text_[self.scope_begin.pop(expr.name, 0) :])
         elif isinstance(expr, Variable):
             self._append(str(self.variables[expr.name]))
         elif isinstance(expr, CommitLazy):
@@ -244,7 +263,7 @@ class StreamExecutor:
 
     def prompt(self) -> Prompt:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-        open_text = self.text_[self.cur_role_begin_pos:] if self.cur_role else ""
+        open_text = self.text_[self.cur_role_begin_pos :] if self.cur_role else ""
         return Prompt(self.text_, list(self.messages_), self.cur_role, open_text, timeout=left)
 
     def _role_begin(self, role: str) -> None:
@@ -262,9 +281,10 @@ class StreamExecutor:
 
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
-            raise ValueError(f"{role}_end() without a matching {role}_begin() "
-                             f"(open role: {self.cur_role})")
-        content = self.text_[self.cur_role_begin_pos:]
+            raise ValueError(
+                f"{role}_end() without a matching {role}_begin() (open role: {self.cur_role})"
+            )
+        content = self.text_[self.cur_role_begin_pos :]
         self.messages_.append({"role": role, "content": content})
         self._append(self.chat_template.suffix(role))
         self.cur_role = None
@@ -278,8 +298,7 @@ class StreamExecutor:
             stop = params.get("stop") or []
             stop = [stop] if isinstance(stop, str) else list(stop)
             params["stop"] = stop + [s for s in self.chat_template.stop_str if s not in stop]
-        logprob_args = {k: getattr(args, k) for k in _LOGPROB_ARGS
-                        if getattr(args, k) is not None}
+        logprob_args = {k: getattr(args, k) for k in _LOGPROB_ARGS if getattr(args, k) is not None}
         prompt = self.prompt()
         self.inflight_rid = prompt.rid
         try:
@@ -291,8 +310,9 @@ class StreamExecutor:
         if expr.name is not None:
             self.set_var(expr.name, text, meta)
 
-    def _run_gen(self, name: str | None, prompt: Prompt, params: dict[str, Any],
-                 logprob_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _run_gen(
+        self, name: str | None, prompt: Prompt, params: dict[str, Any], logprob_args: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         if not self.stream:
             text, meta = self.backend.generate(prompt, params, logprob_args)
             self._append(text)
@@ -319,8 +339,9 @@ class StreamExecutor:
         return "".join(pieces), meta
 
     def _select(self, expr: Select) -> None:
-        decision = self.backend.select(self.prompt(), expr.choices, expr.temperature,
-                                       expr.choices_method)
+        decision = self.backend.select(
+            self.prompt(), expr.choices, expr.temperature, expr.choices_method
+        )
         self._append(decision.decision)
         if expr.name is not None:
             self.set_var(expr.name, decision.decision, decision.meta_info)

@@ -77,8 +77,12 @@ class SamplingArgs:
 
     def to_sampling_params(self) -> dict[str, Any]:
         """The ``sampling_params`` of a native ``/generate`` request (set fields only)."""
-        request_only = {"return_logprob", "logprob_start_len", "top_logprobs_num",
-                        "return_text_in_logprobs"}
+        request_only = {
+            "return_logprob",
+            "logprob_start_len",
+            "top_logprobs_num",
+            "return_text_in_logprobs",
+        }
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -148,8 +152,10 @@ def to_expr(value: Any) -> Expr:
         return ConstantText(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return ConstantText(str(value))
-    raise TypeError(f"cannot add a {type(value).__name__} to a program; "
-                    "expected str, a number or an sgl expression")
+    raise TypeError(
+        f"cannot add a {type(value).__name__} to a program; "
+        "expected str, a number or an sgl expression"
+    )
 
 
 def flatten(value: Any) -> list[Expr]:

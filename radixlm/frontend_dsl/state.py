@@ -122,8 +122,9 @@ class ProgramState:
 class ProgramStateGroup:
     """The branches of ``s.fork(n)``: ``forks += lambda i: ...``, ``forks[i]``, ``join``."""
 
-    def __init__(self, states: list[ProgramState], parent: ProgramState,
-                 vars_before_fork: set[str]) -> None:
+    def __init__(
+        self, states: list[ProgramState], parent: ProgramState, vars_before_fork: set[str]
+    ) -> None:
         self.states = states
         self.parent = parent
         self.vars_before_fork = vars_before_fork
@@ -148,8 +149,9 @@ class ProgramStateGroup:
         each variable the branches made to the list of their values;
         ``concate_and_append`` appends what each branch wrote after the fork point."""
         if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError(f"join mode must be gather_variable or concate_and_append, "
-                             f"got {mode!r}")
+            raise ValueError(
+                f"join mode must be gather_variable or concate_and_append, got {mode!r}"
+            )
         for state in self.states:
             state.stream_executor.sync_all()
         if mode == "gather_variable":
@@ -159,7 +161,7 @@ class ProgramStateGroup:
                 metas = [s.stream_executor.meta_info.get(name) for s in self.states]
                 self.parent.stream_executor.set_var(name, values, metas)
         else:
-            texts = [s.stream_executor.text_[self.fork_text_len:] for s in self.states]
+            texts = [s.stream_executor.text_[self.fork_text_len :] for s in self.states]
             self.parent += ConcatenateAndAppend(texts)
         for state in self.states:
             state.stream_executor.end()

@@ -52,16 +52,23 @@ class _TracingBackend(Backend):
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
-    def generate(self, prompt: Prompt, sampling_params: dict[str, Any],
-                 logprob_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self, prompt: Prompt, sampling_params: dict[str, Any], logprob_args: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         raise StopTracing("gen")
 
-    def generate_stream(self, prompt: Prompt, sampling_params: dict[str, Any],
-                        logprob_args: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: dict[str, Any], logprob_args: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         raise StopTracing("gen")
 
-    def select(self, prompt: Prompt, choices: list[str], temperature: float,
-               choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
+    def select(
+        self,
+        prompt: Prompt,
+        choices: list[str],
+        temperature: float,
+        choices_method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision:
         raise StopTracing("select")
 
     def cache_prefix(self, prompt: Prompt) -> None:
@@ -75,14 +82,25 @@ class _TracingExecutor(StreamExecutor):
         super()._execute(expr)
 
 
-def extract_prefix(func: Callable[..., Any], bound: dict[str, Any],
-                   chat_template: ChatTemplate) -> str:
+def extract_prefix(
+    func: Callable[..., Any], bound: dict[str, Any], chat_template: ChatTemplate
+) -> str:
     """The constant text a program starts with, given its ``bound`` arguments."""
     params = list(inspect.signature(func).parameters.values())[1:]
-    kwargs = {p.name: bound.get(p.name, ArgumentPlaceholder(p.name)) for p in params
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    executor = _TracingExecutor(_TracingBackend(chat_template), kwargs, SamplingArgs(),
-                                chat_template, stream=False, deadline=None, use_thread=False)
+    kwargs = {
+        p.name: bound.get(p.name, ArgumentPlaceholder(p.name))
+        for p in params
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    executor = _TracingExecutor(
+        _TracingBackend(chat_template),
+        kwargs,
+        SamplingArgs(),
+        chat_template,
+        stream=False,
+        deadline=None,
+        use_thread=False,
+    )
     try:
         func(ProgramState(executor), **kwargs)
     except StopTracing as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -46,6 +47,10 @@ class ServerArgs:
     attention_backend: str | None = field(default=None, metadata={"help": "torch|triton "
                                           "(default: triton on CUDA, torch on CPU)"})
     random_seed: int | None = None
+    cpu_threads: int | None = field(default=None, metadata={
+        "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
+                "leaving one for HTTP and detokenisation; OpenMP threads that compete with "
+                "other processes for a core slow every step down)"})
     # constrained decoding
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "do not append grammar-forced text without sampling it"})
@@ -95,8 +100,14 @@ class ServerArgs:
              f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         need(self.context_length is None or self.context_length >= 2,
              f"context_length must be >= 2, got {self.context_length}")
+        need(self.cpu_threads is None or self.cpu_threads >= 1,
+             f"cpu_threads must be >= 1, got {self.cpu_threads}")
         need(self.tp_size == 1 and self.dp_size == 1,
              "tp_size and dp_size other than 1 are not supported")
+
+    def resolve_cpu_threads(self) -> int:
+        """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one."""
+        return self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
 
     @property
     def mixed_chunk(self) -> bool:

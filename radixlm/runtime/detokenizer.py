@@ -36,9 +36,14 @@ _CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True, stop: list[str] | None = None,
-                 no_stop_trim: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        no_stop_trim: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.decode_kwargs = {"skip_special_tokens": skip_special_tokens}
         if not spaces_between_special_tokens:
@@ -64,10 +69,10 @@ class IncrementalDetokenizer:
         """Decode the tokens past ``read_offset`` into ``self.text``, whole characters only."""
         if self.read_offset == len(self.ids):
             return
-        prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.text += new_text[len(prefix_text):]
+            self.text += new_text[len(prefix_text) :]
             self.read_offset = len(self.ids)
             self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
 
@@ -86,21 +91,27 @@ class IncrementalDetokenizer:
         safe = len(self.text) - self.holdback
         if safe <= self.emitted:
             return ""
-        piece = self.text[self.emitted: safe]
+        piece = self.text[self.emitted : safe]
         self.emitted = safe
         return piece
 
     def final_delta(self, matched_stop: Any = None) -> str:
         """The rest of the final text, when the request has finished."""
         text = self.final_text(matched_stop)
-        piece = text[self.emitted:]
+        piece = text[self.emitted :]
         self.emitted = len(text)
         return piece
 
 
 def make_register(rid: str, params: SamplingParams, text_in_logprobs: bool) -> DetokRegister:
-    return DetokRegister(rid, params.skip_special_tokens, params.spaces_between_special_tokens,
-                         list(params.stop or []) or None, params.no_stop_trim, text_in_logprobs)
+    return DetokRegister(
+        rid,
+        params.skip_special_tokens,
+        params.spaces_between_special_tokens,
+        list(params.stop or []) or None,
+        params.no_stop_trim,
+        text_in_logprobs,
+    )
 
 
 class RequestDetokenizer:
@@ -109,24 +120,35 @@ class RequestDetokenizer:
     def __init__(self, tokenizer: Any, reg: DetokRegister) -> None:
         self.tokenizer = tokenizer
         self.text_in_logprobs = reg.text_in_logprobs
-        self.detok = IncrementalDetokenizer(tokenizer, reg.skip_special_tokens,
-                                            reg.spaces_between_special_tokens, reg.stop,
-                                            reg.no_stop_trim)
+        self.detok = IncrementalDetokenizer(
+            tokenizer,
+            reg.skip_special_tokens,
+            reg.spaces_between_special_tokens,
+            reg.stop,
+            reg.no_stop_trim,
+        )
 
     def process(self, out: ReqOutput) -> TextOutput:
         self.detok.add(out.new_token_ids)
         final = None
         if out.finished:
             final = self.detok.final_text((out.finish_reason or {}).get("matched"))
-            text = final[self.detok.emitted:]
+            text = final[self.detok.emitted :]
             self.detok.emitted = len(final)
         else:
             text = self.detok.delta()
-        res = TextOutput(out.rid, text, list(out.new_token_ids), out.prompt_tokens,
-                         out.cached_tokens, out.completion_tokens, out.finish_reason, final)
+        res = TextOutput(
+            out.rid,
+            text,
+            list(out.new_token_ids),
+            out.prompt_tokens,
+            out.cached_tokens,
+            out.completion_tokens,
+            out.finish_reason,
+            final,
+        )
         if out.output_token_logprobs is not None:
-            res.output_token_logprobs = [self._entry(lp, t) for lp, t in
-                                         out.output_token_logprobs]
+            res.output_token_logprobs = [self._entry(lp, t) for lp, t in out.output_token_logprobs]
         if out.output_top_logprobs is not None:
             res.output_top_logprobs = [self._top(t) for t in out.output_top_logprobs]
         if out.input_token_logprobs is not None:
@@ -168,8 +190,9 @@ class DetokenizerManager:
         return res
 
 
-def run_detokenizer_process(tokenizer_path: str, in_addr: str, out_addr: str, parent_pid: int,
-                            log_level: str = "info") -> None:
+def run_detokenizer_process(
+    tokenizer_path: str, in_addr: str, out_addr: str, parent_pid: int, log_level: str = "info"
+) -> None:
     """Entry point of the detokenizer process: PULL from the scheduler, PUSH to the
     tokenizer manager, until SIGTERM or the parent's death."""
     should_stop = setup_child("detokenizer", parent_pid, log_level)

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.messages import (
@@ -81,6 +83,8 @@ class Engine:
             self._replies.put(obj)
 
     def _loop(self) -> None:
+        if self.scheduler.model_runner.device.type == "cpu":
+            torch.set_num_threads(self.server_args.resolve_cpu_threads())
         try:
             self.scheduler.run_loop(self._recv, self._send, self._stopped.is_set)
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller

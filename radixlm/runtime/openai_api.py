@@ -26,13 +26,24 @@ DISCONNECT_POLL_S = 0.25
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # OpenAI / vLLM request field -> SamplingParams field
 _SAMPLING_FIELDS = {
-    "temperature": "temperature", "top_p": "top_p", "n": "n", "stop": "stop", "seed": "seed",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty", "top_k": "top_k", "min_p": "min_p",
-    "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids",
-    "skip_special_tokens": "skip_special_tokens", "min_tokens": "min_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "n": "n",
+    "stop": "stop",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "ignore_eos": "ignore_eos",
+    "stop_token_ids": "stop_token_ids",
+    "skip_special_tokens": "skip_special_tokens",
+    "min_tokens": "min_new_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "no_stop_trim": "no_stop_trim", "regex": "regex", "json_schema": "json_schema",
+    "no_stop_trim": "no_stop_trim",
+    "regex": "regex",
+    "json_schema": "json_schema",
     "logit_bias": "logit_bias",
 }
 
@@ -61,8 +72,9 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse_response(chunks: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(chunks, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def await_or_disconnect(request: Request, work: Awaitable[Any]) -> Any:
@@ -90,8 +102,7 @@ def pick(body: dict[str, Any], key: str, i: int, batch: bool, default: Any) -> A
     value = body.get(key, default)
     if batch and isinstance(value, list):
         if i >= len(value):
-            raise ApiError(400, f"{key} has {len(value)} entries, fewer than the batch",
-                           param=key)
+            raise ApiError(400, f"{key} has {len(value)} entries, fewer than the batch", param=key)
         return value[i]
     return value
 
@@ -111,8 +122,12 @@ class OpenAIRoutes:
         model = body.get("model")
         known = {self.served_model_name, self.tm.model_path, "default"}
         if model is not None and model not in known:
-            raise ApiError(404, f"The model `{model}` does not exist. Served: "
-                           f"`{self.served_model_name}`", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist. Served: `{self.served_model_name}`",
+                param="model",
+                code="model_not_found",
+            )
 
     def sampling_params(self, body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
         sp = {"max_new_tokens": max_tokens}
@@ -123,15 +138,30 @@ class OpenAIRoutes:
 
     @staticmethod
     def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     async def models(self) -> Response:
         ctx = self.tm.server_info["context_length"]
-        return json_response({"object": "list", "data": [{
-            "id": self.served_model_name, "object": "model", "created": self.created,
-            "owned_by": "radixlm", "root": self.tm.model_path, "max_model_len": ctx}]})
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.served_model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "radixlm",
+                        "root": self.tm.model_path,
+                        "max_model_len": ctx,
+                    }
+                ],
+            }
+        )
 
     # --- /v1/completions ------------------------------------------------------------------------
     def _prompts(self, prompt: Any) -> list[list[int]]:
@@ -144,27 +174,40 @@ class OpenAIRoutes:
                 return [list(prompt)]
             if all(isinstance(p, list) for p in prompt):
                 return [list(p) for p in prompt]
-        raise ApiError(400, "prompt must be a string, a list of strings, a list of token ids "
-                       "or a list of token-id lists", param="prompt")
+        raise ApiError(
+            400,
+            "prompt must be a string, a list of strings, a list of token ids "
+            "or a list of token-id lists",
+            param="prompt",
+        )
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
         self.check_model(body)
         prompts = self._prompts(body.get("prompt"))
         max_tokens = body.get("max_tokens")
-        sp = self.sampling_params(body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None
-                                  else max_tokens)
+        sp = self.sampling_params(
+            body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+        )
         logprobs, echo = body.get("logprobs"), bool(body.get("echo"))
-        items = [self.tm.prepare(ids, sp, return_logprob=logprobs is not None,
-                                 logprob_start_len=0 if echo and logprobs is not None else -1,
-                                 top_logprobs_num=logprobs or 0, text_in_logprobs=True)
-                 for ids in prompts]
+        items = [
+            self.tm.prepare(
+                ids,
+                sp,
+                return_logprob=logprobs is not None,
+                logprob_start_len=0 if echo and logprobs is not None else -1,
+                top_logprobs_num=logprobs or 0,
+                text_in_logprobs=True,
+            )
+            for ids in prompts
+        ]
         job = _CompletionJob(self, items, echo, body)
         states = await self.tm.submit(items)
         if body.get("stream"):
             return sse_response(job.stream(states))
         builders = await await_or_disconnect(
-            request, asyncio.gather(*[self.tm.collect(s) for s in states]))
+            request, asyncio.gather(*[self.tm.collect(s) for s in states])
+        )
         return json_response(job.response(builders))
 
     # --- /v1/chat/completions -------------------------------------------------------------------
@@ -177,18 +220,24 @@ class OpenAIRoutes:
                 raise ApiError(400, "each message needs a role and content", param="messages")
             content = m.get("content") or ""
             if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content
-                                  if isinstance(p, dict) and p.get("type") == "text")
+                content = "".join(
+                    p.get("text", "")
+                    for p in content
+                    if isinstance(p, dict) and p.get("type") == "text"
+                )
             if not isinstance(content, str):
-                raise ApiError(400, "message content must be a string or a list of parts",
-                               param="messages")
+                raise ApiError(
+                    400, "message content must be a string or a list of parts", param="messages"
+                )
             conv.append({"role": m["role"], "content": content})
         try:
-            text = self.tm.tokenizer.apply_chat_template(conv, tokenize=False,
-                                                         add_generation_prompt=True)
+            text = self.tm.tokenizer.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=True
+            )
         except Exception as e:  # noqa: BLE001 - a template error is the caller's input
-            raise ApiError(400, f"the chat template failed on these messages: {e}",
-                           param="messages") from None
+            raise ApiError(
+                400, f"the chat template failed on these messages: {e}", param="messages"
+            ) from None
         return self.tm.tokenizer.encode(text, add_special_tokens=False)
 
     @staticmethod
@@ -202,12 +251,18 @@ class OpenAIRoutes:
         elif kind == "json_schema":
             schema = (fmt.get("json_schema") or {}).get("schema")
             if not isinstance(schema, dict):
-                raise ApiError(400, "response_format.json_schema.schema must be an object",
-                               param="response_format")
+                raise ApiError(
+                    400,
+                    "response_format.json_schema.schema must be an object",
+                    param="response_format",
+                )
             sp["json_schema"] = json.dumps(schema)
         elif kind != "text":
-            raise ApiError(400, "response_format.type must be text, json_object or "
-                           f"json_schema, got {kind!r}", param="response_format")
+            raise ApiError(
+                400,
+                f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                param="response_format",
+            )
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
@@ -221,16 +276,17 @@ class OpenAIRoutes:
         logprobs = bool(body.get("logprobs"))
         top = body.get("top_logprobs") or 0
         if not isinstance(top, int) or not 0 <= top <= 20:
-            raise ApiError(400, f"top_logprobs must be in [0, 20], got {top}",
-                           param="top_logprobs")
-        item = self.tm.prepare(ids, sp, return_logprob=logprobs, top_logprobs_num=top,
-                               text_in_logprobs=True)
+            raise ApiError(400, f"top_logprobs must be in [0, 20], got {top}", param="top_logprobs")
+        item = self.tm.prepare(
+            ids, sp, return_logprob=logprobs, top_logprobs_num=top, text_in_logprobs=True
+        )
         job = _ChatJob(self, item, body)
         states = await self.tm.submit([item])
         if body.get("stream"):
             return sse_response(job.stream(states))
         builders = await await_or_disconnect(
-            request, asyncio.gather(*[self.tm.collect(s) for s in states]))
+            request, asyncio.gather(*[self.tm.collect(s) for s in states])
+        )
         return json_response(job.response(builders))
 
 
@@ -240,8 +296,7 @@ class _Job:
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, routes: OpenAIRoutes, items: list[Prepared], body: dict[str, Any]
-                 ) -> None:
+    def __init__(self, routes: OpenAIRoutes, items: list[Prepared], body: dict[str, Any]) -> None:
         self.routes = routes
         self.items = items
         self.n = items[0].params.n
@@ -250,13 +305,19 @@ class _Job:
         self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
 
     def envelope(self, choices: list[dict[str, Any]], object_name: str) -> dict[str, Any]:
-        return {"id": self.id, "object": object_name, "created": int(time.time()),
-                "model": self.routes.served_model_name, "choices": choices}
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": int(time.time()),
+            "model": self.routes.served_model_name,
+            "choices": choices,
+        }
 
     def usage(self, outs: list[TextOutput | None]) -> dict[str, Any]:
         done = [o for o in outs if o is not None]
-        prompt = sum(len(self.items[i // self.n].msg.input_ids)
-                     for i in range(0, len(outs), self.n))
+        prompt = sum(
+            len(self.items[i // self.n].msg.input_ids) for i in range(0, len(outs), self.n)
+        )
         cached = sum(o.cached_tokens for o in done)
         return OpenAIRoutes.usage(prompt, sum(o.completion_tokens for o in done), cached)
 
@@ -281,8 +342,9 @@ class _CompletionJob(_Job):
     id_prefix = "cmpl-"
     chunk_object = "text_completion"
 
-    def __init__(self, routes: OpenAIRoutes, items: list[Prepared], echo: bool,
-                 body: dict[str, Any]) -> None:
+    def __init__(
+        self, routes: OpenAIRoutes, items: list[Prepared], echo: bool, body: dict[str, Any]
+    ) -> None:
         super().__init__(routes, items, body)
         self.echo = echo
         self.want_logprobs = body.get("logprobs") is not None
@@ -297,10 +359,15 @@ class _CompletionJob(_Job):
         for t in tokens:
             offsets.append(offset)
             offset += len(t)
-        return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
-                "top_logprobs": [None if t is None else {e[2] or "": e[0] for e in t}
-                                 for t in (tops or [None] * len(entries))],
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": [
+                None if t is None else {e[2] or "": e[0] for e in t}
+                for t in (tops or [None] * len(entries))
+            ],
+            "text_offset": offsets,
+        }
 
     def response(self, builders: list[Any]) -> dict[str, Any]:
         choices = []
@@ -312,11 +379,19 @@ class _CompletionJob(_Job):
                 tops = ((b.input_top or []) + b.output_top) if self.echo else b.output_top
                 lp = self.logprobs(entries, tops, 0)
             reason = b.last.finish_reason
-            choices.append({"index": i, "text": text, "logprobs": lp,
-                            "finish_reason": finish_reason_str(reason),
-                            "matched_stop": (reason or {}).get("matched")})
-        return {**self.envelope(choices, "text_completion"),
-                "usage": self.usage([b.last for b in builders])}
+            choices.append(
+                {
+                    "index": i,
+                    "text": text,
+                    "logprobs": lp,
+                    "finish_reason": finish_reason_str(reason),
+                    "matched_stop": (reason or {}).get("matched"),
+                }
+            )
+        return {
+            **self.envelope(choices, "text_completion"),
+            "usage": self.usage([b.last for b in builders]),
+        }
 
     def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
         text = out.text
@@ -328,8 +403,12 @@ class _CompletionJob(_Job):
             lp = self.logprobs(out.output_token_logprobs, out.output_top_logprobs or [], 0)
         if not text and lp is None and not out.finished:
             return None
-        return {"index": i, "text": text, "logprobs": lp,
-                "finish_reason": finish_reason_str(out.finish_reason)}
+        return {
+            "index": i,
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": finish_reason_str(out.finish_reason),
+        }
 
 
 class _ChatJob(_Job):
@@ -350,17 +429,28 @@ class _ChatJob(_Job):
         if not self.want_logprobs:
             return None
         tops = tops or [None] * len(entries)
-        return {"content": [{**self._token(e), "top_logprobs": [self._token(t) for t in top or []]}
-                            for e, top in zip(entries, tops)]}
+        return {
+            "content": [
+                {**self._token(e), "top_logprobs": [self._token(t) for t in top or []]}
+                for e, top in zip(entries, tops)
+            ]
+        }
 
     def response(self, builders: list[Any]) -> dict[str, Any]:
-        choices = [{"index": i, "message": {"role": "assistant", "content": b.text},
-                    "logprobs": self.logprobs(b.output_lps, b.output_top),
-                    "finish_reason": finish_reason_str(b.last.finish_reason),
-                    "matched_stop": (b.last.finish_reason or {}).get("matched")}
-                   for i, b in enumerate(builders)]
-        return {**self.envelope(choices, "chat.completion"),
-                "usage": self.usage([b.last for b in builders])}
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": b.text},
+                "logprobs": self.logprobs(b.output_lps, b.output_top),
+                "finish_reason": finish_reason_str(b.last.finish_reason),
+                "matched_stop": (b.last.finish_reason or {}).get("matched"),
+            }
+            for i, b in enumerate(builders)
+        ]
+        return {
+            **self.envelope(choices, "chat.completion"),
+            "usage": self.usage([b.last for b in builders]),
+        }
 
     def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
@@ -374,5 +464,9 @@ class _ChatJob(_Job):
             lp = self.logprobs(out.output_token_logprobs, out.output_top_logprobs or [])
         if not delta and lp is None and not out.finished:
             return None
-        return {"index": i, "delta": delta, "logprobs": lp,
-                "finish_reason": finish_reason_str(out.finish_reason)}
+        return {
+            "index": i,
+            "delta": delta,
+            "logprobs": lp,
+            "finish_reason": finish_reason_str(out.finish_reason),
+        }

@@ -48,9 +48,12 @@ class ResultBuilder:
         out = self.last
         assert out is not None, f"no output yet for {self.rid}"
         meta: dict[str, Any] = {
-            "id": self.rid, "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finish_reason, "e2e_latency": latency,
+            "id": self.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+            "finish_reason": out.finish_reason,
+            "e2e_latency": latency,
         }
         if self.return_logprob:
             meta["output_token_logprobs"] = self.new_lps if incremental else self.output_lps
@@ -63,8 +66,11 @@ class ResultBuilder:
         return meta
 
     def to_dict(self, latency: float) -> dict[str, Any]:
-        return {"text": self.text, "output_ids": list(self.output_ids),
-                "meta_info": self.meta(latency, incremental=False)}
+        return {
+            "text": self.text,
+            "output_ids": list(self.output_ids),
+            "meta_info": self.meta(latency, incremental=False),
+        }
 
     def chunk(self, latency: float, cumulative: bool = False) -> dict[str, Any]:
         """A streaming chunk: the new text and ids (Engine), or everything so far
@@ -72,10 +78,16 @@ class ResultBuilder:
         out = self.last
         assert out is not None, f"no output yet for {self.rid}"
         if cumulative:
-            return {"text": self.text, "output_ids": list(self.output_ids),
-                    "meta_info": self.meta(latency, incremental=True)}
-        return {"text": out.text, "output_ids": list(out.new_token_ids),
-                "meta_info": self.meta(latency, incremental=True)}
+            return {
+                "text": self.text,
+                "output_ids": list(self.output_ids),
+                "meta_info": self.meta(latency, incremental=True),
+            }
+        return {
+            "text": out.text,
+            "output_ids": list(out.new_token_ids),
+            "meta_info": self.meta(latency, incremental=True),
+        }
 
 
 def _entries(pairs: Any) -> list | None:

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+import torch
 import zmq
 
 from radixlm.runtime.child_process import setup_child
@@ -32,6 +33,10 @@ from radixlm.runtime.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 POLL_MS = 100  # while idle: how often the loop looks at the stop flag
+
+
+def default_cpu_threads() -> int:
+    return max(len(os.sched_getaffinity(0)) - 1, 1)
 
 
 class SchedulerIO:
@@ -61,8 +66,12 @@ class SchedulerIO:
                     break
         new = [m for m in msgs if isinstance(m, GenerateReqInput)]
         if new:
-            regs = [make_register(m.rid, SamplingParams.from_dict(m.sampling_params),
-                                  m.return_text_in_logprobs) for m in new]
+            regs = [
+                make_register(
+                    m.rid, SamplingParams.from_dict(m.sampling_params), m.return_text_in_logprobs
+                )
+                for m in new
+            ]
             self.push.send(encode(RegisterReqs(regs)))
         self.last_recv = time.monotonic()
         for m in new:
@@ -83,11 +92,13 @@ class SchedulerIO:
         self.push.send(encode(obj))
 
 
-def run_scheduler_process(args_json: str, model_path: str, in_addr: str, out_addr: str,
-                          parent_pid: int) -> None:
+def run_scheduler_process(
+    args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int
+) -> None:
     """Entry point of the scheduler process (started with the ``spawn`` method)."""
     args = ServerArgs(**json.loads(args_json))
     should_stop = setup_child("scheduler", parent_pid, args.log_level)
+    torch.set_num_threads(args.cpu_threads or default_cpu_threads())
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer)
     ctx = zmq.Context()
@@ -96,9 +107,12 @@ def run_scheduler_process(args_json: str, model_path: str, in_addr: str, out_add
     push = ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     cfg = scheduler.model_config
-    model_info = {"dtype": str(scheduler.model_runner.dtype).removeprefix("torch."),
-                  "device": str(scheduler.model_runner.device), "vocab_size": cfg.vocab_size,
-                  "pid": os.getpid()}
+    model_info = {
+        "dtype": str(scheduler.model_runner.dtype).removeprefix("torch."),
+        "device": str(scheduler.model_runner.device),
+        "vocab_size": cfg.vocab_size,
+        "pid": os.getpid(),
+    }
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info)))
     try:
         io = SchedulerIO(scheduler, pull, push)

@@ -81,8 +81,9 @@ class ChildProcesses:
         while not self.stopping:
             for name, proc in self.procs.items():
                 if proc.exitcode is not None and not self.stopping:
-                    logger.error("the %s process exited with code %s; shutting down", name,
-                                 proc.exitcode)
+                    logger.error(
+                        "the %s process exited with code %s; shutting down", name, proc.exitcode
+                    )
                     self.kill()
                     os._exit(1)
             time.sleep(0.2)
@@ -117,11 +118,15 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             headers = dict(scope["headers"])
             auth = headers.get(b"authorization", b"")
-            key = auth[7:].strip() if auth.startswith(b"Bearer ") else headers.get(
-                b"x-api-key", b"")
+            key = (
+                auth[7:].strip() if auth.startswith(b"Bearer ") else headers.get(b"x-api-key", b"")
+            )
             if not hmac.compare_digest(key, self.api_key):
-                err = ApiError(401, "invalid or missing API key (send Authorization: Bearer "
-                               "<key>)", code="invalid_api_key")
+                err = ApiError(
+                    401,
+                    "invalid or missing API key (send Authorization: Bearer <key>)",
+                    code="invalid_api_key",
+                )
                 await json_response(err.body(), 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -140,8 +145,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def on_error(request: Request, exc: Exception) -> Response:
         logger.exception("internal error on %s", request.url.path)
-        return json_response(ApiError(500, f"internal error: {exc!r}", "internal_error").body(),
-                             500)
+        return json_response(
+            ApiError(500, f"internal error: {exc!r}", "internal_error").body(), 500
+        )
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
@@ -150,17 +156,20 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 # --- native (SGLang) routes ----------------------------------------------------------------
 class NativeRoutes:
-    def __init__(self, app: FastAPI, tm: TokenizerManager, args: ServerArgs,
-                 pids: dict[str, int | None]) -> None:
+    def __init__(
+        self, app: FastAPI, tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]
+    ) -> None:
         self.tm, self.args, self.pids = tm, args, pids
         for path, fn, methods in [
-            ("/generate", self.generate, ["POST"]), ("/health", self.health, ["GET"]),
+            ("/generate", self.generate, ["POST"]),
+            ("/health", self.health, ["GET"]),
             ("/health_generate", self.health_generate, ["GET"]),
             ("/get_model_info", self.model_info, ["GET"]),
             ("/get_server_info", self.server_info, ["GET"]),
             ("/flush_cache", self.flush_cache, ["POST", "GET"]),
             ("/abort_request", self.abort_request, ["POST"]),
-            ("/tokenize", self.tokenize, ["POST"]), ("/detokenize", self.detokenize, ["POST"]),
+            ("/tokenize", self.tokenize, ["POST"]),
+            ("/detokenize", self.detokenize, ["POST"]),
             ("/metrics", self.metrics, ["GET"]),
         ]:
             app.add_api_route(path, fn, methods=methods)
@@ -182,19 +191,25 @@ class NativeRoutes:
         ids_list, batch = self._inputs(body)
         if batch and not ids_list:
             raise ApiError(400, "the batch is empty", param="text")
-        items = [self.tm.prepare(
-            ids, pick(body, "sampling_params", i, batch, None), pick(body, "rid", i, batch, None),
-            pick(body, "return_logprob", i, batch, False),
-            pick(body, "logprob_start_len", i, batch, -1),
-            pick(body, "top_logprobs_num", i, batch, 0),
-            bool(body.get("return_text_in_logprobs", False)))
-            for i, ids in enumerate(ids_list)]
+        items = [
+            self.tm.prepare(
+                ids,
+                pick(body, "sampling_params", i, batch, None),
+                pick(body, "rid", i, batch, None),
+                pick(body, "return_logprob", i, batch, False),
+                pick(body, "logprob_start_len", i, batch, -1),
+                pick(body, "top_logprobs_num", i, batch, 0),
+                bool(body.get("return_text_in_logprobs", False)),
+            )
+            for i, ids in enumerate(ids_list)
+        ]
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
         if body.get("stream"):
             return sse_response(self._stream(states, many, t0))
         builders = await await_or_disconnect(
-            request, asyncio.gather(*[self.tm.collect(s) for s in states]))
+            request, asyncio.gather(*[self.tm.collect(s) for s in states])
+        )
         latency = time.monotonic() - t0
         results = [b.to_dict(latency) for b in builders]
         return json_response(results if many else results[0])
@@ -211,37 +226,49 @@ class NativeRoutes:
 
     async def health(self) -> Response:
         if self.tm.draining:
-            return json_response(ApiError(503, "shutting down", "service_unavailable").body(),
-                                 503)
+            return json_response(ApiError(503, "shutting down", "service_unavailable").body(), 503)
         return Response(status_code=200)
 
     async def health_generate(self) -> Response:
-        item = self.tm.prepare([0], {"max_new_tokens": 1, "temperature": 0},
-                               f"health-{time.monotonic_ns()}")
+        item = self.tm.prepare(
+            [0], {"max_new_tokens": 1, "temperature": 0}, f"health-{time.monotonic_ns()}"
+        )
         states = await self.tm.submit([item])
         try:
             await asyncio.wait_for(self.tm.collect(states[0]), HEALTH_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise ApiError(503, "no token generated within "
-                           f"{HEALTH_TIMEOUT_S} s", "service_unavailable") from None
+            raise ApiError(
+                503, f"no token generated within {HEALTH_TIMEOUT_S} s", "service_unavailable"
+            ) from None
         return Response(status_code=200)
 
     async def model_info(self) -> Response:
-        return json_response({"model_path": self.tm.model_path,
-                              "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
-                              "is_generation": True})
+        return json_response(
+            {
+                "model_path": self.tm.model_path,
+                "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
+                "is_generation": True,
+            }
+        )
 
     async def server_info(self) -> Response:
         info = await self.tm.get_info()
-        return json_response({**dataclasses.asdict(self.args), **info,
-                              "model_path": self.tm.model_path, **self.tm.model_info,
-                              "num_inflight_requests": len(self.tm.states),
-                              "pids": {"main": os.getpid(), **self.pids}})
+        return json_response(
+            {
+                **dataclasses.asdict(self.args),
+                **info,
+                "model_path": self.tm.model_path,
+                **self.tm.model_info,
+                "num_inflight_requests": len(self.tm.states),
+                "pids": {"main": os.getpid(), **self.pids},
+            }
+        )
 
     async def flush_cache(self) -> Response:
         out = await self.tm.flush_cache()
-        return json_response({"success": out.success, "message": out.message},
-                             200 if out.success else 400)
+        return json_response(
+            {"success": out.success, "message": out.message}, 200 if out.success else 400
+        )
 
     async def abort_request(self, request: Request) -> Response:
         body = await read_json(request)
@@ -261,9 +288,13 @@ class NativeRoutes:
             raise ApiError(400, "text must be a string or a list of strings", param="text")
         tokens = [self.tm.tokenizer.encode(t, add_special_tokens=special) for t in texts]
         out = tokens if isinstance(text, list) else tokens[0]
-        return json_response({"tokens": out, "count": [len(t) for t in tokens]
-                              if isinstance(text, list) else len(tokens[0]),
-                              "max_model_len": self.tm.server_info["context_length"]})
+        return json_response(
+            {
+                "tokens": out,
+                "count": [len(t) for t in tokens] if isinstance(text, list) else len(tokens[0]),
+                "max_model_len": self.tm.server_info["context_length"],
+            }
+        )
 
     async def detokenize(self, request: Request) -> Response:
         body = await read_json(request)
@@ -316,8 +347,12 @@ class _Server(uvicorn.Server):
             logger.warning("second %s: exiting now", signal.Signals(sig).name)
             self.force_exit = self.should_exit = True
             return
-        logger.info("%s: draining %d request(s) (up to %.0f s), new requests get 503",
-                    signal.Signals(sig).name, len(self.tm.states), self.timeout)
+        logger.info(
+            "%s: draining %d request(s) (up to %.0f s), new requests get 503",
+            signal.Signals(sig).name,
+            len(self.tm.states),
+            self.timeout,
+        )
         self.drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -326,8 +361,11 @@ class _Server(uvicorn.Server):
         while self.tm.states and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.tm.states:
-            logger.warning("aborting %d request(s) still running after %.0f s",
-                           len(self.tm.states), self.timeout)
+            logger.warning(
+                "aborting %d request(s) still running after %.0f s",
+                len(self.tm.states),
+                self.timeout,
+            )
             self.tm.abort_all()
             end = time.monotonic() + 2.0
             while self.tm.states and time.monotonic() < end:
@@ -335,27 +373,52 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-async def _serve(args: ServerArgs, model_path: str, tokenizer: Any, addr: dict[str, str],
-                 children: ChildProcesses) -> None:
+async def _serve(
+    args: ServerArgs,
+    model_path: str,
+    tokenizer: Any,
+    addr: dict[str, str],
+    children: ChildProcesses,
+) -> None:
     tm = TokenizerManager(args, model_path, tokenizer, addr["scheduler"], addr["tm"])
     await tm.wait_ready(STARTUP_TIMEOUT_S, children.alive)
     children.watch()
     info, minfo = tm.server_info, tm.model_info
-    logger.info("model %s: dtype %s on %s, context length %d", tm.model_path, minfo["dtype"],
-                minfo["device"], info["context_length"])
-    logger.info("KV pool: %d tokens (page size %d); up to %d running requests",
-                info["max_total_num_tokens"], info["page_size"], info["max_running_requests"])
+    logger.info(
+        "model %s: dtype %s on %s, context length %d",
+        tm.model_path,
+        minfo["dtype"],
+        minfo["device"],
+        info["context_length"],
+    )
+    logger.info(
+        "KV pool: %d tokens (page size %d); up to %d running requests",
+        info["max_total_num_tokens"],
+        info["page_size"],
+        info["max_running_requests"],
+    )
     tm.start()
     app = create_app(tm, args, children.pids())
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
     server = _Server(config, tm, args.shutdown_timeout)
 
     async def announce() -> None:
         while not server.started:
             await asyncio.sleep(0.05)
-        logger.info("ready: http://%s:%d (pids %s)", args.host, args.port,
-                    json.dumps({"main": os.getpid(), **children.pids()}))
+        logger.info(
+            "ready: http://%s:%d (pids %s)",
+            args.host,
+            args.port,
+            json.dumps({"main": os.getpid(), **children.pids()}),
+        )
 
     announce_task = asyncio.get_running_loop().create_task(announce())
     await server.serve()
@@ -372,14 +435,27 @@ def launch_server(args: ServerArgs) -> int:
     addr = {name: f"ipc://{ipc_dir}/{name}" for name in ("scheduler", "detokenizer", "tm")}
     children = ChildProcesses()
     try:
-        children.start("detokenizer", run_detokenizer_process, args.tokenizer_path or model_path,
-                       addr["detokenizer"], addr["tm"], os.getpid(), args.log_level)
-        children.start("scheduler", run_scheduler_process, json.dumps(dataclasses.asdict(args)),
-                       model_path, addr["scheduler"], addr["detokenizer"], os.getpid())
+        children.start(
+            "detokenizer",
+            run_detokenizer_process,
+            args.tokenizer_path or model_path,
+            addr["detokenizer"],
+            addr["tm"],
+            os.getpid(),
+            args.log_level,
+        )
+        children.start(
+            "scheduler",
+            run_scheduler_process,
+            json.dumps(dataclasses.asdict(args)),
+            model_path,
+            addr["scheduler"],
+            addr["detokenizer"],
+            os.getpid(),
+        )
         asyncio.run(_serve(args, model_path, tokenizer, addr, children))
     finally:
         children.stop()
         shutil.rmtree(ipc_dir, ignore_errors=True)
     logger.info("server stopped")
     return 0
-

@@ -30,7 +30,7 @@ def child_pids(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z":
             parents.setdefault(int(fields[1]), []).append(int(entry.name))
     out, todo = [], [pid]
@@ -52,16 +52,26 @@ def pid_alive(pid: int) -> bool:
 class ServerProcess:
     """``radixlm serve`` with ``flags``; its log goes to ``log_path``."""
 
-    def __init__(self, flags: list[str], log_path: str | os.PathLike,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, flags: list[str], log_path: str | os.PathLike, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
         self._log: IO[Any] = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
-        cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1",
-               "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixlm.launch_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
     def wait_healthy(self, timeout: float = 180.0, headers: dict | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -46,15 +46,27 @@ CONTROL_TIMEOUT_S = 60.0
 class ApiError(Exception):
     """An error for the HTTP client, rendered as OpenAI's ``{"error": {...}}``."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
         self.code = code if code is not None else str(status)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 _DEFAULTS = SamplingParams()
@@ -100,8 +112,9 @@ class Prepared:
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any, sched_addr: str,
-                 recv_addr: str) -> None:
+    def __init__(
+        self, args: ServerArgs, model_path: str, tokenizer: Any, sched_addr: str, recv_addr: str
+    ) -> None:
         self.args = args
         self.model_path = model_path
         self.tokenizer = tokenizer
@@ -116,7 +129,9 @@ class TokenizerManager:
         self._pull.bind(recv_addr)
         self.states: dict[str, ReqState] = {}
         self._waiters: dict[type, collections.deque] = {
-            InfoOutput: collections.deque(), FlushCacheOutput: collections.deque()}
+            InfoOutput: collections.deque(),
+            FlushCacheOutput: collections.deque(),
+        }
         self.server_info: dict[str, Any] = {}  # the scheduler's info at startup
         self.model_info: dict[str, Any] = {}
         self.draining = False
@@ -181,14 +196,21 @@ class TokenizerManager:
     # --- requests ---------------------------------------------------------------------------
     def encode_text(self, text: Any, field_name: str = "text") -> list[int]:
         if not isinstance(text, str):
-            raise ApiError(400, f"{field_name} must be a string, got {type(text).__name__}",
-                           param=field_name)
+            raise ApiError(
+                400, f"{field_name} must be a string, got {type(text).__name__}", param=field_name
+            )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def prepare(self, input_ids: list[int], sampling_params: dict[str, Any] | None,
-                rid: str | None = None, return_logprob: bool = False,
-                logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                text_in_logprobs: bool = False) -> Prepared:
+    def prepare(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | None,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        text_in_logprobs: bool = False,
+    ) -> Prepared:
         """Validate one request (400 on bad input); nothing is sent yet."""
         try:
             if not isinstance(input_ids, list):
@@ -196,8 +218,13 @@ class TokenizerManager:
             _check_types(sampling_params)
             params = SamplingParams.from_dict(sampling_params)
             cfg = self.server_info
-            validate_request(input_ids, params, cfg["context_length"],
-                             self.model_info["vocab_size"], cfg["max_total_num_tokens"])
+            validate_request(
+                input_ids,
+                params,
+                cfg["context_length"],
+                self.model_info["vocab_size"],
+                cfg["max_total_num_tokens"],
+            )
             if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
                 raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
             if not isinstance(logprob_start_len, int):
@@ -207,9 +234,15 @@ class TokenizerManager:
             raise ApiError(400, str(e), code=code) from None
         if rid is not None and not isinstance(rid, str):
             raise ApiError(400, f"rid must be a string, got {type(rid).__name__}", param="rid")
-        msg = GenerateReqInput(rid or uuid.uuid4().hex, input_ids, params.to_dict(),
-                               bool(return_logprob), logprob_start_len, top_logprobs_num,
-                               return_text_in_logprobs=bool(text_in_logprobs))
+        msg = GenerateReqInput(
+            rid or uuid.uuid4().hex,
+            input_ids,
+            params.to_dict(),
+            bool(return_logprob),
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs=bool(text_in_logprobs),
+        )
         return Prepared(msg, params)
 
     def check_capacity(self, n_new: int) -> None:
@@ -221,8 +254,12 @@ class TokenizerManager:
             running = self.server_info["max_running_requests"]
             queued = len(self.states) + n_new - running
             if queued > limit:
-                raise ApiError(503, f"too many queued requests: the limit is {limit} "
-                               "(--max-queued-requests); retry later", "service_unavailable")
+                raise ApiError(
+                    503,
+                    f"too many queued requests: the limit is {limit} "
+                    "(--max-queued-requests); retry later",
+                    "service_unavailable",
+                )
 
     async def submit(self, items: list[Prepared]) -> list[ReqState]:
         """Send every request (each of its ``n`` samples); n > 1 first caches the prompt
@@ -230,20 +267,31 @@ class TokenizerManager:
         subs: list[GenerateReqInput] = []
         for p in items:
             n = p.params.n
-            subs += [p.msg] if n == 1 else [
-                GenerateReqInput(f"{p.msg.rid}-{j}", p.msg.input_ids, p.msg.sampling_params,
-                                 p.msg.return_logprob, p.msg.logprob_start_len,
-                                 p.msg.top_logprobs_num,
-                                 return_text_in_logprobs=p.msg.return_text_in_logprobs)
-                for j in range(n)]
+            subs += (
+                [p.msg]
+                if n == 1
+                else [
+                    GenerateReqInput(
+                        f"{p.msg.rid}-{j}",
+                        p.msg.input_ids,
+                        p.msg.sampling_params,
+                        p.msg.return_logprob,
+                        p.msg.logprob_start_len,
+                        p.msg.top_logprobs_num,
+                        return_text_in_logprobs=p.msg.return_text_in_logprobs,
+                    )
+                    for j in range(n)
+                ]
+            )
         self.check_capacity(len(subs))
         if len({m.rid for m in subs}) != len(subs) or any(m.rid in self.states for m in subs):
             raise ApiError(400, "rid is already in use", param="rid")
         if not self.args.disable_radix_cache:
             for p in items:
                 if p.params.n > 1:
-                    warm = GenerateReqInput(p.msg.rid + "-prefill", p.msg.input_ids,
-                                            {"max_new_tokens": 0})
+                    warm = GenerateReqInput(
+                        p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0}
+                    )
                     async for _ in self.outputs(self._send_req(warm)):
                         pass
         return [self._send_req(m) for m in subs]
@@ -267,8 +315,7 @@ class TokenizerManager:
             if not state.finished:
                 self.abort(state.msg.rid)
 
-    async def merged_outputs(self, states: list[ReqState]
-                             ) -> AsyncIterator[tuple[int, TextOutput]]:
+    async def merged_outputs(self, states: list[ReqState]) -> AsyncIterator[tuple[int, TextOutput]]:
         """``(index, output)`` pairs of several requests, as they arrive."""
         if len(states) == 1:
             async for out in self.outputs(states[0]):

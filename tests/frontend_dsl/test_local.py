@@ -10,6 +10,7 @@ import time
 import pytest
 
 import radixlm as sgl
+from radixlm.frontend_dsl import program
 from radixlm.frontend_dsl.backends.base import BackendError, Prompt
 from radixlm.frontend_dsl.dtype_regex import dtype_to_regex
 
@@ -55,15 +56,21 @@ def _choice_logprobs(engine, prefix, choices):
     n = len(tok.encode(prefix, add_special_tokens=False))
     cond, uncond = [], []
     for c in choices:
-        out = engine.generate(prefix + c, {"max_new_tokens": 0}, return_logprob=True,
-                              logprob_start_len=n)
+        out = engine.generate(
+            prefix + c, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=n
+        )
         ents = out["meta_info"]["input_token_logprobs"]
         cond.append([e[0] for e in ents])
         ids = [e[1] for e in ents]
-        u = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                            return_logprob=True, logprob_start_len=0)
-        uncond.append([0.0 if e[0] is None else e[0] for e in u["meta_info"][
-            "input_token_logprobs"]])
+        u = engine.generate(
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+        )
+        uncond.append(
+            [0.0 if e[0] is None else e[0] for e in u["meta_info"]["input_token_logprobs"]]
+        )
     return cond, uncond
 
 
@@ -83,8 +90,10 @@ def _greedy(rows):
     return alive[0]
 
 
-@pytest.mark.parametrize("rule", ["token_length_normalized", "greedy_token_selection",
-                                  "unconditional_likelihood_normalized"])
+@pytest.mark.parametrize(
+    "rule",
+    ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"],
+)
 def test_select_rules_match_independent_computation(engine, backend, rule):
     @sgl.function
     def pick(s):
@@ -96,8 +105,9 @@ def test_select_rules_match_independent_computation(engine, backend, rule):
     elif rule == "greedy_token_selection":
         best = _greedy(cond)
     else:
-        best = _first_argmax([sum(c - u for c, u in zip(cr, ur)) / len(cr)
-                              for cr, ur in zip(cond, uncond)])
+        best = _first_argmax(
+            [sum(c - u for c, u in zip(cr, ur)) / len(cr) for cr, ur in zip(cond, uncond)]
+        )
     state = pick.run(backend=backend)
     assert state["c"] == CHOICES[best]
     meta = state.get_meta_info("c")
@@ -156,7 +166,7 @@ def test_var_scope_bind_and_variables(backend):
     @sgl.function
     def prog(s, topic, style):
         with s.var_scope("intro"):
-            s += f"A {style} note on {topic}:"
+            s += f"A {style} note on " + topic + ":"
             s += sgl.gen("body", max_tokens=4)
         s += sgl.user_begin() + "more" + sgl.user_end()
         s["extra"] = 42
@@ -195,8 +205,7 @@ def test_run_batch_caches_traced_prefix_once(engine, backend):
     prefix = fewshot.trace(backend=backend)
     assert prefix == "Example: two plus two is four. " * 20 + "Q: "
     engine.flush_cache()
-    states = fewshot.run_batch([{"q": f"q{i}"} for i in range(8)], backend=backend,
-                               temperature=0)
+    states = fewshot.run_batch([{"q": f"q{i}"} for i in range(8)], backend=backend, temperature=0)
     n_prefix = len(engine.tokenizer.encode(prefix, add_special_tokens=False))
     assert all(s.get_meta_info("a")["cached_tokens"] >= n_prefix - 1 for s in states)
 
@@ -224,8 +233,7 @@ def test_exception_in_program_is_raised_and_kept(backend):
 
     with pytest.raises(RuntimeError, match="boom"):
         prog.run(fail=True, backend=backend)
-    states = prog.run_batch([{"fail": False}, {"fail": True}], backend=backend,
-                            raise_errors=False)
+    states = prog.run_batch([{"fail": False}, {"fail": True}], backend=backend, raise_errors=False)
     assert states[0].error() is None and isinstance(states[1].error(), RuntimeError)
     with pytest.raises(sgl.ProgramBatchError, match="1 of 2") as info:
         prog.run_batch([{"fail": False}, {"fail": True}], backend=backend)
@@ -288,8 +296,6 @@ def test_no_backend_and_bad_backend():
 
     previous = sgl.get_default_backend()
     try:
-        from radixlm.frontend_dsl import program
-
         program._default_backend[0] = None
         with pytest.raises(RuntimeError, match="set_default_backend"):
             prog.run()
@@ -311,8 +317,6 @@ def test_engine_is_a_backend(engine):
         assert sgl.get_server_info()["cache_hit_rate"] >= 0
         assert sgl.flush_cache()
     finally:
-        from radixlm.frontend_dsl import program
-
         program._default_backend[0] = previous
 
 

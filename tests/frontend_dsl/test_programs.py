@@ -41,17 +41,31 @@ def server_url():
     port = _free_port()
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixlm.launch_server", "--port", str(port),
-         "--max-total-tokens", "16384", "--random-seed", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "0"})
+        [
+            sys.executable,
+            "-m",
+            "radixlm.launch_server",
+            "--port",
+            str(port),
+            "--max-total-tokens",
+            "16384",
+            "--random-seed",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "0"},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
                 log.seek(0)
-                pytest.fail(f"radixlm serve exited ({proc.returncode}):\n"
-                            f"{log.read().decode(errors='replace')[-3000:]}")
+                pytest.fail(
+                    f"radixlm serve exited ({proc.returncode}):\n"
+                    f"{log.read().decode(errors='replace')[-3000:]}"
+                )
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
@@ -82,8 +96,7 @@ def _make_backend(kind: str, request, engine, chat: bool = True):
     url = request.getfixturevalue("server_url")
     if kind == "http":
         return sgl.RuntimeEndpoint(url)
-    return sgl.OpenAI(_model_name(url), base_url=url + "/v1", api_key="none",
-                      is_chat_model=chat)
+    return sgl.OpenAI(_model_name(url), base_url=url + "/v1", api_key="none", is_chat_model=chat)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -169,9 +182,11 @@ def _independent_best(engine, prefix: str, choices: list[str]) -> str:
     scores = []
     for c in choices:
         assert tok.encode(prefix + c, add_special_tokens=False)[:n] == tok.encode(
-            prefix, add_special_tokens=False)
-        out = engine.generate(prefix + c, {"max_new_tokens": 0}, return_logprob=True,
-                              logprob_start_len=n)
+            prefix, add_special_tokens=False
+        )
+        out = engine.generate(
+            prefix + c, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=n
+        )
         lps = [e[0] for e in out["meta_info"]["input_token_logprobs"]]
         scores.append(sum(lps) / len(lps))
     return choices[max(range(len(choices)), key=lambda i: (scores[i], -i))]
@@ -193,8 +208,9 @@ def short(s, i):
 
 
 def test_run_batch_64_with_progress_bar(backend, engine, capsys):
-    states = short.run_batch([{"i": i} for i in range(64)], temperature=0,
-                             progress_bar=True, backend=backend)
+    states = short.run_batch(
+        [{"i": i} for i in range(64)], temperature=0, progress_bar=True, backend=backend
+    )
     assert len(states) == 64
     assert all(s.error() is None and isinstance(s["out"], str) for s in states)
     assert "64/64" in capsys.readouterr().err

@@ -76,8 +76,14 @@ def test_generate_equals_engine(server, engine):
     one = _post(server, "/generate", {"text": PROMPTS[0], "sampling_params": GREEDY}).json()
     assert set(one) == {"text", "output_ids", "meta_info"}
     meta = one["meta_info"]
-    for key in ("id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
-                "e2e_latency"):
+    for key in (
+        "id",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "finish_reason",
+        "e2e_latency",
+    ):
         assert key in meta
     assert meta["cached_tokens"] > 0  # the batch above cached the prompt
     ids = engine.tokenizer.encode(PROMPTS[1], add_special_tokens=False)
@@ -86,17 +92,29 @@ def test_generate_equals_engine(server, engine):
 
 
 def test_generate_stream_and_logprobs(server, engine):
-    body = {"text": "Once upon a time", "sampling_params": GREEDY, "return_logprob": True,
-            "top_logprobs_num": 2, "return_text_in_logprobs": True, "logprob_start_len": 0}
+    body = {
+        "text": "Once upon a time",
+        "sampling_params": GREEDY,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+        "logprob_start_len": 0,
+    }
     full = _post(server, "/generate", body).json()
-    offline = engine.generate("Once upon a time", GREEDY, return_logprob=True,
-                              top_logprobs_num=2, return_text_in_logprobs=True,
-                              logprob_start_len=0)
+    offline = engine.generate(
+        "Once upon a time",
+        GREEDY,
+        return_logprob=True,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+        logprob_start_len=0,
+    )
     got, want = (r["meta_info"]["output_token_logprobs"] for r in (full, offline))
     assert [e[1:] for e in got] == [e[1:] for e in want]
     assert [e[0] for e in got] == pytest.approx([e[0] for e in want], abs=1e-4)
-    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True},
-                      timeout=60) as resp:
+    with httpx.stream(
+        "POST", server.url + "/generate", json={**body, "stream": True}, timeout=60
+    ) as resp:
         chunks = _sse(resp)
     assert chunks[-1]["text"] == full["text"]
     assert chunks[-1]["output_ids"] == full["output_ids"]
@@ -110,11 +128,18 @@ def test_generate_stream_and_logprobs(server, engine):
 
 
 def test_prefill_only_and_n(server):
-    out = _post(server, "/generate", {"text": "cache me please",
-                                      "sampling_params": {"max_new_tokens": 0}}).json()
+    out = _post(
+        server, "/generate", {"text": "cache me please", "sampling_params": {"max_new_tokens": 0}}
+    ).json()
     assert out["meta_info"]["completion_tokens"] == 0 and out["text"] == ""
-    outs = _post(server, "/generate", {"text": "Tell me a story", "sampling_params": {
-        "max_new_tokens": 5, "n": 3, "temperature": 1.0}}).json()
+    outs = _post(
+        server,
+        "/generate",
+        {
+            "text": "Tell me a story",
+            "sampling_params": {"max_new_tokens": 5, "n": 3, "temperature": 1.0},
+        },
+    ).json()
     assert len(outs) == 3 and all(o["meta_info"]["completion_tokens"] == 5 for o in outs)
 
 
@@ -142,22 +167,30 @@ def test_openai_completions(client, engine):
     assert out.choices[0].text == offline["text"]
     assert out.usage.completion_tokens == offline["meta_info"]["completion_tokens"]
     pieces, usage = [], None
-    for chunk in client.completions.create(**kw, stream=True,
-                                           stream_options={"include_usage": True}):
+    for chunk in client.completions.create(
+        **kw, stream=True, stream_options={"include_usage": True}
+    ):
         pieces += [c.text for c in chunk.choices]
         usage = chunk.usage or usage
     assert "".join(pieces) == out.choices[0].text
     assert usage.completion_tokens == out.usage.completion_tokens
-    multi = client.completions.create(model=model, prompt=["a b", "c d"], max_tokens=4, n=2,
-                                      temperature=1.0, seed=3,
-                                      extra_body={"ignore_eos": True, "top_k": 20})
+    multi = client.completions.create(
+        model=model,
+        prompt=["a b", "c d"],
+        max_tokens=4,
+        n=2,
+        temperature=1.0,
+        seed=3,
+        extra_body={"ignore_eos": True, "top_k": 20},
+    )
     assert len(multi.choices) == 4 and multi.usage.completion_tokens == 16
     lp = client.completions.create(**kw, logprobs=2, echo=True)
     assert lp.choices[0].text.startswith("Once upon a time")
     assert lp.choices[0].logprobs.token_logprobs[0] is None
     assert len(lp.choices[0].logprobs.top_logprobs[-1]) == 2
-    ids = client.completions.create(model=model, prompt=[5, 6, 7], max_tokens=3,
-                                    extra_body={"ignore_eos": True})
+    ids = client.completions.create(
+        model=model, prompt=[5, 6, 7], max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 3
 
 
@@ -170,23 +203,36 @@ def test_openai_chat(client):
     assert out.usage.completion_tokens == len(choice.logprobs.content)
     assert len(choice.logprobs.content[0].top_logprobs) == 2
     pieces, usage = [], None
-    for chunk in client.chat.completions.create(**kw, stream=True,
-                                                stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        **kw, stream=True, stream_options={"include_usage": True}
+    ):
         pieces += [c.delta.content or "" for c in chunk.choices]
         usage = chunk.usage or usage
     assert "".join(pieces) == choice.message.content
     assert usage.completion_tokens == out.usage.completion_tokens
-    two = client.chat.completions.create(model="default", messages=msgs, max_tokens=4, n=2,
-                                         stop=["\n"], seed=7,
-                                         extra_body={"min_p": 0.05, "stop_token_ids": [0]})
+    two = client.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=4,
+        n=2,
+        stop=["\n"],
+        seed=7,
+        extra_body={"min_p": 0.05, "stop_token_ids": [0]},
+    )
     assert len(two.choices) == 2
 
 
 def test_64_concurrent_streams(server):
     async def one(client: httpx.AsyncClient, i: int) -> tuple[str, dict]:
-        body = {"model": "default", "prompt": f"Request number {i}:", "max_tokens": 12 + i % 5,
-                "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": "default",
+            "prompt": f"Request number {i}:",
+            "max_tokens": 12 + i % 5,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         text, usage = "", None
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -198,8 +244,9 @@ def test_64_concurrent_streams(server):
         return text, usage
 
     async def run() -> list:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=100)) as client:
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=100)
+        ) as client:
             return await asyncio.gather(*[one(client, i) for i in range(64)])
 
     results = asyncio.run(run())
@@ -211,8 +258,11 @@ def test_64_concurrent_streams(server):
 # --- disconnects ----------------------------------------------------------------------
 def test_disconnect_frees_kv(server):
     idle = _wait_idle(server)
-    body = {"text": "A very long story", "stream": True,
-            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    body = {
+        "text": "A very long story",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+    }
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as resp:
         lines = resp.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
@@ -239,12 +289,15 @@ def test_errors(server, client):
     ctx = _info(server)["context_length"]
     msg = _error(_post(server, "/generate", {"input_ids": [5] * (ctx + 4)}), 400)
     assert f"maximum context length is {ctx} tokens. However, your request has {ctx + 4}" in msg
-    assert "top_p" in _error(_post(server, "/generate", {
-        "text": "x", "sampling_params": {"top_p": 7}}), 400)
-    assert "temperature" in _error(_post(server, "/v1/completions", {
-        "prompt": "x", "temperature": "hot"}), 400)
-    bad_json = httpx.post(server.url + "/generate", content=b"{not json",
-                          headers={"Content-Type": "application/json"})
+    assert "top_p" in _error(
+        _post(server, "/generate", {"text": "x", "sampling_params": {"top_p": 7}}), 400
+    )
+    assert "temperature" in _error(
+        _post(server, "/v1/completions", {"prompt": "x", "temperature": "hot"}), 400
+    )
+    bad_json = httpx.post(
+        server.url + "/generate", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert "JSON" in _error(bad_json, 400)
     _error(httpx.get(server.url + "/no/such/route"), 404)
     _error(_post(server, "/v1/chat/completions", {"messages": "hi"}), 400)
@@ -257,10 +310,17 @@ def test_errors(server, client):
 def test_bad_request_does_not_disturb_others(server):
     async def run() -> list:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
-            good = c.post("/generate", json={"text": "fine", "sampling_params": {
-                "max_new_tokens": 30, "ignore_eos": True}})
-            bad = [c.post("/generate", json={"text": "bad", "sampling_params": {"n": -1}}),
-                   c.post("/generate", content=b"[1, 2")]
+            good = c.post(
+                "/generate",
+                json={
+                    "text": "fine",
+                    "sampling_params": {"max_new_tokens": 30, "ignore_eos": True},
+                },
+            )
+            bad = [
+                c.post("/generate", json={"text": "bad", "sampling_params": {"n": -1}}),
+                c.post("/generate", content=b"[1, 2"),
+            ]
             return await asyncio.gather(good, *bad)
 
     good, *bad = asyncio.run(run())
@@ -271,12 +331,21 @@ def test_bad_request_does_not_disturb_others(server):
 def test_metrics(server):
     _post(server, "/generate", {"text": "metrics please", "sampling_params": GREEDY})
     text = httpx.get(server.url + "/metrics").text
-    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-                 "prefix_cache_queries_total", "prefix_cache_hits_total",
-                 "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-                 'request_success_total{finish_reason="length"}',
-                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
-                 "e2e_request_latency_seconds_sum", "request_queue_time_seconds_count"):
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "num_preemptions_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        'request_success_total{finish_reason="length"}',
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_count",
+        "e2e_request_latency_seconds_sum",
+        "request_queue_time_seconds_count",
+    ):
         assert f"radixlm:{name}" in text, name
     gen = [ln for ln in text.splitlines() if ln.startswith("radixlm:generation_tokens_total")]
     assert float(gen[0].split()[-1]) > 0

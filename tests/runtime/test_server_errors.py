@@ -17,8 +17,20 @@ from radixlm.runtime.server_process import ServerProcess, child_pids, pid_alive
 
 KEY = "sk-test-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-FLAGS = ["--max-total-tokens", "8192", "--log-level", "warning", "--api-key", KEY,
-         "--max-running-requests", "1", "--max-queued-requests", "1", "--shutdown-timeout", "30"]
+FLAGS = [
+    "--max-total-tokens",
+    "8192",
+    "--log-level",
+    "warning",
+    "--api-key",
+    KEY,
+    "--max-running-requests",
+    "1",
+    "--max-queued-requests",
+    "1",
+    "--shutdown-timeout",
+    "30",
+]
 LONG = {"text": "a long one", "sampling_params": {"max_new_tokens": 600, "ignore_eos": True}}
 
 
@@ -62,8 +74,9 @@ def test_api_key(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="bad").models.list()
     good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
-    out = good.completions.create(model="default", prompt="hi", max_tokens=3,
-                                  extra_body={"ignore_eos": True})
+    out = good.completions.create(
+        model="default", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert out.usage.completion_tokens == 3
 
 
@@ -83,8 +96,9 @@ def test_queue_limit_503(server):
 
 def test_sigterm_drains_then_exits_zero(server):
     pids = child_pids(server.proc.pid)
-    t, out = _in_thread(_generate, server, {**LONG, "sampling_params": {
-        "max_new_tokens": 300, "ignore_eos": True}})
+    t, out = _in_thread(
+        _generate, server, {**LONG, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    )
     _wait_running(server, 1)
     server.signal(signal.SIGTERM)
     time.sleep(0.2)
@@ -99,8 +113,9 @@ def test_sigterm_drains_then_exits_zero(server):
 
 
 def test_child_crash_takes_server_down(tmp_path):
-    srv = ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"],
-                        tmp_path / "crash.log")
+    srv = ServerProcess(
+        ["--max-total-tokens", "4096", "--log-level", "warning"], tmp_path / "crash.log"
+    )
     try:
         srv.wait_healthy()
         info = httpx.get(srv.url + "/get_server_info").json()

@@ -26,9 +26,20 @@ def as_backend(obj: Any) -> Backend:
             if wrapped is None:
                 wrapped = _wrapped_engines[obj] = LocalBackend(obj)
         return wrapped
-    raise TypeError(f"{type(obj).__name__} is not a backend; expected radixlm.Engine, "
-                    "RuntimeEndpoint, Runtime or OpenAI")
+    raise TypeError(
+        f"{type(obj).__name__} is not a backend; expected radixlm.Engine, "
+        "RuntimeEndpoint, Runtime or OpenAI"
+    )
 
 
-__all__ = ["Backend", "BackendError", "LocalBackend", "NativeBackend", "OpenAI", "Prompt",
-           "Runtime", "RuntimeEndpoint", "as_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "LocalBackend",
+    "NativeBackend",
+    "OpenAI",
+    "Prompt",
+    "Runtime",
+    "RuntimeEndpoint",
+    "as_backend",
+]

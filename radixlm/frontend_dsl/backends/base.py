@@ -41,18 +41,25 @@ class Backend(ABC):
     def get_chat_template(self) -> ChatTemplate: ...
 
     @abstractmethod
-    def generate(self, prompt: Prompt, sampling_params: dict[str, Any],
-                 logprob_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self, prompt: Prompt, sampling_params: dict[str, Any], logprob_args: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         """(text, meta_info) of one generation."""
 
     @abstractmethod
-    def generate_stream(self, prompt: Prompt, sampling_params: dict[str, Any],
-                        logprob_args: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: dict[str, Any], logprob_args: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(text increment, meta_info so far) pieces of one generation."""
 
     @abstractmethod
-    def select(self, prompt: Prompt, choices: list[str], temperature: float,
-               choices_method: ChoicesSamplingMethod) -> ChoicesDecision: ...
+    def select(
+        self,
+        prompt: Prompt,
+        choices: list[str],
+        temperature: float,
+        choices_method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision: ...
 
     def cache_prefix(self, prompt: Prompt) -> None:
         """Compute and cache the KV of ``prompt.text`` (no-op where unsupported)."""
@@ -81,31 +88,43 @@ class NativeBackend(Backend):
         """The response of one ``/generate`` payload (a dict, or a list for a batch)."""
 
     @abstractmethod
-    def request_stream(self, payload: dict[str, Any],
-                       timeout: float | None = None) -> Iterator[dict[str, Any]]:
+    def request_stream(
+        self, payload: dict[str, Any], timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed ``/generate``; each chunk's ``text`` is the increment."""
 
     def generate(self, prompt, sampling_params, logprob_args):
-        payload = {"text": prompt.text, "sampling_params": sampling_params, "rid": prompt.rid,
-                   **logprob_args}
+        payload = {
+            "text": prompt.text,
+            "sampling_params": sampling_params,
+            "rid": prompt.rid,
+            **logprob_args,
+        }
         out = self.request(payload, prompt.timeout)
         return out["text"], out["meta_info"]
 
     def generate_stream(self, prompt, sampling_params, logprob_args):
-        payload = {"text": prompt.text, "sampling_params": sampling_params, "rid": prompt.rid,
-                   "stream": True, **logprob_args}
+        payload = {
+            "text": prompt.text,
+            "sampling_params": sampling_params,
+            "rid": prompt.rid,
+            "stream": True,
+            **logprob_args,
+        }
         for chunk in self.request_stream(payload, prompt.timeout):
             yield chunk["text"], chunk["meta_info"]
 
     def cache_prefix(self, prompt: Prompt) -> None:
         if prompt.text:
-            self.request({"text": prompt.text, "sampling_params": {"max_new_tokens": 0}},
-                         prompt.timeout)
+            self.request(
+                {"text": prompt.text, "sampling_params": {"max_new_tokens": 0}}, prompt.timeout
+            )
 
     def select(self, prompt, choices, temperature, choices_method):
         if temperature > 1e-5:
-            raise ValueError(f"select computes logprobs greedily; temperature must be 0, "
-                             f"got {temperature}")
+            raise ValueError(
+                f"select computes logprobs greedily; temperature must be 0, got {temperature}"
+            )
         entries = self.choice_logprobs(prompt, choices)
         for choice, ents in zip(choices, entries):
             if not ents:
@@ -113,15 +132,24 @@ class NativeBackend(Backend):
         uncond = None
         if choices_method.requires_unconditional_logprobs:
             ids = [[e[1] for e in ents] for ents in entries]
-            outs = self.request({"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
-                                 "return_logprob": True, "logprob_start_len": 0},
-                                prompt.timeout)
+            outs = self.request(
+                {
+                    "input_ids": ids,
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                },
+                prompt.timeout,
+            )
             uncond = [o["meta_info"]["input_token_logprobs"] for o in outs]
         normalized = [sum(e[0] for e in ents) / len(ents) for ents in entries]
-        return choices_method(choices=choices, normalized_prompt_logprobs=normalized,
-                              input_token_logprobs=entries,
-                              output_token_logprobs=[[] for _ in choices],
-                              unconditional_token_logprobs=uncond)
+        return choices_method(
+            choices=choices,
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=entries,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=uncond,
+        )
 
     def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[Entries]:
         """For each choice, the logprob entries of its tokens after ``prompt.text``.
@@ -132,15 +160,20 @@ class NativeBackend(Backend):
         prefix = prompt.text
         n_prefix = 0
         if prefix:
-            out = self.request({"text": prefix, "sampling_params": {"max_new_tokens": 0}},
-                               prompt.timeout)
+            out = self.request(
+                {"text": prefix, "sampling_params": {"max_new_tokens": 0}}, prompt.timeout
+            )
             n_prefix = out["meta_info"]["prompt_tokens"]
-        outs = self.request({
-            "text": [prefix + c for c in choices],
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": max(n_prefix - 1, 0),
-            "return_text_in_logprobs": True,
-        }, prompt.timeout)
+        outs = self.request(
+            {
+                "text": [prefix + c for c in choices],
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": max(n_prefix - 1, 0),
+                "return_text_in_logprobs": True,
+            },
+            prompt.timeout,
+        )
         result = []
         for out in outs:
             ents = out["meta_info"]["input_token_logprobs"]

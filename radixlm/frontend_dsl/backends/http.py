@@ -31,31 +31,39 @@ DEFAULT_TIMEOUT_S = 600.0
 class RuntimeEndpoint(NativeBackend):
     """A radixlm / SGLang server at ``base_url`` (``http://host:port``)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None,
-                 chat_template: str | None = None,
-                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        chat_template: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
-                                   limits=httpx.Limits(max_connections=256))
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=256),
+        )
         self.timeout = timeout
         self._chat_template_name = chat_template
         self._chat_template: ChatTemplate | None = None
         self._model_info: dict[str, Any] | None = None
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: Any = None,
-              timeout: float | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         try:
-            resp = self.client.request(method, path, json=body,
-                                       timeout=self._timeout(timeout))
+            resp = self.client.request(method, path, json=body, timeout=self._timeout(timeout))
         except httpx.TimeoutException as e:
             raise TimeoutError(f"{method} {self.base_url}{path} timed out: {e}") from e
         except httpx.HTTPError as e:
             raise BackendError(f"{method} {self.base_url}{path} failed: {e!r}") from e
         if resp.status_code != 200:
-            raise BackendError(f"{method} {self.base_url}{path} returned HTTP "
-                               f"{resp.status_code}: {resp.text[:500]}")
+            raise BackendError(
+                f"{method} {self.base_url}{path} returned HTTP "
+                f"{resp.status_code}: {resp.text[:500]}"
+            )
         return resp.json() if resp.content else None
 
     def _timeout(self, timeout: float | None) -> float | None:
@@ -66,17 +74,24 @@ class RuntimeEndpoint(NativeBackend):
     def request(self, payload: dict[str, Any], timeout: float | None = None) -> Any:
         return self._call("POST", "/generate", payload, timeout)
 
-    def request_stream(self, payload: dict[str, Any],
-                       timeout: float | None = None) -> Iterator[dict[str, Any]]:
+    def request_stream(
+        self, payload: dict[str, Any], timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
         """SSE ``data: {...}`` chunks carry the cumulative text; yield increments."""
         sent = 0
         try:
-            with self.client.stream("POST", "/generate", json={**payload, "stream": True},
-                                    timeout=self._timeout(timeout)) as resp:
+            with self.client.stream(
+                "POST",
+                "/generate",
+                json={**payload, "stream": True},
+                timeout=self._timeout(timeout),
+            ) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    raise BackendError(f"POST {self.base_url}/generate returned HTTP "
-                                       f"{resp.status_code}: {resp.text[:500]}")
+                    raise BackendError(
+                        f"POST {self.base_url}/generate returned HTTP "
+                        f"{resp.status_code}: {resp.text[:500]}"
+                    )
                 for chunk in _sse_chunks(resp.iter_lines()):
                     text = chunk.get("text", "")
                     yield {**chunk, "text": text[sent:]}
@@ -100,8 +115,12 @@ class RuntimeEndpoint(NativeBackend):
                 info = self.get_model_info()
                 source = info.get("chat_template")
             self._chat_template = resolve_chat_template(
-                source, info.get("model_path"), info.get("bos_token") or "",
-                info.get("eos_token") or "", fallback=self._chat_template_name)
+                source,
+                info.get("model_path"),
+                info.get("bos_token") or "",
+                info.get("eos_token") or "",
+                fallback=self._chat_template_name,
+            )
         return self._chat_template
 
     def abort(self, rid: str) -> None:
@@ -128,7 +147,7 @@ def _sse_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
         chunk = json.loads(data)
@@ -148,13 +167,26 @@ class Runtime(RuntimeEndpoint):
 
     Keyword arguments are server flags: ``Runtime(page_size=4, max_total_tokens=8192)``."""
 
-    def __init__(self, model_path: str | None = None, port: int | None = None,
-                 host: str = "127.0.0.1", api_key: str | None = None,
-                 startup_timeout: float = 300.0, **server_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
+        startup_timeout: float = 300.0,
+        **server_args: Any,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
-        cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", host,
-               "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixlm.launch_server",
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+        ]
         if model_path:
             cmd += ["--model-path", model_path]
         if api_key:
@@ -176,8 +208,9 @@ class Runtime(RuntimeEndpoint):
             if self.process.poll() is not None:
                 self._log.seek(0)
                 err = self._log.read().decode(errors="replace")
-                raise BackendError(f"radixlm serve exited with code {self.process.returncode}:"
-                                   f"\n{err[-2000:]}")
+                raise BackendError(
+                    f"radixlm serve exited with code {self.process.returncode}:\n{err[-2000:]}"
+                )
             try:
                 if self.client.get("/health", timeout=2.0).status_code == 200:
                     return

@@ -14,15 +14,29 @@ from radixlm.frontend_dsl.backends.base import NativeBackend, Prompt
 from radixlm.frontend_dsl.chat_template import ChatTemplate, resolve_chat_template
 from radixlm.frontend_dsl.choices import Entries
 
-_REQUEST_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "stream", "rid", "return_text_in_logprobs")
+_REQUEST_KEYS = (
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "stream",
+    "rid",
+    "return_text_in_logprobs",
+)
 
 
 class LocalBackend(NativeBackend):
     """Runs programs on an in-process Engine."""
 
-    def __init__(self, engine: Any = None, model_path: str | None = None,
-                 chat_template: str | None = None, **engine_args: Any) -> None:
+    def __init__(
+        self,
+        engine: Any = None,
+        model_path: str | None = None,
+        chat_template: str | None = None,
+        **engine_args: Any,
+    ) -> None:
         self.owns_engine = engine is None
         if engine is None:
             from radixlm.runtime.engine import Engine  # the one lazy import (DESIGN.md)
@@ -32,8 +46,11 @@ class LocalBackend(NativeBackend):
         tok = engine.tokenizer
         self.chat_template = resolve_chat_template(
             None if chat_template else getattr(tok, "chat_template", None),
-            getattr(engine, "model_path", None), tok.bos_token or "", tok.eos_token or "",
-            fallback=chat_template)
+            getattr(engine, "model_path", None),
+            tok.bos_token or "",
+            tok.eos_token or "",
+            fallback=chat_template,
+        )
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
@@ -47,8 +64,9 @@ class LocalBackend(NativeBackend):
             args.pop("rid")
         return self.engine.generate(prompt=args.pop("text", None), **args)
 
-    def request_stream(self, payload: dict[str, Any],
-                       timeout: float | None = None) -> Iterator[dict[str, Any]]:
+    def request_stream(
+        self, payload: dict[str, Any], timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
         return self.request({**payload, "stream": True}, timeout)
 
     def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[Entries]:
@@ -61,13 +79,18 @@ class LocalBackend(NativeBackend):
             self.request({"input_ids": prefix_ids, "sampling_params": {"max_new_tokens": 0}})
         starts = [min(_common_prefix_len(prefix_ids, ids), len(ids) - 1) for ids in full]
         first = min(starts)
-        outs = self.request({"input_ids": full,
-                             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                             "return_logprob": True, "logprob_start_len": first,
-                             "return_text_in_logprobs": True})
+        outs = self.request(
+            {
+                "input_ids": full,
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": first,
+                "return_text_in_logprobs": True,
+            }
+        )
         result = []
         for start, out in zip(starts, outs):
-            ents = out["meta_info"]["input_token_logprobs"][start - first:]
+            ents = out["meta_info"]["input_token_logprobs"][start - first :]
             result.append([e for e in ents if e[0] is not None])
         return result
 

@@ -23,30 +23,48 @@ from radixlm.frontend_dsl.backends.base import Backend, BackendError, Prompt
 from radixlm.frontend_dsl.chat_template import ChatTemplate, get_chat_template
 from radixlm.frontend_dsl.choices import ChoicesDecision, ChoicesSamplingMethod, Entries
 
-_OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "stop": "stop", "temperature": "temperature",
-                  "top_p": "top_p", "frequency_penalty": "frequency_penalty",
-                  "presence_penalty": "presence_penalty", "n": "n"}
+_OPENAI_FIELDS = {
+    "max_new_tokens": "max_tokens",
+    "stop": "stop",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "n": "n",
+}
 
 
 class OpenAI(Backend):
     """``OpenAI(model_name, base_url=..., api_key=...)``."""
 
-    def __init__(self, model_name: str, base_url: str | None = None,
-                 api_key: str | None = None, is_chat_model: bool = True,
-                 chat_template: str = "chatml", timeout: float | None = 600.0,
-                 **client_args: Any) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        is_chat_model: bool = True,
+        chat_template: str = "chatml",
+        timeout: float | None = 600.0,
+        **client_args: Any,
+    ) -> None:
         self.model_name = model_name
         self.is_chat_model = is_chat_model
-        self.client = openai_client.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
-                                           timeout=timeout, max_retries=0, **client_args)
+        self.client = openai_client.OpenAI(
+            base_url=base_url,
+            api_key=api_key or "EMPTY",
+            timeout=timeout,
+            max_retries=0,
+            **client_args,
+        )
         # role markers only shape the program's own text; the server applies its template
         self.chat_template = get_chat_template(chat_template)
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
-    def _request_args(self, prompt: Prompt, sampling_params: dict[str, Any],
-                      stream: bool) -> dict[str, Any]:
+    def _request_args(
+        self, prompt: Prompt, sampling_params: dict[str, Any], stream: bool
+    ) -> dict[str, Any]:
         args: dict[str, Any] = {"model": self.model_name, "stream": stream}
         extra: dict[str, Any] = {}
         for key, value in sampling_params.items():
@@ -54,8 +72,10 @@ class OpenAI(Backend):
                 args[_OPENAI_FIELDS[key]] = value
             elif key == "json_schema" and self.is_chat_model:
                 schema = json.loads(value) if isinstance(value, str) else value
-                args["response_format"] = {"type": "json_schema",
-                                           "json_schema": {"name": "output", "schema": schema}}
+                args["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "output", "schema": schema},
+                }
             else:
                 extra[key] = value
         if extra:
@@ -73,9 +93,11 @@ class OpenAI(Backend):
 
     def _check_chat_prompt(self, prompt: Prompt) -> None:
         if prompt.open_role != "assistant" or prompt.open_role_text:
-            raise ValueError("with an OpenAI chat model, gen() must come first inside "
-                             "assistant(...): the chat API cannot continue other text. "
-                             "Use is_chat_model=False for a completion model.")
+            raise ValueError(
+                "with an OpenAI chat model, gen() must come first inside "
+                "assistant(...): the chat API cannot continue other text. "
+                "Use is_chat_model=False for a completion model."
+            )
 
     def _create(self, args: dict[str, Any]) -> Any:
         api = self.client.chat.completions if self.is_chat_model else self.client.completions
@@ -111,28 +133,47 @@ class OpenAI(Backend):
         if not self.is_chat_model and prompt.text:
             self._create({"model": self.model_name, "prompt": prompt.text, "max_tokens": 0})
 
-    def select(self, prompt: Prompt, choices: list[str], temperature: float,
-               choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
+    def select(
+        self,
+        prompt: Prompt,
+        choices: list[str],
+        temperature: float,
+        choices_method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision:
         if self.is_chat_model:
             raise NotImplementedError(
                 "select() needs the logprobs of prompt tokens, which the OpenAI chat API does "
                 "not return; use a completion model (OpenAI(..., is_chat_model=False)) or "
-                "gen(..., regex='(a|b)') on a server that supports regex")
+                "gen(..., regex='(a|b)') on a server that supports regex"
+            )
         if choices_method.requires_unconditional_logprobs:
-            raise NotImplementedError("unconditional_likelihood_normalized needs logprobs "
-                                      "of token ids, which the OpenAI API cannot score")
+            raise NotImplementedError(
+                "unconditional_likelihood_normalized needs logprobs "
+                "of token ids, which the OpenAI API cannot score"
+            )
         entries = self._score(prompt, choices)
         normalized = [sum(e[0] for e in ents) / len(ents) for ents in entries]
-        return choices_method(choices=choices, normalized_prompt_logprobs=normalized,
-                              input_token_logprobs=entries,
-                              output_token_logprobs=[[] for _ in choices])
+        return choices_method(
+            choices=choices,
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=entries,
+            output_token_logprobs=[[] for _ in choices],
+        )
 
     def _score(self, prompt: Prompt, choices: list[str]) -> list[Entries]:
         """Prompt logprobs of prefix + choice (``echo=True, logprobs=0, max_tokens=0``);
         the choice's tokens are those that end after the prefix."""
         n = len(prompt.text)
-        resp = self._create({"model": self.model_name, "prompt": [prompt.text + c for c in choices],
-                             "max_tokens": 0, "echo": True, "logprobs": 0, "temperature": 0})
+        resp = self._create(
+            {
+                "model": self.model_name,
+                "prompt": [prompt.text + c for c in choices],
+                "max_tokens": 0,
+                "echo": True,
+                "logprobs": 0,
+                "temperature": 0,
+            }
+        )
         by_index = sorted(resp.choices, key=lambda c: c.index)
         out = []
         for choice, c in zip(choices, by_index):
@@ -140,10 +181,13 @@ class OpenAI(Backend):
             if lp is None or not lp.token_logprobs or lp.text_offset is None:
                 raise NotImplementedError(
                     "select() needs echo=True with logprobs from /v1/completions, which this "
-                    "server does not return")
-            ents = [[v, None, t] for t, v, off in zip(lp.tokens, lp.token_logprobs,
-                                                       lp.text_offset)
-                    if off + len(t) > n and v is not None]
+                    "server does not return"
+                )
+            ents = [
+                [v, None, t]
+                for t, v, off in zip(lp.tokens, lp.token_logprobs, lp.text_offset)
+                if off + len(t) > n and v is not None
+            ]
             if not ents:
                 raise BackendError(f"no logprobs came back for choice {choice!r}")
             out.append(ents)
