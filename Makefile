@@ -1,4 +1,4 @@
-# radixlm: `make demo` (main job on the built-in tiny model) and `make test` (the suite).
+# radixlm: `make serve` (the server on the built-in tiny model) and `make test` (the suite).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # torch first, pinned: on these CPU machines 2.13.0 is a CPU build; unpinned pulls CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean
+.PHONY: install serve demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+serve: install
+	$(PY) -m radixlm.cli serve $(ARGS)
 
 demo: install
 	$(PY) -m radixlm.cli demo
@@ -28,6 +31,8 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/offline_throughput.py
+	$(PY) benchmarks/constrained_throughput.py
+	$(PY) benchmarks/serving.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -55,6 +55,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         obj = json.loads(body) if body else {}
     except ValueError as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply to parse") from None
     if not isinstance(obj, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return obj
@@ -73,8 +75,20 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse_response(chunks: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(
-        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        _errors_as_events(chunks), media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )
+
+
+async def _errors_as_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Once the stream has begun, a bad request (e.g. a grammar that does not compile)
+    arrives as an OpenAI-shaped error event, then ``[DONE]``."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ApiError as e:
+        yield f"data: {json.dumps(e.body())}\n\n".encode()
+        yield b"data: [DONE]\n\n"
 
 
 async def await_or_disconnect(request: Request, work: Awaitable[Any]) -> Any:

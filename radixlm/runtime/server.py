@@ -248,6 +248,9 @@ class NativeRoutes:
                 "model_path": self.tm.model_path,
                 "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
                 "is_generation": True,
+                "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
+                "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
+                "eos_token": getattr(self.tm.tokenizer, "eos_token", None),
             }
         )
 

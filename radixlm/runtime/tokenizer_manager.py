@@ -307,6 +307,9 @@ class TokenizerManager:
         try:
             while True:
                 out = await state.queue.get()
+                reason = out.finish_reason or {}
+                if reason.get("status_code") == 400:  # found by the scheduler (a grammar)
+                    raise ApiError(400, reason.get("message", "bad request"))
                 yield out
                 if out.finished:
                     return

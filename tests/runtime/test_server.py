@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -349,3 +351,72 @@ def test_metrics(server):
         assert f"radixlm:{name}" in text, name
     gen = [ln for ln in text.splitlines() if ln.startswith("radixlm:generation_tokens_total")]
     assert float(gen[0].split()[-1]) > 0
+
+
+# --- constrained decoding through the APIs -------------------------------------------------
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "maxDigits": 2}},
+          "required": ["name", "age"]}
+
+
+def test_constrained_native_and_openai(server, client):
+    sp = {"max_new_tokens": 64, "temperature": 0.8, "seed": 3}
+    out = _post(server, "/generate", {"text": "Person:", "sampling_params": {
+        **sp, "json_schema": json.dumps(PERSON)}}).json()
+    if out["meta_info"]["finish_reason"]["type"] == "stop":
+        jsonschema.validate(json.loads(out["text"]), PERSON)
+    out = _post(server, "/generate", {"text": "Phone:", "sampling_params": {
+        **sp, "regex": r"[0-9]{3}-[0-9]{4}"}}).json()
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", out["text"])
+    chat = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "A person"}], max_tokens=64,
+        seed=1, response_format={"type": "json_schema",
+                                 "json_schema": {"name": "p", "schema": PERSON}})
+    if chat.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(chat.choices[0].message.content), PERSON)
+    comp = client.completions.create(model="default", prompt="Code:", max_tokens=16,
+                                     extra_body={"regex": "[A-Z]{3}"})
+    assert re.fullmatch("[A-Z]{3}", comp.choices[0].text)
+
+
+def _deep_schema_text(depth: int) -> str:
+    return '{"type":"object","properties":{"a":' * depth + '{"type":"integer"}' + "}}" * depth
+
+
+@pytest.mark.parametrize("sp, needle", [
+    ({"regex": "(?=x)y"}, "lookahead"),
+    ({"regex": r"(a)\1"}, "backreference"),
+    ({"regex": r"\bz"}, r"\b"),
+    ({"regex": "(unclosed"}, "regex"),
+    ({"json_schema": "{oops"}, "JSON"),
+    ({"json_schema": _deep_schema_text(10_000)}, "deep"),
+    ({"json_schema": json.dumps({"type": "integer", "minimum": 3})}, "minimum"),
+    ({"regex": "a", "json_schema": "{}"}, "regex"),
+])
+def test_bad_grammars_are_400(server, sp, needle):
+    resp = _post(server, "/generate", {"text": "x", "sampling_params": {
+        "max_new_tokens": 4, **sp}})
+    assert needle in _error(resp, 400)
+    # as a stream: an error event, then [DONE]
+    resp = _post(server, "/generate", {"text": "x", "stream": True, "sampling_params": {
+        "max_new_tokens": 4, **sp}})
+    if resp.status_code == 200:
+        events = _sse(resp)
+        assert events and "error" in events[-1], events
+    else:
+        assert needle in _error(resp, 400)
+    _wait_idle(server)
+
+
+def test_deep_body_and_pathological_regex(server):
+    body = ('{"text": "x", "sampling_params": {"json_schema": ' + _deep_schema_text(10_000)
+            + "}}")
+    resp = httpx.post(server.url + "/generate", content=body.encode(), timeout=60,
+                      headers={"Content-Type": "application/json"})
+    assert "deep" in _error(resp, 400)
+    t0 = time.monotonic()
+    resp = _post(server, "/generate", {"text": "x", "sampling_params": {
+        "max_new_tokens": 8, "regex": "(a+)+b"}})
+    assert resp.status_code == 200 and time.monotonic() - t0 < 30
+    ok = _post(server, "/generate", {"text": "still fine", "sampling_params": GREEDY})
+    assert ok.status_code == 200
