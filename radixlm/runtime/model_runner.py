@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -32,6 +33,10 @@ class ModelRunner:
                                                 context_length=args.context_length)
         self.dtype = self.model_config.resolve_dtype(self.device)
         self.attention_backend = args.attention_backend
+        if (self.attention_backend == "triton" and self.device.type != "cuda"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ValueError("attention_backend 'triton' needs a CUDA device (on a CPU, set "
+                             "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device)
