@@ -18,6 +18,7 @@ import types
 import torch
 
 from radixlm.kernels import reference
+from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
 __all__ = ["decode_attention", "extend_attention", "store_kv", "rms_norm", "apply_rotary"]
 
@@ -43,12 +44,19 @@ def decode_attention(
     sm_scale: float,
     backend: str | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D], written in place when given
+    plan: AttentionPlan | None = None,  # torch path: this forward's precomputed indices
 ) -> torch.Tensor:  # [B, Hq, D]
-    """One query token per sequence attends to its whole KV, gathered via ``kv_indices``."""
+    """One query token per sequence attends to its whole KV, gathered via ``kv_indices``.
+
+    ``plan`` (``shared_prefix.AttentionPlan``, built once per forward for this layout) lets
+    the torch path skip per-layer index work and read K/V that several sequences share
+    once per group; the Triton path ignores it."""
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
             q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out
         )
+    if plan is not None:
+        return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out)
     return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out)
 
 
@@ -64,12 +72,15 @@ def extend_attention(
     sm_scale: float,
     backend: str | None = None,
     out: torch.Tensor | None = None,  # [N, Hq, D], written in place when given
+    plan: AttentionPlan | None = None,  # torch path: see decode_attention
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out
         )
+    if plan is not None:
+        return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out)
     return reference.extend_attention(
         q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out
     )

@@ -18,6 +18,10 @@ from radixlm.radix_cache.radix_tree import RadixCache
 from radixlm.runtime.request import Req
 
 
+# a shared prefix shorter than this is not worth a separate attention pass
+MIN_SHARED_PREFIX = 64
+
+
 def _ceil_to(n: int, page: int) -> int:
     return -(-n // page) * page
 
@@ -134,6 +138,30 @@ class CacheManager:
             return False
         self.tree.reset()
         return True
+
+    # --- shared prefixes ------------------------------------------------------------------
+    def shared_prefix_groups(self, reqs: list[Req]) -> list[tuple[int, list[int]]]:
+        """``[(L, [batch indices])]``: requests whose first L KV slots are the same tree
+        nodes (the deepest node on their paths that another request of the batch shares)."""
+        paths, count = [], {}
+        for r in reqs:
+            path, node = [], r.last_node
+            while node is not None and node is not self.tree.root:
+                path.append(node)
+                node = node.parent
+            paths.append(path[::-1])
+            for n in path:
+                count[id(n)] = count.get(id(n), 0) + 1
+        groups: dict[int, tuple[int, list[int]]] = {}
+        for i, path in enumerate(paths):
+            length, deepest = 0, None
+            for n in path:
+                if count[id(n)] < 2:
+                    break
+                length, deepest = length + len(n.key), n
+            if deepest is not None and length >= MIN_SHARED_PREFIX:
+                groups.setdefault(id(deepest), (length, []))[1].append(i)
+        return [g for g in groups.values() if len(g[1]) >= 2]
 
     # --- invariants -------------------------------------------------------------------
     def request_owned(self) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 
 
@@ -44,6 +45,9 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [M] int64, rows of the packed hidden states to project
     kv_pool: KVPool
     attention_backend: str | None = None  # None | "torch" | "triton"
+    # torch attention path: index work of this layout done once for every layer, and
+    # KV shared by several sequences read once per group (kernels/shared_prefix.py)
+    attention_plan: AttentionPlan | None = None
 
     @property
     def batch_size(self) -> int:

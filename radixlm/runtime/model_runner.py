@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
@@ -45,6 +46,13 @@ class ModelRunner:
         self.kv_pool = KVPool(self.pool_size, cfg.num_layers, cfg.num_key_value_heads,
                               cfg.head_dim, self.dtype, self.device)
 
+    @property
+    def uses_torch_attention(self) -> bool:
+        """Whether attention runs in the torch path (which can use shared-prefix groups)."""
+        if self.attention_backend is None:
+            return self.device.type != "cuda"
+        return self.attention_backend == "torch"
+
     def _pool_size(self, args: ServerArgs) -> int:
         cfg = self.model_config
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_key_value_heads,
@@ -81,17 +89,26 @@ class ModelRunner:
             qo_indptr.append(qo_indptr[-1] + n)
             kv_indptr.append(kv_indptr[-1] + kv_end)
         dev = self.device
+        qo_t = torch.tensor(qo_indptr, dtype=torch.int64, device=dev)
+        kv_t = torch.tensor(kv_indptr, dtype=torch.int64, device=dev)
+        kv_indices = torch.cat(kv_slices)
+        plan = None
+        if self.uses_torch_attention:
+            per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
+            plan = AttentionPlan.build(qo_t, kv_t, kv_indices, per_token, extend=not decode,
+                                       prefix_groups=batch.prefix_groups)
         return ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
             positions=torch.cat(positions).to(dev),
             out_cache_loc=torch.cat(locs),
-            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int64, device=dev),
-            kv_indptr=torch.tensor(kv_indptr, dtype=torch.int64, device=dev),
-            kv_indices=torch.cat(kv_slices),
+            qo_indptr=qo_t,
+            kv_indptr=kv_t,
+            kv_indices=kv_indices,
             logits_indices=torch.cat(logits_rows).to(dev),
             kv_pool=self.kv_pool,
             attention_backend=self.attention_backend,
+            attention_plan=plan,
         )
 
     @torch.inference_mode()

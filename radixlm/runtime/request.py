@@ -139,6 +139,7 @@ class ScheduleBatch:
     # rows of each request whose logits are needed: (start, end) offsets into its new tokens
     logit_ranges: list[tuple[int, int]] = field(default_factory=list)
     num_prefill: int = 0  # the first ``num_prefill`` requests extend their prompt
+    prefix_groups: list[tuple[int, list[int]]] | None = None  # see ForwardBatch
 
     @property
     def is_decode(self) -> bool:

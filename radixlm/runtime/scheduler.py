@@ -155,11 +155,18 @@ class Scheduler:
         dec_lens = [r.num_new_tokens for r in decodes]
         if prefill is None:
             self._on_decode_step(len(decodes))
-            return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens])
+            return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens],
+                                 prefix_groups=self._prefix_groups(decodes))
         reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
         ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
         self._log_prefill(prefill, len(decodes))
-        return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs))
+        return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs),
+                             prefix_groups=self._prefix_groups(reqs))
+
+    def _prefix_groups(self, reqs: list[Req]) -> list[tuple[int, list[int]]] | None:
+        if not self.model_runner.uses_torch_attention or len(reqs) < 2:
+            return None
+        return self.cache.shared_prefix_groups(reqs) or None
 
     def _prefill_batch(self) -> PrefillAdder | None:
         if not self.waiting and self.chunked_req is None:

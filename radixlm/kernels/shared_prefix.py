@@ -1,0 +1,194 @@
+"""Planned attention for the torch path, with shared prefixes read once ("cascade").
+
+Every layer of one forward attends over the same ragged layout, so the index work
+(padding, masks, which rows belong to whom) is done once per forward by
+``AttentionPlan.build`` and every layer only gathers and multiplies.
+
+When several sequences share their first ``L`` KV slots (a system prompt, a few-shot
+prefix, the document of a RAG batch: the radix tree knows), the plain path gathers those
+rows of K and V once per sequence. A plan with ``prefix_groups`` gathers them once per
+group and every query row of the group attends to them in one matmul; the rest of each
+sequence (its own tokens, and in extend the causal new tokens) goes through padded
+passes, and the two partial softmaxes are merged by their log-sum-exp, exactly.
+
+    prefix_groups = [(L, [b0, b1, ...]), ...]   # kv_indices[kv_indptr[b]:][:L] equal
+
+Same results as ``reference.decode_attention`` / ``extend_attention`` (the tests check
+both against a float64 oracle); only the order of summation differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.kernels.reference import _length_groups
+
+PrefixGroups = list[tuple[int, list[int]]]
+
+
+@dataclass
+class _Padded:
+    q_rows: torch.Tensor  # [g, lq] query row per (sequence, position); 0 where padding
+    slots: torch.Tensor  # [g, lp] KV slot per (sequence, position); 0 where padding
+    mask: torch.Tensor  # [g, lq, lp (+ lq in extend)] which keys each query sees
+    out_rows: torch.Tensor  # [n_valid] rows written, in flattened (g, lq) order
+    valid: torch.Tensor  # [g * lq] bool
+    needs_lse: bool = True  # rows merged with a shared-prefix pass afterwards
+
+
+@dataclass
+class AttentionPlan:
+    """Index tensors of one forward's attention, shared by every layer."""
+
+    extend: bool
+    shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
+    padded: list[_Padded]  # each sequence past its shared prefix (all of it if none)
+
+    @classmethod
+    def build(cls, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+              kv_elems_per_token: int, extend: bool,
+              prefix_groups: PrefixGroups | None = None) -> AttentionPlan:
+        qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+        dev = kv_indices.device
+        groups = prefix_groups or []
+        check_prefix_groups(groups, kv, kv_indices)
+        skip = [0] * (len(qo) - 1)
+        rows, slots = [], []
+        for length, members in groups:
+            for b in members:
+                skip[b] = length
+            rows.append(torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(dev))
+            slots.append(kv_indices[kv[members[0]]: kv[members[0]] + length])
+        shared = _plan_groups(rows, slots) if groups else None
+        q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
+        kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
+        padded = []
+        for g in _length_groups(q_lens, kv_lens, kv_elems_per_token):
+            p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
+                             [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
+            p.needs_lse = any(skip[b] for b in g)
+            padded.append(p)
+        return cls(extend, shared, padded)
+
+
+def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.Tensor) -> None:
+    """Raise ValueError unless every member of a group starts with the same L slots."""
+    seen: set[int] = set()
+    for length, members in groups:
+        if length <= 0 or not members:
+            raise ValueError(f"a prefix group needs L > 0 and members, got {length}, {members}")
+        if seen.intersection(members):
+            raise ValueError(f"sequence(s) {sorted(seen.intersection(members))} in two groups")
+        seen.update(members)
+        first = kv_indices[kv[members[0]]: kv[members[0]] + length]
+        for b in members:
+            if kv[b + 1] - kv[b] < length:
+                raise ValueError(f"sequence {b} has fewer than L={length} KV entries")
+            if not torch.equal(kv_indices[kv[b]: kv[b] + length], first):
+                raise ValueError(f"sequence {b} does not share its first {length} KV slots")
+
+
+def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:
+    """All groups as one padded pass: group i's query rows over its shared slots."""
+    dev = slots[0].device
+    r_lens = torch.tensor([len(r) for r in rows], device=dev)
+    l_lens = torch.tensor([len(s) for s in slots], device=dev)
+    q_ok = torch.arange(int(r_lens.max()), device=dev) < r_lens[:, None]
+    p_ok = torch.arange(int(l_lens.max()), device=dev) < l_lens[:, None]
+    q_rows = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    slot_t = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
+    mask = p_ok[:, None, :].expand(len(rows), q_rows.shape[1], -1).contiguous()
+    valid = q_ok.reshape(-1)
+    return _Padded(q_rows, slot_t, mask, q_rows.reshape(-1)[valid], valid)
+
+
+def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _Padded:
+    dev = kv_indices.device
+    g, lq, lp = len(q_lens), max(q_lens), max(kv_lens)
+    q_pos = torch.arange(lq, device=dev)
+    q_ok = q_pos < torch.tensor(q_lens, device=dev)[:, None]  # [g, lq]
+    q_rows = (torch.tensor(q_starts, device=dev)[:, None] + q_pos).masked_fill(~q_ok, 0)
+    p_pos = torch.arange(lp, device=dev)
+    p_ok = p_pos < torch.tensor(kv_lens, device=dev)[:, None]  # [g, lp]
+    slots = kv_indices[(torch.tensor(kv_starts, device=dev)[:, None] + p_pos)
+                       .masked_fill(~p_ok, 0)] if lp else kv_indices.new_zeros((g, 0))
+    mask = p_ok[:, None, :].expand(g, lq, lp)  # cached keys: seen by every query
+    if extend:  # the new tokens, causally
+        causal = (q_pos[None, :, None] >= q_pos[None, None, :]) & q_ok[:, None, :]
+        mask = torch.cat((mask, causal.expand(g, lq, lq)), dim=2)
+    valid = q_ok.reshape(-1)
+    return _Padded(q_rows, slots, mask.contiguous(), q_rows.reshape(-1)[valid], valid)
+
+
+def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
+    """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend."""
+    n, hq, d = q.shape
+    o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
+    for p in plan.padded:
+        kn, vn = (k, v) if plan.extend else (None, None)
+        if p.needs_lse:
+            _padded_pass(p, q, kn, vn, k_buf, v_buf, sm_scale, o, lse)
+        else:
+            _padded_sdpa(p, q, kn, vn, k_buf, v_buf, sm_scale, o)
+    if plan.shared is not None:
+        sh = plan.shared
+        o_s = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
+        lse_s = torch.empty((n, hq), dtype=torch.float32, device=q.device)
+        _padded_pass(sh, q, None, None, k_buf, v_buf, sm_scale, o_s, lse_s)
+        rows = sh.out_rows
+        o[rows], _ = _merge(o_s[rows], lse_s[rows], o[rows], lse[rows])
+    o = o.to(q.dtype)
+    if out is None:
+        return o
+    out.copy_(o)
+    return out
+
+
+def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:
+    """A pass whose rows need no log-sum-exp: torch's fused attention."""
+    g, lq = p.q_rows.shape
+    hq, hkv = q.shape[1], k_buf.shape[1]
+    kk, vv = k_buf[p.slots], v_buf[p.slots]  # [g, lp, Hkv, D]
+    if k is not None:
+        kk = torch.cat((kk, k[p.q_rows].to(kk.dtype)), dim=1)
+        vv = torch.cat((vv, v[p.q_rows].to(vv.dtype)), dim=1)
+    causal_only = k is not None and p.slots.shape[1] == 0 and bool(p.valid.all())
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q[p.q_rows].transpose(1, 2), kk.transpose(1, 2).to(q.dtype),
+        vv.transpose(1, 2).to(q.dtype),
+        attn_mask=None if causal_only else p.mask[:, None], is_causal=causal_only and lq > 1,
+        scale=sm_scale, enable_gqa=hq != hkv)  # [g, Hq, lq, D]
+    out[p.out_rows] = o.transpose(1, 2).reshape(g * lq, hq, -1)[p.valid].float()
+
+
+def _merge(o1, lse1, o2, lse2):
+    """Combine two softmax-normalised partials over disjoint key sets."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    total = w1 + w2
+    o = (o1 * w1[..., None] + o2 * w2[..., None]) / total[..., None]
+    return o, m + torch.log(total)
+
+
+def _padded_pass(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out, lse_out) -> None:
+    g, lq = p.q_rows.shape
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k_buf.shape[1]
+    grp = hq // hkv
+    kk, vv = k_buf[p.slots].float(), v_buf[p.slots].float()  # [g, lp, Hkv, D]
+    if k is not None:
+        kk = torch.cat((kk, k[p.q_rows].float()), dim=1)
+        vv = torch.cat((vv, v[p.q_rows].float()), dim=1)
+    qq = q[p.q_rows].float().view(g, lq, hkv, grp, d).permute(0, 2, 1, 3, 4)
+    s = torch.matmul(qq.reshape(g, hkv, lq * grp, d), kk.permute(0, 2, 3, 1)) * sm_scale
+    s = s.view(g, hkv, lq, grp, -1).masked_fill(~p.mask[:, None, :, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [g, Hkv, lq, grp]
+    probs = torch.exp(s - lse[..., None]).nan_to_num_(0.0).view(g, hkv, lq * grp, -1)
+    o = torch.matmul(probs, vv.permute(0, 2, 1, 3)).view(g, hkv, lq, grp, d)
+    o = o.permute(0, 2, 1, 3, 4).reshape(g * lq, hq, d)
+    lse = lse.permute(0, 2, 1, 3).reshape(g * lq, hq)
+    out[p.out_rows] = o[p.valid]
+    lse_out[p.out_rows] = lse[p.valid]
