@@ -17,7 +17,6 @@ from radixlm.radix_cache.kv_pool import ReqToTokenPool
 from radixlm.radix_cache.radix_tree import RadixCache
 from radixlm.runtime.request import Req
 
-
 # a shared prefix shorter than this is not worth a separate attention pass
 MIN_SHARED_PREFIX = 64
 
