@@ -132,7 +132,7 @@ def main() -> None:
     print(f"workload: {args.groups} groups x {args.per_group} prompts, system "
           f"{args.system_len} + question {args.question_len} tokens, {args.output_len} "
           f"output tokens; torch threads: transformers {hf_threads}, radixlm "
-          f"{eng.server_args.resolve_cpu_threads()}; median of "
+          f"{eng.server_args.cpu_threads or hf_threads}; median of "
           f"{args.rounds} alternating rounds")
     print("| runner | time (s) | output tok/s | ratio |")
     print("|---|---|---|---|")

@@ -37,6 +37,9 @@ def _engine_factory():
     def make(**kwargs):
         kwargs.setdefault("random_seed", 0)
         kwargs.setdefault("max_total_tokens", 16384)
+        # one torch thread: tests also run server processes, and OpenMP threads that
+        # compete for the 2 cores of CI slow everything down
+        kwargs.setdefault("cpu_threads", 1)
         eng = radixlm.Engine(**kwargs)
         made.append(eng)
         _LIVE_ENGINES.append(eng)

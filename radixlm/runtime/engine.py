@@ -1,7 +1,8 @@
 """The offline Engine: tokenizer + the scheduler in one process, no sockets.
 
-The scheduler runs its loop in a background thread; ``generate`` (callable from any
-thread) tokenizes, validates, submits and waits for the outputs. Same loop as the server.
+``generate`` (callable from any thread) tokenizes, validates and submits; the caller then
+runs the scheduler loop itself (``Scheduler.run_once``, the server's loop too) until its
+outputs are there, unless another caller is running it already.
 """
 
 from __future__ import annotations
@@ -33,11 +34,8 @@ from radixlm.runtime.validation import validate_request
 
 logger = logging.getLogger(__name__)
 
-_STOP = object()
-
-
 class EngineError(RuntimeError):
-    """The scheduler thread failed; every pending request gets this."""
+    """The scheduler failed; every pending request gets this."""
 
 
 class Engine:
@@ -49,28 +47,27 @@ class Engine:
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
         self.scheduler = Scheduler(self.server_args, self.model_path, self.tokenizer)
         self.model_config = self.scheduler.model_config
+        if self.server_args.cpu_threads is not None:
+            torch.set_num_threads(self.server_args.cpu_threads)
         self._inbox: queue.Queue = queue.Queue()
-        self._replies: queue.Queue = queue.Queue()
         self._streams: dict[str, queue.Queue] = {}
-        self._lock = threading.Lock()
-        self._call_lock = threading.Lock()
-        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # guards _streams
+        self._drive = threading.Lock()  # held by the thread running the scheduler loop
+        self._stopped = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
-        self._thread.start()
 
-    # --- the scheduler thread -------------------------------------------------------------
-    def _recv(self, block: bool) -> list[Any]:
+    # --- driving the scheduler ------------------------------------------------------------
+    # No background thread: whichever caller is waiting for outputs runs the scheduler
+    # loop (one at a time, under ``_drive``), so the model runs on the caller's thread with
+    # all its torch threads. Other callers wait on their queues and take over the loop
+    # when it is free. Messages from any thread go through ``_inbox``.
+    def _drain_inbox(self) -> list[Any]:
         msgs = []
         try:
-            msgs.append(self._inbox.get(timeout=0.1) if block else self._inbox.get_nowait())
             while True:
                 msgs.append(self._inbox.get_nowait())
         except queue.Empty:
-            pass
-        if any(m is _STOP for m in msgs):
-            self._stopped.set()
-        return [m for m in msgs if m is not _STOP]
+            return msgs
 
     def _send(self, obj: Any) -> None:
         if isinstance(obj, list):
@@ -79,37 +76,50 @@ class Engine:
                     q = self._streams.get(out.rid)
                     if q is not None:
                         q.put(out)
-        else:
-            self._replies.put(obj)
 
-    def _loop(self) -> None:
-        if self.scheduler.model_runner.device.type == "cpu":
-            torch.set_num_threads(self.server_args.resolve_cpu_threads())
+    def _turn(self) -> None:
+        """One loop turn; the caller holds ``_drive``. A failure fails every request."""
+        self._check_alive()
         try:
-            self.scheduler.run_loop(self._recv, self._send, self._stopped.is_set)
-        except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
-            logger.exception("scheduler thread failed")
+            with torch.inference_mode():
+                self.scheduler.run_once(self._drain_inbox(), self._send)
+        except BaseException as e:
+            logger.exception("the scheduler failed")
             self._error = e
-            self._stopped.set()
             with self._lock:
                 for q in self._streams.values():
                     q.put(e)
-            self._replies.put(e)
+            raise
+
+    def _next(self, q: queue.Queue) -> Any:
+        """The next item of ``q``, running the loop while nobody else does."""
+        while True:
+            try:
+                return q.get_nowait()
+            except queue.Empty:
+                pass
+            if self._drive.acquire(blocking=False):
+                try:
+                    self._turn()
+                finally:
+                    self._drive.release()
+            else:
+                try:
+                    return q.get(timeout=0.005)
+                except queue.Empty:
+                    continue
+
+    def _call(self, msg: Any) -> Any:
+        """A control message, applied between two steps."""
+        with self._drive:
+            self._check_alive()
+            return self.scheduler.handle(msg)
 
     def _check_alive(self) -> None:
         if self._error is not None:
             raise EngineError(f"the scheduler failed: {self._error!r}") from self._error
-        if self._stopped.is_set():
+        if self._stopped:
             raise EngineError("the engine is shut down")
-
-    def _call(self, msg: Any) -> Any:
-        with self._call_lock:
-            self._check_alive()
-            self._inbox.put(msg)
-            reply = self._replies.get()
-        if isinstance(reply, BaseException):
-            raise EngineError(f"the scheduler failed: {reply!r}") from reply
-        return reply
 
     # --- requests ---------------------------------------------------------------------------
     def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
@@ -142,7 +152,7 @@ class Engine:
     def _outputs(self, rid: str, q: queue.Queue) -> Iterator[ReqOutput]:
         try:
             while True:
-                out = q.get()
+                out = self._next(q)
                 if isinstance(out, BaseException):
                     raise EngineError(f"the scheduler failed: {out!r}") from out
                 reason = out.finish_reason or {}
@@ -247,21 +257,29 @@ class Engine:
         """Block until no request is waiting or running (aborts settle in a step)."""
         deadline = time.monotonic() + timeout
         while True:
-            info = self._call(GetInfoReq()).info
-            if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
-                return
+            with self._drive:
+                self._turn()
+                if self.scheduler.is_idle() and self._inbox.empty():
+                    return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"engine not idle after {timeout} s: {info}")
-            time.sleep(0.01)
+                raise TimeoutError(f"engine not idle after {timeout} s: "
+                                   f"{self.scheduler.get_info()}")
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopped.is_set()
+        return not self._stopped and self._error is None
 
     def shutdown(self) -> None:
-        if self._thread.is_alive():
-            self._inbox.put(_STOP)
-            self._thread.join(timeout=30)
+        """Abort what is still running and refuse new requests."""
+        if self._stopped:
+            return
+        with self._drive:
+            with self._lock:
+                rids = list(self._streams)
+            for rid in rids:
+                self.scheduler.abort(rid, "the engine shut down")
+            self._stopped = True
+            self.scheduler.grammar_compiler.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -291,13 +291,19 @@ class Scheduler:
         """``recv(block)`` returns new messages (blocking while idle); ``send`` gets replies
         and lists of ReqOutput."""
         while not should_stop():
-            for msg in recv(self.is_idle()):
-                reply = self.handle(msg)
-                if reply is not None:
-                    send(reply)
-            outs = self.step()
-            outs = self.outputs.take_pending() + outs
-            if outs:
-                send(outs)
-            elif self.grammar_waiting and not (self.waiting or self.running):
-                time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+            self.run_once(recv(self.is_idle()), send)
+
+    def run_once(self, msgs: list[Any], send: Callable[[Any], None]) -> bool:
+        """One turn of the loop: apply ``msgs``, run one step, ``send`` what came out.
+        Returns whether anything was produced."""
+        for msg in msgs:
+            reply = self.handle(msg)
+            if reply is not None:
+                send(reply)
+        outs = self.step()
+        outs = self.outputs.take_pending() + outs
+        if outs:
+            send(outs)
+        elif self.grammar_waiting and not (self.waiting or self.running):
+            time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+        return bool(outs)
