@@ -1,6 +1,4 @@
-"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-and the HTTP helpers the native routes in ``server.py`` share (JSON bodies, SSE,
-client-disconnect handling).
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
 
 Extra sampling fields are accepted as SGLang and vLLM accept them (top_k, min_p,
 ignore_eos, stop_token_ids, repetition_penalty, min_tokens, regex, json_schema, ...).
@@ -11,18 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 
-from radixlm.runtime.messages import TextOutput
-from radixlm.runtime.tokenizer_manager import ApiError, Prepared, TokenizerManager
+from radixlm.runtime.http_utils import (
+    await_or_disconnect,
+    json_response,
+    read_json,
+    sse_response,
+)
+from radixlm.runtime.openai_jobs import ChatJob, CompletionJob
+from radixlm.runtime.tokenizer_manager import ApiError, TokenizerManager
 
-DISCONNECT_POLL_S = 0.25
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # OpenAI / vLLM request field -> SamplingParams field
 _SAMPLING_FIELDS = {
@@ -46,79 +45,6 @@ _SAMPLING_FIELDS = {
     "json_schema": "json_schema",
     "logit_bias": "logit_bias",
 }
-
-
-# --- HTTP helpers ------------------------------------------------------------------------------
-async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    try:
-        obj = json.loads(body) if body else {}
-    except ValueError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply to parse") from None
-    if not isinstance(obj, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return obj
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(obj), status, media_type="application/json")
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def sse_response(chunks: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
-        _errors_as_events(chunks), media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )
-
-
-async def _errors_as_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Once the stream has begun, a bad request (e.g. a grammar that does not compile)
-    arrives as an OpenAI-shaped error event, then ``[DONE]``."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except ApiError as e:
-        yield f"data: {json.dumps(e.body())}\n\n".encode()
-        yield b"data: [DONE]\n\n"
-
-
-async def await_or_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Await ``work``; if the client goes away first, cancel it (which aborts its
-    requests in the scheduler) and answer 499."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ApiError(499, "client disconnected", "client_closed_request")
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-def finish_reason_str(reason: dict[str, Any] | None) -> str | None:
-    return None if reason is None else reason.get("type")
-
-
-def pick(body: dict[str, Any], key: str, i: int, batch: bool, default: Any) -> Any:
-    """``body[key]`` for item ``i`` of a batch: a list holds one value per item."""
-    value = body.get(key, default)
-    if batch and isinstance(value, list):
-        if i >= len(value):
-            raise ApiError(400, f"{key} has {len(value)} entries, fewer than the batch", param=key)
-        return value[i]
-    return value
 
 
 # --- shared by both OpenAI routes ------------------------------------------------------------
@@ -215,7 +141,7 @@ class OpenAIRoutes:
             )
             for ids in prompts
         ]
-        job = _CompletionJob(self, items, echo, body)
+        job = CompletionJob(self, items, echo, body)
         states = await self.tm.submit(items)
         if body.get("stream"):
             return sse_response(job.stream(states))
@@ -294,7 +220,7 @@ class OpenAIRoutes:
         item = self.tm.prepare(
             ids, sp, return_logprob=logprobs, top_logprobs_num=top, text_in_logprobs=True
         )
-        job = _ChatJob(self, item, body)
+        job = ChatJob(self, item, body)
         states = await self.tm.submit([item])
         if body.get("stream"):
             return sse_response(job.stream(states))
@@ -302,185 +228,3 @@ class OpenAIRoutes:
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
         return json_response(job.response(builders))
-
-
-class _Job:
-    """One OpenAI request: its ``n`` choices per prompt and their usage."""
-
-    object_name = ""
-    id_prefix = ""
-
-    def __init__(self, routes: OpenAIRoutes, items: list[Prepared], body: dict[str, Any]) -> None:
-        self.routes = routes
-        self.items = items
-        self.n = items[0].params.n
-        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
-        opts = body.get("stream_options") or {}
-        self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-
-    def envelope(self, choices: list[dict[str, Any]], object_name: str) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": object_name,
-            "created": int(time.time()),
-            "model": self.routes.served_model_name,
-            "choices": choices,
-        }
-
-    def usage(self, outs: list[TextOutput | None]) -> dict[str, Any]:
-        done = [o for o in outs if o is not None]
-        prompt = sum(
-            len(self.items[i // self.n].msg.input_ids) for i in range(0, len(outs), self.n)
-        )
-        cached = sum(o.cached_tokens for o in done)
-        return OpenAIRoutes.usage(prompt, sum(o.completion_tokens for o in done), cached)
-
-    async def stream(self, states: list[Any]) -> AsyncIterator[bytes]:
-        last: list[TextOutput | None] = [None] * len(states)
-        async for i, out in self.routes.tm.merged_outputs(states):
-            last[i] = out
-            chunk = self.stream_choice(i, out)
-            if chunk is not None:
-                yield sse(self.envelope([chunk], self.chunk_object))
-        if self.include_usage:
-            yield sse({**self.envelope([], self.chunk_object), "usage": self.usage(last)})
-        yield SSE_DONE
-
-    chunk_object = ""
-
-    def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-
-class _CompletionJob(_Job):
-    id_prefix = "cmpl-"
-    chunk_object = "text_completion"
-
-    def __init__(
-        self, routes: OpenAIRoutes, items: list[Prepared], echo: bool, body: dict[str, Any]
-    ) -> None:
-        super().__init__(routes, items, body)
-        self.echo = echo
-        self.want_logprobs = body.get("logprobs") is not None
-        self.started: set[int] = set()
-
-    def prompt_text(self, i: int) -> str:
-        return self.routes.tm.tokenizer.decode(self.items[i // self.n].msg.input_ids)
-
-    def logprobs(self, entries: list, tops: list, offset: int) -> dict[str, Any]:
-        tokens = [e[2] or "" for e in entries]
-        offsets = []
-        for t in tokens:
-            offsets.append(offset)
-            offset += len(t)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": [
-                None if t is None else {e[2] or "": e[0] for e in t}
-                for t in (tops or [None] * len(entries))
-            ],
-            "text_offset": offsets,
-        }
-
-    def response(self, builders: list[Any]) -> dict[str, Any]:
-        choices = []
-        for i, b in enumerate(builders):
-            text = (self.prompt_text(i) if self.echo else "") + b.text
-            lp = None
-            if self.want_logprobs:
-                entries = (b.input_lps or []) + b.output_lps if self.echo else b.output_lps
-                tops = ((b.input_top or []) + b.output_top) if self.echo else b.output_top
-                lp = self.logprobs(entries, tops, 0)
-            reason = b.last.finish_reason
-            choices.append(
-                {
-                    "index": i,
-                    "text": text,
-                    "logprobs": lp,
-                    "finish_reason": finish_reason_str(reason),
-                    "matched_stop": (reason or {}).get("matched"),
-                }
-            )
-        return {
-            **self.envelope(choices, "text_completion"),
-            "usage": self.usage([b.last for b in builders]),
-        }
-
-    def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
-        text = out.text
-        if self.echo and i not in self.started:
-            text = self.prompt_text(i) + text
-        self.started.add(i)
-        lp = None
-        if self.want_logprobs and out.output_token_logprobs:
-            lp = self.logprobs(out.output_token_logprobs, out.output_top_logprobs or [], 0)
-        if not text and lp is None and not out.finished:
-            return None
-        return {
-            "index": i,
-            "text": text,
-            "logprobs": lp,
-            "finish_reason": finish_reason_str(out.finish_reason),
-        }
-
-
-class _ChatJob(_Job):
-    id_prefix = "chatcmpl-"
-    chunk_object = "chat.completion.chunk"
-
-    def __init__(self, routes: OpenAIRoutes, item: Prepared, body: dict[str, Any]) -> None:
-        super().__init__(routes, [item], body)
-        self.want_logprobs = bool(body.get("logprobs"))
-        self.started: set[int] = set()
-
-    @staticmethod
-    def _token(entry: Any) -> dict[str, Any]:
-        text = entry[2] or ""
-        return {"token": text, "logprob": entry[0], "bytes": list(text.encode("utf-8"))}
-
-    def logprobs(self, entries: list, tops: list) -> dict[str, Any] | None:
-        if not self.want_logprobs:
-            return None
-        tops = tops or [None] * len(entries)
-        return {
-            "content": [
-                {**self._token(e), "top_logprobs": [self._token(t) for t in top or []]}
-                for e, top in zip(entries, tops)
-            ]
-        }
-
-    def response(self, builders: list[Any]) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": b.text},
-                "logprobs": self.logprobs(b.output_lps, b.output_top),
-                "finish_reason": finish_reason_str(b.last.finish_reason),
-                "matched_stop": (b.last.finish_reason or {}).get("matched"),
-            }
-            for i, b in enumerate(builders)
-        ]
-        return {
-            **self.envelope(choices, "chat.completion"),
-            "usage": self.usage([b.last for b in builders]),
-        }
-
-    def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
-        delta: dict[str, Any] = {}
-        if i not in self.started:
-            self.started.add(i)
-            delta["role"] = "assistant"
-        if out.text or "role" in delta:
-            delta["content"] = out.text
-        lp = None
-        if self.want_logprobs and out.output_token_logprobs:
-            lp = self.logprobs(out.output_token_logprobs, out.output_top_logprobs or [])
-        if not delta and lp is None and not out.finished:
-            return None
-        return {
-            "index": i,
-            "delta": delta,
-            "logprobs": lp,
-            "finish_reason": finish_reason_str(out.finish_reason),
-        }

@@ -8,150 +8,44 @@ run in ``spawn``ed children, linked by zmq PUSH/PULL over ipc sockets in a priva
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixlm.runtime.child_process import ChildProcesses
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.detokenizer import run_detokenizer_process
-from radixlm.runtime.openai_api import (
+from radixlm.runtime.http_utils import (
     SSE_DONE,
-    OpenAIRoutes,
+    ApiKeyMiddleware,
     await_or_disconnect,
+    install_error_handlers,
     json_response,
     pick,
     read_json,
     sse,
     sse_response,
 )
+from radixlm.runtime.openai_api import OpenAIRoutes
 from radixlm.runtime.scheduler_process import run_scheduler_process
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 from radixlm.runtime.tokenizer_manager import ApiError, TokenizerManager
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = ("/health", "/metrics")  # reachable without the API key
 STARTUP_TIMEOUT_S = 600.0
 HEALTH_TIMEOUT_S = 20.0
-
-
-# --- child processes ---------------------------------------------------------------------------
-class ChildProcesses:
-    """The scheduler and detokenizer processes; a watchdog exits the server (code 1) if
-    either dies while it is not shutting down."""
-
-    def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
-        self.procs: dict[str, multiprocessing.process.BaseProcess] = {}
-        self.stopping = False
-        atexit.register(self.kill)
-
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        proc = self.ctx.Process(target=target, args=args, name=f"radixlm-{name}", daemon=True)
-        proc.start()
-        self.procs[name] = proc
-
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs.values())
-
-    def pids(self) -> dict[str, int | None]:
-        return {name: p.pid for name, p in self.procs.items()}
-
-    def watch(self) -> None:
-        threading.Thread(target=self._watch, name="radixlm-watchdog", daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self.stopping:
-            for name, proc in self.procs.items():
-                if proc.exitcode is not None and not self.stopping:
-                    logger.error(
-                        "the %s process exited with code %s; shutting down", name, proc.exitcode
-                    )
-                    self.kill()
-                    os._exit(1)
-            time.sleep(0.2)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL whoever is still there after ``timeout``."""
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self.procs.values():
-            proc.join(timeout)
-        self.kill()
-
-    def kill(self) -> None:
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-
-
-# --- middleware and errors ------------------------------------------------------------------
-class ApiKeyMiddleware:
-    """401 unless ``Authorization: Bearer <key>`` (or ``X-API-Key``) matches."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.api_key = api_key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"")
-            key = (
-                auth[7:].strip() if auth.startswith(b"Bearer ") else headers.get(b"x-api-key", b"")
-            )
-            if not hmac.compare_digest(key, self.api_key):
-                err = ApiError(
-                    401,
-                    "invalid or missing API key (send Authorization: Bearer <key>)",
-                    code="invalid_api_key",
-                )
-                await json_response(err.body(), 401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError), exc
-        return json_response(exc.body(), exc.status)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException), exc
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        err = ApiError(exc.status_code, str(exc.detail), kind)
-        return json_response(err.body(), exc.status_code)
-
-    async def on_error(request: Request, exc: Exception) -> Response:
-        logger.exception("internal error on %s", request.url.path)
-        return json_response(
-            ApiError(500, f"internal error: {exc!r}", "internal_error").body(), 500
-        )
-
-    app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_error)
 
 
 # --- native (SGLang) routes ----------------------------------------------------------------
@@ -316,7 +210,7 @@ class NativeRoutes:
 
 def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]) -> Any:
     app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     NativeRoutes(app, tm, args, pids)
     served = args.served_model_name or tm.model_path
     app.include_router(OpenAIRoutes(tm, served).router)
