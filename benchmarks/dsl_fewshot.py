@@ -4,7 +4,7 @@
 ``run_batch`` on an in-process Engine with the radix cache (the traced prefix is cached
 once, then every program reuses it). Side B sends the identical prompts as independent
 requests to an Engine started with ``--disable-radix-cache``. Prints programs/s for both,
-the ratio and the cache hit rate, and writes the table to ``docs/benchmarks_dsl.md``.
+the ratio and the cache hit rate (recorded in ``docs/benchmarks.md``).
 
     python benchmarks/dsl_fewshot.py [--num-programs 64] [--max-tokens 16] [--output PATH]
 """
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument(
-        "--output", default=str(Path(__file__).parents[1] / "docs" / "benchmarks_dsl.md")
+        "--output", default=None, help="also write the table (markdown) to this file"
     )
     args = parser.parse_args()
     probe = sgl.Engine(max_total_tokens=4096)
@@ -125,8 +125,9 @@ def main() -> None:
         + " ".join(["python", "benchmarks/dsl_fewshot.py", *sys.argv[1:]])
         + "\n```\n"
     )
-    Path(args.output).write_text(doc, encoding="utf-8")
-    print(f"wrote {args.output}")
+    if args.output:
+        Path(args.output).write_text(doc, encoding="utf-8")
+        print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":
