@@ -6,6 +6,7 @@ of the choice's own tokens given the prefix. Ties go to the first choice.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +35,12 @@ def _logprobs(entries: Entries) -> list[float]:
     return [float(e[0]) for e in entries if e[0] is not None]
 
 
-class ChoicesSamplingMethod:
+class ChoicesSamplingMethod(abc.ABC):
     """Base of the choice rules; subclasses implement ``__call__``."""
 
     requires_unconditional_logprobs: bool = False
 
+    @abc.abstractmethod
     def __call__(
         self,
         *,
@@ -48,7 +50,7 @@ class ChoicesSamplingMethod:
         output_token_logprobs: list[Entries],
         unconditional_token_logprobs: list[Entries] | None = None,
     ) -> ChoicesDecision:
-        raise NotImplementedError
+        """Pick one of ``choices`` from the logprobs of each prefix + choice."""
 
 
 class TokenLengthNormalized(ChoicesSamplingMethod):

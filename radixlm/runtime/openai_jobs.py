@@ -3,6 +3,7 @@ requests' outputs into OpenAI's completion / chat-completion objects and stream 
 
 from __future__ import annotations
 
+import abc
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from radixlm.runtime.messages import TextOutput
 from radixlm.runtime.tokenizer_manager import Prepared
 
 
-class Job:
+class Job(abc.ABC):
     """One OpenAI request: its ``n`` choices per prompt and their usage."""
 
     object_name = ""
@@ -57,8 +58,9 @@ class Job:
 
     chunk_object = ""
 
+    @abc.abstractmethod
     def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """The stream chunk's choice for output ``out`` of choice ``i`` (None: nothing)."""
 
 
 class CompletionJob(Job):
