@@ -34,7 +34,7 @@ class _Padded:
     slots: torch.Tensor  # [g, lp] KV slot per (sequence, position); 0 where padding
     mask: torch.Tensor  # [g, lq, lp (+ lq in extend)] which keys each query sees
     out_rows: torch.Tensor  # [n_valid] rows written, in flattened (g, lq) order
-    valid: torch.Tensor  # [g * lq] bool
+    valid: torch.Tensor  # [n_valid] positions of the real rows in flattened (g, lq) order
     needs_lse: bool = True  # rows merged with a shared-prefix pass afterwards
 
 
@@ -101,7 +101,7 @@ def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded
     slot_t = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True)
     mask = p_ok[:, None, :].expand(len(rows), q_rows.shape[1], -1).contiguous()
     valid = q_ok.reshape(-1)
-    return _Padded(q_rows, slot_t, mask, q_rows.reshape(-1)[valid], valid)
+    return _Padded(q_rows, slot_t, mask, q_rows.reshape(-1)[valid], valid.nonzero()[:, 0])
 
 
 def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _Padded:
@@ -119,7 +119,8 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
         causal = (q_pos[None, :, None] >= q_pos[None, None, :]) & q_ok[:, None, :]
         mask = torch.cat((mask, causal.expand(g, lq, lq)), dim=2)
     valid = q_ok.reshape(-1)
-    return _Padded(q_rows, slots, mask.contiguous(), q_rows.reshape(-1)[valid], valid)
+    return _Padded(q_rows, slots, mask.contiguous(), q_rows.reshape(-1)[valid],
+                   valid.nonzero()[:, 0])
 
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
@@ -151,17 +152,22 @@ def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:
     """A pass whose rows need no log-sum-exp: torch's fused attention."""
     g, lq = p.q_rows.shape
     hq, hkv = q.shape[1], k_buf.shape[1]
-    kk, vv = k_buf[p.slots], v_buf[p.slots]  # [g, lp, Hkv, D]
+    kk, vv = _rows(k_buf, p.slots), _rows(v_buf, p.slots)  # [g, lp, Hkv, D]
     if k is not None:
-        kk = torch.cat((kk, k[p.q_rows].to(kk.dtype)), dim=1)
-        vv = torch.cat((vv, v[p.q_rows].to(vv.dtype)), dim=1)
-    causal_only = k is not None and p.slots.shape[1] == 0 and bool(p.valid.all())
+        kk = torch.cat((kk, _rows(k, p.q_rows).to(kk.dtype)), dim=1)
+        vv = torch.cat((vv, _rows(v, p.q_rows).to(vv.dtype)), dim=1)
+    causal_only = k is not None and p.slots.shape[1] == 0 and p.valid.numel() == g * lq
     o = torch.nn.functional.scaled_dot_product_attention(
-        q[p.q_rows].transpose(1, 2), kk.transpose(1, 2).to(q.dtype),
+        _rows(q, p.q_rows).transpose(1, 2), kk.transpose(1, 2).to(q.dtype),
         vv.transpose(1, 2).to(q.dtype),
         attn_mask=None if causal_only else p.mask[:, None], is_causal=causal_only and lq > 1,
         scale=sm_scale, enable_gqa=hq != hkv)  # [g, Hq, lq, D]
-    out[p.out_rows] = o.transpose(1, 2).reshape(g * lq, hq, -1)[p.valid].float()
+    out[p.out_rows] = o.transpose(1, 2).reshape(g * lq, hq, -1).index_select(0, p.valid).float()
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[idx]`` for a 2-D index into the first dim, through index_select (faster)."""
+    return x.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:])
 
 
 def _merge(o1, lse1, o2, lse2):
@@ -173,22 +179,33 @@ def _merge(o1, lse1, o2, lse2):
     return o, m + torch.log(total)
 
 
+# torch's fused CPU attention that also returns the log-sum-exp (private, so guarded)
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def _padded_pass(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out, lse_out) -> None:
+    """One padded pass that also writes each row's log-sum-exp (for merging)."""
     g, lq = p.q_rows.shape
     hq, d = q.shape[1], q.shape[2]
     hkv = k_buf.shape[1]
     grp = hq // hkv
-    kk, vv = k_buf[p.slots].float(), v_buf[p.slots].float()  # [g, lp, Hkv, D]
+    kk, vv = _rows(k_buf, p.slots), _rows(v_buf, p.slots)  # [g, lp, Hkv, D]
     if k is not None:
-        kk = torch.cat((kk, k[p.q_rows].float()), dim=1)
-        vv = torch.cat((vv, v[p.q_rows].float()), dim=1)
-    qq = q[p.q_rows].float().view(g, lq, hkv, grp, d).permute(0, 2, 1, 3, 4)
-    s = torch.matmul(qq.reshape(g, hkv, lq * grp, d), kk.permute(0, 2, 3, 1)) * sm_scale
-    s = s.view(g, hkv, lq, grp, -1).masked_fill(~p.mask[:, None, :, None, :], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # [g, Hkv, lq, grp]
-    probs = torch.exp(s - lse[..., None]).nan_to_num_(0.0).view(g, hkv, lq * grp, -1)
-    o = torch.matmul(probs, vv.permute(0, 2, 1, 3)).view(g, hkv, lq, grp, d)
-    o = o.permute(0, 2, 1, 3, 4).reshape(g * lq, hq, d)
-    lse = lse.permute(0, 2, 1, 3).reshape(g * lq, hq)
-    out[p.out_rows] = o[p.valid]
-    lse_out[p.out_rows] = lse[p.valid]
+        kk = torch.cat((kk, _rows(k, p.q_rows).to(kk.dtype)), dim=1)
+        vv = torch.cat((vv, _rows(v, p.q_rows).to(vv.dtype)), dim=1)
+    # the query heads of one KV head become rows: [g, Hkv, lq * grp, D], rows (pos, head)
+    qq = _rows(q, p.q_rows).view(g, lq, hkv, grp, d).permute(0, 2, 1, 3, 4).reshape(g, hkv, -1, d)
+    kk, vv = kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype)
+    mask = p.mask.repeat_interleave(grp, dim=1)[:, None]  # [g, 1, lq * grp, L]
+    if _FLASH_LSE is not None and q.device.type == "cpu" and q.dtype == torch.float32:
+        bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+        o, lse = _FLASH_LSE(qq, kk, vv, 0.0, False, attn_mask=bias, scale=sm_scale)
+    else:
+        s = torch.matmul(qq.float(), kk.float().transpose(-1, -2)) * sm_scale
+        s = s.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        o = torch.matmul(torch.exp(s - lse[..., None]).nan_to_num_(0.0), vv.float())
+    o = o.view(g, hkv, lq, grp, d).permute(0, 2, 1, 3, 4).reshape(g * lq, hq, d)
+    lse = lse.view(g, hkv, lq, grp).permute(0, 2, 1, 3).reshape(g * lq, hq)
+    out[p.out_rows] = o.index_select(0, p.valid).float()
+    lse_out[p.out_rows] = lse.index_select(0, p.valid).float()
