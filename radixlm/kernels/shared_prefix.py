@@ -19,7 +19,7 @@ both against a float64 oracle); only the order of summation differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,16 @@ class _Padded:
     out_rows: torch.Tensor  # [n_valid] rows written, in flattened (g, lq) order
     valid: torch.Tensor  # [n_valid] positions of the real rows in flattened (g, lq) order
     needs_lse: bool = True  # rows merged with a shared-prefix pass afterwards
+    _bias: dict[int, torch.Tensor] = field(default_factory=dict)  # additive masks by group
+
+    def bias(self, grp: int, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as an additive bias [g, 1, lq * grp, L] (rows: position, head of the
+        KV head's group); built once per forward, used by every layer."""
+        if grp not in self._bias:
+            mask = self.mask.repeat_interleave(grp, dim=1)[:, None]
+            self._bias[grp] = torch.zeros(mask.shape, dtype=dtype, device=mask.device
+                                          ).masked_fill_(~mask, float("-inf"))
+        return self._bias[grp]
 
 
 @dataclass
@@ -82,12 +92,15 @@ def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.T
         if seen.intersection(members):
             raise ValueError(f"sequence(s) {sorted(seen.intersection(members))} in two groups")
         seen.update(members)
-        first = kv_indices[kv[members[0]]: kv[members[0]] + length]
         for b in members:
             if kv[b + 1] - kv[b] < length:
                 raise ValueError(f"sequence {b} has fewer than L={length} KV entries")
-            if not torch.equal(kv_indices[kv[b]: kv[b] + length], first):
-                raise ValueError(f"sequence {b} does not share its first {length} KV slots")
+        starts = torch.tensor([kv[b] for b in members], device=kv_indices.device)
+        heads = kv_indices[starts[:, None] + torch.arange(length, device=kv_indices.device)]
+        same = (heads == heads[:1]).all(dim=1)  # [members]
+        if not bool(same.all()):
+            b = members[int((~same).nonzero()[0, 0])]
+            raise ValueError(f"sequence {b} does not share its first {length} KV slots")
 
 
 def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:
@@ -196,13 +209,12 @@ def _padded_pass(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out, lse_out) -> N
     # the query heads of one KV head become rows: [g, Hkv, lq * grp, D], rows (pos, head)
     qq = _rows(q, p.q_rows).view(g, lq, hkv, grp, d).permute(0, 2, 1, 3, 4).reshape(g, hkv, -1, d)
     kk, vv = kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype)
-    mask = p.mask.repeat_interleave(grp, dim=1)[:, None]  # [g, 1, lq * grp, L]
     if _FLASH_LSE is not None and q.device.type == "cpu" and q.dtype == torch.float32:
-        bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-        o, lse = _FLASH_LSE(qq, kk, vv, 0.0, False, attn_mask=bias, scale=sm_scale)
+        o, lse = _FLASH_LSE(qq, kk, vv, 0.0, False, attn_mask=p.bias(grp, q.dtype),
+                            scale=sm_scale)
     else:
         s = torch.matmul(qq.float(), kk.float().transpose(-1, -2)) * sm_scale
-        s = s.masked_fill(~mask, float("-inf"))
+        s = s + p.bias(grp, torch.float32)
         lse = torch.logsumexp(s, dim=-1)
         o = torch.matmul(torch.exp(s - lse[..., None]).nan_to_num_(0.0), vv.float())
     o = o.view(g, hkv, lq, grp, d).permute(0, 2, 1, 3, 4).reshape(g * lq, hq, d)

@@ -85,6 +85,27 @@ class CacheManager:
         req.alloc_len += need
         return True
 
+    def alloc_many(self, reqs: list[Req], num_new: list[int]) -> bool:
+        """``alloc`` for several requests with one allocator call (the decode step)."""
+        needs = [self.pages_needed(r, n) for r, n in zip(reqs, num_new)]
+        total = sum(needs)
+        if total == 0:
+            return True
+        if not self.ensure_free(total):
+            return False
+        slots = self.allocator.alloc(total)
+        assert slots is not None, f"alloc of {total} failed after ensure_free"
+        rows, cols = [], []
+        for r, need in zip(reqs, needs):
+            if need:
+                rows += [r.req_pool_idx] * need
+                cols += range(r.alloc_len, r.alloc_len + need)
+                r.alloc_len += need
+        dev = slots.device
+        self.req_to_token_pool.req_to_token[torch.tensor(rows, device=dev),
+                                            torch.tensor(cols, device=dev)] = slots
+        return True
+
     def ensure_free(self, num_tokens: int) -> bool:
         short = num_tokens - self.allocator.available_size()
         if short > 0:

@@ -72,7 +72,49 @@ class ModelRunner:
 
     def build_forward_batch(self, batch: ScheduleBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Packed tensors for ``batch``; see ForwardBatch for the layout."""
-        decode = batch.is_decode
+        if batch.is_decode:
+            return self._decode_batch(batch, req_to_token)
+        return self._extend_batch(batch, req_to_token)
+
+    def _decode_batch(self, batch: ScheduleBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """One new token per request, built with a few vectorised ops."""
+        dev = self.device
+        reqs = batch.reqs
+        rows = torch.tensor([r.req_pool_idx for r in reqs], device=dev)
+        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=dev)
+        lens = pos + 1  # the new token's KV is stored before attention reads it
+        width = int(lens.max())
+        table = req_to_token[rows, :width]  # [B, width]
+        kv_indices = table[torch.arange(width, device=dev) < lens[:, None]]
+        kv_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int64, device=dev)
+        kv_indptr[1:] = lens.cumsum(0)
+        qo_indptr = torch.arange(len(reqs) + 1, device=dev)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=torch.tensor([r.tokens(r.kv_len, r.kv_len + 1)[0] for r in reqs],
+                                   dtype=torch.int64, device=dev),
+            positions=pos,
+            out_cache_loc=table.gather(1, pos[:, None])[:, 0],
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            logits_indices=torch.arange(len(reqs), device=dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+            attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
+                                      batch.prefix_groups),
+        )
+
+    def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups) -> AttentionPlan | None:
+        if not self.uses_torch_attention:
+            return None
+        per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
+        return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
+                                   prefix_groups=groups)
+
+    def _extend_batch(self, batch: ScheduleBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each
+        request in kv_indices, its new tokens packed."""
         input_ids: list[int] = []
         positions: list[torch.Tensor] = []
         locs, kv_slices, logits_rows = [], [], []
@@ -83,22 +125,16 @@ class ModelRunner:
             input_ids.extend(req.tokens(start, start + n))
             positions.append(torch.arange(start, start + n))
             locs.append(row[start: start + n])
-            kv_end = start + n if decode else start
-            kv_slices.append(row[:kv_end])
+            kv_slices.append(row[:start])
             logits_rows.append(torch.arange(qo_indptr[-1] + a, qo_indptr[-1] + b))
             qo_indptr.append(qo_indptr[-1] + n)
-            kv_indptr.append(kv_indptr[-1] + kv_end)
+            kv_indptr.append(kv_indptr[-1] + start)
         dev = self.device
         qo_t = torch.tensor(qo_indptr, dtype=torch.int64, device=dev)
         kv_t = torch.tensor(kv_indptr, dtype=torch.int64, device=dev)
         kv_indices = torch.cat(kv_slices)
-        plan = None
-        if self.uses_torch_attention:
-            per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
-            plan = AttentionPlan.build(qo_t, kv_t, kv_indices, per_token, extend=not decode,
-                                       prefix_groups=batch.prefix_groups)
         return ForwardBatch(
-            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            mode=ForwardMode.EXTEND,
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
             positions=torch.cat(positions).to(dev),
             out_cache_loc=torch.cat(locs),
@@ -108,7 +144,7 @@ class ModelRunner:
             logits_indices=torch.cat(logits_rows).to(dev),
             kv_pool=self.kv_pool,
             attention_backend=self.attention_backend,
-            attention_plan=plan,
+            attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups),
         )
 
     @torch.inference_mode()

@@ -209,12 +209,13 @@ class Scheduler:
             victim = reqs.pop(0)
             self._retract(victim)
             need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
-        for r in list(reqs):
-            if not self.cache.alloc(r, r.num_new_tokens):  # a lone request cannot grow
+        if not self.cache.alloc_many(reqs, [r.num_new_tokens for r in reqs]):
+            # only a lone request is left and even it cannot grow: out of memory
+            for r in reqs:
                 self.running.remove(r)
-                reqs.remove(r)
                 self.outputs.emit_later(self.outputs.finish(
                     r, {"type": "abort", "message": "out of KV cache memory"}, release=True))
+            reqs = []
         kept = set(map(id, reqs))
         return [r for r in self.running if id(r) in kept]
 
