@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--question-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     path = str(default_tiny_model_path())
     hf_threads = torch.get_num_threads()  # transformers keeps torch's default
