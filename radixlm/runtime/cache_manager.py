@@ -187,7 +187,9 @@ class CacheManager:
     def request_owned(self) -> int:
         return sum(r.alloc_len - r.prefix_len for r in self.running.values())
 
-    def check_accounting(self) -> None:
+    def check_accounting(self, deep: bool = True) -> None:
+        """free + evictable + protected + request-owned == pool size; with ``deep``, also
+        the tree's own integrity check (walks every node)."""
         free = self.allocator.available_size()
         ev, prot = self.tree.evictable_size(), self.tree.protected_size()
         owned = self.request_owned()
@@ -195,4 +197,5 @@ class CacheManager:
         assert total == self.pool_size, (
             f"KV accounting broken: free {free} + evictable {ev} + protected {prot} + "
             f"request-owned {owned} = {total} != pool size {self.pool_size}")
-        self.tree.check_integrity()
+        if deep:
+            self.tree.check_integrity()

@@ -279,11 +279,13 @@ class Scheduler:
             **{k: int(v) for k, v in self.stats.items()},
         }
 
-    def check_idle_invariants(self) -> None:
+    def check_idle_invariants(self, deep: bool = True) -> None:
+        """The KV accounting of DESIGN.md; run (cheaply, ``deep=False``) every time the
+        scheduler becomes idle, and in full by tests and ``Engine.check_invariants``."""
         assert self.is_idle(), "invariants are checked only when idle"
         assert not self.cache.running, f"rows still held: {list(self.cache.running)}"
         assert self.cache.tree.protected_size() == 0, "locked nodes with no running request"
-        self.cache.check_accounting()
+        self.cache.check_accounting(deep=deep)
 
     # --- the loop -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -301,10 +303,13 @@ class Scheduler:
             reply = self.handle(msg)
             if reply is not None:
                 send(reply)
+        busy = not self.is_idle()
         outs = self.step()
         outs = self.outputs.take_pending() + outs
         if outs:
             send(outs)
+        if busy and self.is_idle():  # a KV leak shows here, not hours later
+            self.check_idle_invariants(deep=False)
         elif self.grammar_waiting and not (self.waiting or self.running):
             time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
         return bool(outs)
