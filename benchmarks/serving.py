@@ -29,7 +29,7 @@ import httpx
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.scheduler_process import default_cpu_threads
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.server_process import ServerProcess
 
 
@@ -192,7 +192,7 @@ def main() -> None:
     prompts = make_workload(args, args.vocab_size)
     flags = {"max_total_tokens": args.max_total_tokens, "random_seed": 0}
     # the same torch thread count as the server's scheduler process, for a fair comparison
-    torch.set_num_threads(args.engine_threads or default_cpu_threads())
+    torch.set_num_threads(ServerArgs(cpu_threads=args.engine_threads).resolve_cpu_threads())
     engine_tps = None if args.no_engine else run_engine(prompts, args, flags)
     server = None
     if args.url is None:

@@ -50,7 +50,8 @@ class ServerArgs:
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
                 "leaving one for HTTP and detokenisation; OpenMP threads that compete with "
-                "other processes for a core slow every step down)"})
+                "other processes for a core slow every step down); in the offline Engine, "
+                "when given, torch's thread count (default: torch's own)"})
     # constrained decoding
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "do not append grammar-forced text without sampling it"})

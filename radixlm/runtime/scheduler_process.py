@@ -35,10 +35,6 @@ logger = logging.getLogger(__name__)
 POLL_MS = 100  # while idle: how often the loop looks at the stop flag
 
 
-def default_cpu_threads() -> int:
-    return max(len(os.sched_getaffinity(0)) - 1, 1)
-
-
 class SchedulerIO:
     """``recv`` / ``send`` for ``Scheduler.run_loop`` over zmq.
 
@@ -98,7 +94,7 @@ def run_scheduler_process(
     """Entry point of the scheduler process (started with the ``spawn`` method)."""
     args = ServerArgs(**json.loads(args_json))
     should_stop = setup_child("scheduler", parent_pid, args.log_level)
-    torch.set_num_threads(args.cpu_threads or default_cpu_threads())
+    torch.set_num_threads(args.resolve_cpu_threads())
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer)
     ctx = zmq.Context()
