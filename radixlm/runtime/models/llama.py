@@ -5,7 +5,8 @@
 Each RMSNorm after the first fuses the residual add (``rms_norm(x, w, eps, residual)``).
 Attention writes this step's K/V into the paged pool, then reads the whole context back
 through ``fb.kv_indices`` (see ``radixlm/runtime/forward_batch.py``). Parameter names
-match Hugging Face's, so loading a checkpoint is a name-for-name copy.
+match Hugging Face's, except that q/k/v and gate/up are each one matmul
+(``checkpoint_layout`` says which checkpoint tensor fills which rows).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def rope_cos_sin_cache(config: ModelConfig) -> torch.Tensor:  # [context, head_d
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
+# fused parameter -> the checkpoint's tensors it holds, in row order
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -72,16 +77,17 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.sm_scale = config.sm_scale
         hidden, bias = config.hidden_size, config.qkv_bias
-        self.q_proj = nn.Linear(hidden, config.q_size, bias=bias)
-        self.k_proj = nn.Linear(hidden, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(hidden, config.kv_size, bias=bias)
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        # q, k and v in one matmul (checkpoints keep them apart: see checkpoint_layout)
+        self.qkv_proj = nn.Linear(hidden, config.q_size + 2 * config.kv_size, bias=bias)
         self.o_proj = nn.Linear(config.q_size, hidden, bias=config.attention_bias)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
         n, backend = x.shape[0], fb.attention_backend
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, Hq, D]
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)  # [N, Hq, D]
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
         q, k = kernels.apply_rotary(q, k, cos_sin, fb.positions, backend=backend)
         k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
         kernels.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v, backend=backend)
@@ -104,12 +110,12 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)  # gate and up, one matmul
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -155,6 +161,24 @@ class LlamaForCausalLM(nn.Module):
         # need the precision. Not a parameter, so `load_weights` never expects it.
         cos_sin = rope_cos_sin_cache(config).to(self.lm_head.weight.device)
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+
+    def checkpoint_layout(self) -> dict[str, tuple[str, slice | None]]:
+        """Checkpoint tensor name -> (parameter name, its rows or None for all of it).
+        Hugging Face keeps q/k/v and gate/up apart; here each group is one parameter."""
+        cfg = self.config
+        sizes = {"q_proj": cfg.q_size, "k_proj": cfg.kv_size, "v_proj": cfg.kv_size,
+                 "gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size}
+        layout: dict[str, tuple[str, slice | None]] = {}
+        for name, _ in self.named_parameters():
+            fused = next((p for p in name.split(".") if p in _FUSED), None)
+            if fused is None:
+                layout[name] = (name, None)
+                continue
+            start = 0
+            for part in _FUSED[fused]:
+                layout[name.replace(fused, part)] = (name, slice(start, start + sizes[part]))
+                start += sizes[part]
+        return layout
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

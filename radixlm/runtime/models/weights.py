@@ -1,7 +1,8 @@
 """Stream a Hugging Face safetensors checkpoint into a model, one tensor at a time.
 
-Parameter names of radixlm's models equal the checkpoint's, so the mapping is the
-identity; only tensors the engine recomputes (RoPE tables) are skipped.
+The model says where each checkpoint tensor goes (``checkpoint_layout``: the same name,
+or rows of a fused q/k/v or gate/up parameter); tensors the engine recomputes (RoPE
+tables) are skipped.
 """
 
 from __future__ import annotations
@@ -56,24 +57,26 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
+    layout = model.checkpoint_layout()  # checkpoint name -> (parameter, rows)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in iter_safetensors(model_dir):
         if name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
-        param = params.get(name)
-        if param is None:
+        if name not in layout:
             unexpected.append(name)
             continue
-        if param.shape != tensor.shape:
+        param_name, rows = layout[name]
+        target = params[param_name] if rows is None else params[param_name][rows]
+        if target.shape != tensor.shape:
             raise ValueError(
                 f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(param.shape)} (in {model_dir})"
+                f"the model expects {tuple(target.shape)} (in {model_dir})"
             )
         with torch.no_grad():
-            param.copy_(tensor)
+            target.copy_(tensor)
         loaded.add(name)
-    missing = sorted(params.keys() - loaded)
+    missing = sorted(layout.keys() - loaded)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint in {model_dir} does not match the model: "
