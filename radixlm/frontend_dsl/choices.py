@@ -35,6 +35,17 @@ def _logprobs(entries: Entries) -> list[float]:
     return [float(e[0]) for e in entries if e[0] is not None]
 
 
+def _decision(choice: str, normalized: list[float], input_logprobs: list[Entries],
+              output_logprobs: list[Entries], **extra: Any) -> ChoicesDecision:
+    """The decision with SGLang's meta_info fields (and a rule's own extras)."""
+    return ChoicesDecision(choice, {
+        "normalized_prompt_logprobs": normalized,
+        "input_token_logprobs": input_logprobs,
+        "output_token_logprobs": output_logprobs,
+        **extra,
+    })
+
+
 class ChoicesSamplingMethod(abc.ABC):
     """Base of the choice rules; subclasses implement ``__call__``."""
 
@@ -66,14 +77,8 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
         unconditional_token_logprobs=None,
     ):
         best = _argmax_first(normalized_prompt_logprobs)
-        return ChoicesDecision(
-            choices[best],
-            {
-                "normalized_prompt_logprobs": normalized_prompt_logprobs,
-                "input_token_logprobs": input_token_logprobs,
-                "output_token_logprobs": output_token_logprobs,
-            },
-        )
+        return _decision(choices[best], normalized_prompt_logprobs, input_token_logprobs,
+                         output_token_logprobs)
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):
@@ -99,15 +104,9 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
             remaining = [i for i in remaining if matrix[i][col] == top]
             if len(remaining) == 1:
                 break
-        return ChoicesDecision(
-            choices[remaining[0]],
-            {
-                "normalized_prompt_logprobs": normalized_prompt_logprobs,
-                "input_token_logprobs": input_token_logprobs,
-                "output_token_logprobs": output_token_logprobs,
-                "greedy_logprob_matrix": matrix,
-            },
-        )
+        return _decision(choices[remaining[0]], normalized_prompt_logprobs,
+                         input_token_logprobs, output_token_logprobs,
+                         greedy_logprob_matrix=matrix)
 
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
@@ -136,16 +135,10 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
             diffs = [c - u for c, u in zip(_logprobs(cond), base)]
             scores.append(_mean(diffs))
         best = _argmax_first(scores)
-        return ChoicesDecision(
-            choices[best],
-            {
-                "normalized_prompt_logprobs": normalized_prompt_logprobs,
-                "input_token_logprobs": input_token_logprobs,
-                "output_token_logprobs": output_token_logprobs,
-                "unconditional_token_logprobs": unconditional_token_logprobs,
-                "normalized_unconditional_prompt_logprobs": scores,
-            },
-        )
+        return _decision(choices[best], normalized_prompt_logprobs, input_token_logprobs,
+                         output_token_logprobs,
+                         unconditional_token_logprobs=unconditional_token_logprobs,
+                         normalized_unconditional_prompt_logprobs=scores)
 
 
 token_length_normalized = TokenLengthNormalized()

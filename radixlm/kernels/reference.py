@@ -271,7 +271,7 @@ def extend_attention(
     )
 
 
-def _length_groups(
+def length_groups(
     q_lens: list[int],
     kv_lens: list[int],
     kv_elems_per_token: int,
@@ -304,7 +304,7 @@ def _grouped_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, 
     q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
     kv_lens = [kv[b + 1] - kv[b] for b in range(len(kv) - 1)]
     per_token = k_buf.shape[1] * k_buf.shape[2]
-    for group in _length_groups(q_lens, kv_lens, per_token):
+    for group in length_groups(q_lens, kv_lens, per_token):
         idx = torch.tensor(group, device=q.device)
         _padded_attention(
             q,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.kernels.reference import _length_groups
+from radixlm.kernels.reference import length_groups
 
 PrefixGroups = list[tuple[int, list[int]]]
 
@@ -75,7 +75,7 @@ class AttentionPlan:
         q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
         kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
         padded = []
-        for g in _length_groups(q_lens, kv_lens, kv_elems_per_token):
+        for g in length_groups(q_lens, kv_lens, kv_elems_per_token):
             p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
                              [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
             p.needs_lse = any(skip[b] for b in g)

@@ -73,20 +73,11 @@ class CacheManager:
 
     def alloc(self, req: Req, num_new: int) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` (evicting if needed)."""
-        need = self.pages_needed(req, num_new)
-        if need == 0:
-            return True
-        if not self.ensure_free(need):
-            return False
-        slots = self.allocator.alloc(need)
-        assert slots is not None, f"alloc of {need} failed after ensure_free"
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        row[req.alloc_len: req.alloc_len + need] = slots
-        req.alloc_len += need
-        return True
+        return self.alloc_many([req], [num_new])
 
     def alloc_many(self, reqs: list[Req], num_new: list[int]) -> bool:
-        """``alloc`` for several requests with one allocator call (the decode step)."""
+        """Room for ``num_new[i]`` more tokens of each request, with one allocator call;
+        False (and nothing changed) if the pool is short even after eviction."""
         needs = [self.pages_needed(r, n) for r, n in zip(reqs, num_new)]
         total = sum(needs)
         if total == 0:

@@ -72,9 +72,10 @@ class OutputProcessor:
                 for r in done_prefill]
         if sample_reqs:
             outs += self._sample(sample_reqs, logits[sample_rows])
-        finished = {id(r) for r in done_prefill} | {id(r) for r in sample_reqs if r.finished}
-        new = [r for r in sample_reqs if not r.finished and r not in self.s.running]
-        self.s.running = [r for r in self.s.running + new if id(r) not in finished]
+        # requests that just finished their prompt start decoding; decode rows already are
+        prefill = {id(r) for r in batch.reqs[: batch.num_prefill]}
+        new = [r for r in sample_reqs if not r.finished and id(r) in prefill]
+        self.s.running = [r for r in self.s.running + new if not r.finished]
         return outs
 
     def _input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
@@ -108,7 +109,6 @@ class OutputProcessor:
         for i, (req, tok) in enumerate(zip(reqs, ids)):
             req.output_ids.append(tok)
             self.s.stats["generation_tokens"] += 1
-            self.s._gen_tokens_since_log += 1
             req.finish_reason = self._check_finish(req, tok)
             new_ids = [tok] + self._advance_grammar(req, tok)
             top = None

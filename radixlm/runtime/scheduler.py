@@ -63,7 +63,7 @@ class Scheduler:
         self.stats: dict[str, float] = dict.fromkeys(
             ("prompt_tokens", "cached_tokens", "generation_tokens", "num_preemptions",
              "forward_steps", "decode_steps", "jump_forward_tokens"), 0)
-        self._gen_tokens_since_log = 0
+        self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
 
     # --- input ------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class Scheduler:
                                  prefix_groups=self._prefix_groups(decodes))
         reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
         ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
-        self._log_prefill(prefill, len(decodes))
+        self._log_prefill(prefill)
         return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs),
                              prefix_groups=self._prefix_groups(reqs))
 
@@ -243,19 +243,18 @@ class Scheduler:
     def cache_hit_rate(self) -> float:
         return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
 
-    def _log_prefill(self, adder: PrefillAdder, num_decode: int) -> None:
-        cached = sum(r.prefix_len for r, n in zip(adder.reqs, adder.extend_lens))
+    def _log_prefill(self, adder: PrefillAdder) -> None:
+        cached = sum(r.prefix_len for r in adder.reqs)
         logger.info(
             "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: "
             "%.2f, #running-req: %d, #queue-req: %d", len(adder.reqs), sum(adder.extend_lens),
             cached, self.token_usage(), len(self.running), len(self.waiting))
-        del num_decode
 
     def _log_decode(self, batch_size: int) -> None:
         now = time.monotonic()
-        gen = self._gen_tokens_since_log
+        gen = self.stats["generation_tokens"] - self._gen_tokens_at_log
         throughput = gen / max(now - self._last_log_time, 1e-9)
-        self._gen_tokens_since_log, self._last_log_time = 0, now
+        self._gen_tokens_at_log, self._last_log_time = self.stats["generation_tokens"], now
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, cache hit rate: "
             "%.1f%%, gen throughput (token/s): %.2f, #queue-req: %d", batch_size,
