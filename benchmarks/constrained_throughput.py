@@ -20,7 +20,7 @@ import time
 import jsonschema
 
 import radixlm
-from radixlm.runtime.output_processor import OutputProcessor
+from radixlm.runtime.managers.output_processor import OutputProcessor
 
 SCHEMA = {
     "type": "object",

@@ -19,8 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import radixlm
-from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.managers.scheduler import Scheduler
 from radixlm.tiny_model import default_tiny_model_path
 
 

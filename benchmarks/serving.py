@@ -30,7 +30,7 @@ import torch
 
 from radixlm import Engine
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.server_process import ServerProcess
+from radixlm.runtime.entrypoints.server_process import ServerProcess
 
 
 @dataclass

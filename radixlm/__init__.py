@@ -38,7 +38,8 @@ from radixlm.frontend_dsl import (
     user_begin,
     user_end,
 )
-from radixlm.runtime.engine import Engine
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.engine import Engine
 
 __all__ = [
     "Backend",
@@ -51,6 +52,7 @@ __all__ = [
     "ProgramStateGroup",
     "Runtime",
     "RuntimeEndpoint",
+    "ServerArgs",
     "SglFunction",
     "assistant",
     "assistant_begin",

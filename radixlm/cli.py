@@ -8,8 +8,8 @@ import logging
 import sys
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.engine import Engine
-from radixlm.runtime.server import launch_server
+from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.http_server import launch_server
 from radixlm.tiny_model import make_tiny_model
 
 DEMO_PROMPTS = [

@@ -1,0 +1,307 @@
+"""The offline Engine: tokenizer + the scheduler in one process, no sockets.
+
+``generate`` (callable from any thread) tokenizes, validates and submits; the caller then
+runs the scheduler loop itself (``Scheduler.run_once``, the server's loop too) until its
+outputs are there, unless another caller is running it already.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.sampling_params import SamplingParams
+from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
+from radixlm.runtime.managers.messages import (
+    AbortReq,
+    FlushCacheReq,
+    GenerateReqInput,
+    GetInfoReq,
+    ReqOutput,
+)
+from radixlm.runtime.managers.result import ResultBuilder
+from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.validation import validate_request
+from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+class EngineError(RuntimeError):
+    """The scheduler failed; every pending request gets this."""
+
+
+class Engine:
+    """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model."""
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        self.model_path = resolve_model_path(model_path)
+        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
+        self.scheduler = Scheduler(self.server_args, self.model_path, self.tokenizer)
+        self.model_config = self.scheduler.model_config
+        if self.server_args.cpu_threads is not None:
+            torch.set_num_threads(self.server_args.cpu_threads)
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()  # guards _streams
+        self._drive = threading.Lock()  # held by the thread running the scheduler loop
+        self._stopped = False
+        self._error: BaseException | None = None
+
+    # --- driving the scheduler ------------------------------------------------------------
+    # No background thread: whichever caller is waiting for outputs runs the scheduler
+    # loop (one at a time, under ``_drive``), so the model runs on the caller's thread with
+    # all its torch threads. Other callers wait on their queues and take over the loop
+    # when it is free. Messages from any thread go through ``_inbox``.
+    def _drain_inbox(self) -> list[Any]:
+        msgs = []
+        try:
+            while True:
+                msgs.append(self._inbox.get_nowait())
+        except queue.Empty:
+            return msgs
+
+    def _send(self, obj: Any) -> None:
+        if isinstance(obj, list):
+            with self._lock:
+                for out in obj:
+                    q = self._streams.get(out.rid)
+                    if q is not None:
+                        q.put(out)
+
+    def _turn(self) -> None:
+        """One loop turn; the caller holds ``_drive``. A failure fails every request."""
+        self._check_alive()
+        try:
+            with torch.inference_mode():
+                self.scheduler.run_once(self._drain_inbox(), self._send)
+        except BaseException as e:
+            logger.exception("the scheduler failed")
+            self._error = e
+            with self._lock:
+                for q in self._streams.values():
+                    q.put(e)
+            raise
+
+    def _next(self, q: queue.Queue) -> Any:
+        """The next item of ``q``, running the loop while nobody else does."""
+        while True:
+            try:
+                return q.get_nowait()
+            except queue.Empty:
+                pass
+            if self._drive.acquire(blocking=False):
+                try:
+                    self._turn()
+                finally:
+                    self._drive.release()
+            else:
+                try:
+                    return q.get(timeout=0.005)
+                except queue.Empty:
+                    continue
+
+    def _call(self, msg: Any) -> Any:
+        """A control message, applied between two steps."""
+        with self._drive:
+            self._check_alive()
+            return self.scheduler.handle(msg)
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise EngineError(f"the scheduler failed: {self._error!r}") from self._error
+        if self._stopped:
+            raise EngineError("the engine is shut down")
+
+    # --- requests ---------------------------------------------------------------------------
+    def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
+                 return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
+                 rid: str | None) -> tuple[GenerateReqInput, SamplingParams]:
+        if ids is None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"text must be a string, got {type(prompt).__name__}")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        params = SamplingParams.from_dict(sp)
+        cfg = self.model_config
+        validate_request(list(ids), params, cfg.context_length, cfg.vocab_size,
+                         self.scheduler.cache.pool_size)
+        if top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
+                               return_logprob, logprob_start_len, top_logprobs_num)
+        return msg, params
+
+    def _submit(self, msg: GenerateReqInput) -> queue.Queue:
+        self._check_alive()
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            if msg.rid in self._streams:
+                raise ValueError(f"rid {msg.rid!r} is already in use")
+            self._streams[msg.rid] = q
+        self._inbox.put(msg)
+        return q
+
+    def _outputs(self, rid: str, q: queue.Queue) -> Iterator[ReqOutput]:
+        try:
+            while True:
+                out = self._next(q)
+                if isinstance(out, BaseException):
+                    raise EngineError(f"the scheduler failed: {out!r}") from out
+                reason = out.finish_reason or {}
+                if reason.get("status_code") == 400:  # a bad request found by the scheduler
+                    raise ValueError(reason.get("message", "bad request"))
+                yield out
+                if out.finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 return_logprob: bool = False, logprob_start_len: int = -1,
+                 top_logprobs_num: int = 0, stream: bool = False,
+                 rid: str | list[str] | None = None,
+                 return_text_in_logprobs: bool = False) -> Any:
+        """SGLang's ``Engine.generate``: a dict for one prompt, a list for a batch;
+        ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment."""
+        batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
+                                             and isinstance(input_ids[0], list))
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        ids_list = (input_ids if batch else [input_ids]) if input_ids is not None else None
+        n_items = len(ids_list) if ids_list is not None else len(prompts)
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n_items
+        if isinstance(rid, str) and n_items > 1:
+            raise ValueError("rid must be a list with one id per prompt for a batch")
+        rids = rid if isinstance(rid, list) else [rid] * n_items
+        if len(sps) != n_items or len(rids) != n_items:
+            raise ValueError(f"sampling_params/rid lists must have {n_items} entries")
+        opts = (return_logprob, logprob_start_len, top_logprobs_num)
+        prepared = [self._prepare(None if ids_list else prompts[i],
+                                  ids_list[i] if ids_list else None, sps[i], *opts, rids[i])
+                    for i in range(n_items)]
+        if stream:
+            if n_items != 1 or prepared[0][1].n != 1:
+                raise ValueError("stream=True takes one prompt and n=1")
+            return self._stream(*prepared[0], return_text_in_logprobs)
+        results = self._run_all(prepared, return_text_in_logprobs)
+        return results if batch or len(results) > 1 else results[0]
+
+    def _run_all(self, prepared: list[tuple[GenerateReqInput, SamplingParams]],
+                 text_in_logprobs: bool) -> list[dict]:
+        """Submit everything, then collect; n > 1 first caches the prompt once so the n
+        samples share its KV instead of computing it n times."""
+        if not self.server_args.disable_radix_cache:
+            warm = [(GenerateReqInput(m.rid + "-prefill", m.input_ids, {"max_new_tokens": 0}),
+                     None) for m, p in prepared if p.n > 1]
+            for m, _ in warm:
+                list(self._outputs(m.rid, self._submit(m)))
+        jobs = []
+        for m, p in prepared:
+            for j in range(p.n):
+                sub = m if p.n == 1 else GenerateReqInput(
+                    f"{m.rid}-{j}", m.input_ids, m.sampling_params, m.return_logprob,
+                    m.logprob_start_len, m.top_logprobs_num)
+                jobs.append((sub, p, self._submit(sub), time.monotonic()))
+        return [self._collect(m, p, q, t0, text_in_logprobs) for m, p, q, t0 in jobs]
+
+    def _collect(self, msg: GenerateReqInput, params: SamplingParams, q: queue.Queue,
+                 t0: float, text_in_logprobs: bool) -> dict:
+        result = _Result(self.tokenizer, msg, params, text_in_logprobs)
+        for out in self._outputs(msg.rid, q):
+            result.add(out)
+        return result.to_dict(time.monotonic() - t0)
+
+    def _stream(self, msg: GenerateReqInput, params: SamplingParams,
+                text_in_logprobs: bool) -> Iterator[dict]:
+        t0 = time.monotonic()
+        q = self._submit(msg)
+        result = _Result(self.tokenizer, msg, params, text_in_logprobs)
+        finished = False
+        try:
+            for out in self._outputs(msg.rid, q):
+                result.add(out)
+                finished = out.finished
+                yield result.chunk(time.monotonic() - t0)
+        finally:
+            if not finished:
+                self.abort(msg.rid)
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(AbortReq(rid))
+
+    # --- control ------------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        return self._call(FlushCacheReq()).success
+
+    def get_server_info(self) -> dict[str, Any]:
+        info = self._call(GetInfoReq()).info
+        return {"model_path": self.model_path, **info}
+
+    def check_invariants(self) -> None:
+        """Assert the KV accounting invariant; the engine must be idle."""
+        info = self._call(GetInfoReq(check_invariants=True)).info
+        if info.get("invariant_error"):
+            raise AssertionError(info["invariant_error"])
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Block until no request is waiting or running (aborts settle in a step)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._drive:
+                self._turn()
+                if self.scheduler.is_idle() and self._inbox.empty():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine not idle after {timeout} s: "
+                                   f"{self.scheduler.get_info()}")
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._stopped and self._error is None
+
+    def shutdown(self) -> None:
+        """Abort what is still running and refuse new requests."""
+        if self._stopped:
+            return
+        with self._drive:
+            with self._lock:
+                rids = list(self._streams)
+            for rid in rids:
+                self.scheduler.abort(rid, "the engine shut down")
+            self._stopped = True
+            self.scheduler.grammar_compiler.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+class _Result:
+    """One request in the Engine: in-process detokenisation, then the shared builder."""
+
+    def __init__(self, tokenizer: Any, msg: GenerateReqInput, params: SamplingParams,
+                 text_in_logprobs: bool) -> None:
+        self.detok = RequestDetokenizer(tokenizer, make_register(msg.rid, params,
+                                                                 text_in_logprobs))
+        self.builder = ResultBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num)
+
+    def add(self, out: ReqOutput) -> None:
+        self.builder.add(self.detok.process(out))
+
+    def to_dict(self, latency: float) -> dict[str, Any]:
+        return self.builder.to_dict(latency)
+
+    def chunk(self, latency: float) -> dict[str, Any]:
+        return self.builder.chunk(latency)

@@ -1,0 +1,358 @@
+"""``radixlm serve``: the HTTP server (FastAPI on uvicorn) and its processes.
+
+The main process runs HTTP and the TokenizerManager; the scheduler and the detokenizer
+run in ``spawn``ed children, linked by zmq PUSH/PULL over ipc sockets in a private
+0700 directory. Native SGLang routes live here, OpenAI's in ``openai_api.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.child_processes import ChildProcesses
+from radixlm.runtime.entrypoints.http_utils import (
+    SSE_DONE,
+    ApiKeyMiddleware,
+    await_or_disconnect,
+    install_error_handlers,
+    json_response,
+    pick,
+    read_json,
+    sse,
+    sse_response,
+)
+from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
+from radixlm.runtime.managers.detokenizer import run_detokenizer_process
+from radixlm.runtime.managers.scheduler_process import run_scheduler_process
+from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
+from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 600.0
+HEALTH_TIMEOUT_S = 20.0
+
+
+# --- native (SGLang) routes ----------------------------------------------------------------
+class NativeRoutes:
+    def __init__(
+        self, app: FastAPI, tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]
+    ) -> None:
+        self.tm, self.args, self.pids = tm, args, pids
+        for path, fn, methods in [
+            ("/generate", self.generate, ["POST"]),
+            ("/health", self.health, ["GET"]),
+            ("/health_generate", self.health_generate, ["GET"]),
+            ("/get_model_info", self.model_info, ["GET"]),
+            ("/get_server_info", self.server_info, ["GET"]),
+            ("/flush_cache", self.flush_cache, ["POST", "GET"]),
+            ("/abort_request", self.abort_request, ["POST"]),
+            ("/tokenize", self.tokenize, ["POST"]),
+            ("/detokenize", self.detokenize, ["POST"]),
+            ("/metrics", self.metrics, ["GET"]),
+        ]:
+            app.add_api_route(path, fn, methods=methods)
+
+    def _inputs(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+        text, ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (ids is None):
+            raise ApiError(400, "give exactly one of text or input_ids", param="text")
+        if text is not None:
+            batch = isinstance(text, list)
+            texts = text if batch else [text]
+            return [self.tm.encode_text(t) for t in texts], batch
+        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        return (ids if batch else [ids]), batch
+
+    async def generate(self, request: Request) -> Response:
+        t0 = time.monotonic()
+        body = await read_json(request)
+        ids_list, batch = self._inputs(body)
+        if batch and not ids_list:
+            raise ApiError(400, "the batch is empty", param="text")
+        items = [
+            self.tm.prepare(
+                ids,
+                pick(body, "sampling_params", i, batch, None),
+                pick(body, "rid", i, batch, None),
+                pick(body, "return_logprob", i, batch, False),
+                pick(body, "logprob_start_len", i, batch, -1),
+                pick(body, "top_logprobs_num", i, batch, 0),
+                bool(body.get("return_text_in_logprobs", False)),
+            )
+            for i, ids in enumerate(ids_list)
+        ]
+        states = await self.tm.submit(items)
+        many = batch or len(states) > 1
+        if body.get("stream"):
+            return sse_response(self._stream(states, many, t0))
+        builders = await await_or_disconnect(
+            request, asyncio.gather(*[self.tm.collect(s) for s in states])
+        )
+        latency = time.monotonic() - t0
+        results = [b.to_dict(latency) for b in builders]
+        return json_response(results if many else results[0])
+
+    async def _stream(self, states: list[Any], many: bool, t0: float) -> AsyncIterator[bytes]:
+        builders = [self.tm.new_builder(s) for s in states]
+        async for i, out in self.tm.merged_outputs(states):
+            builders[i].add(out)
+            chunk = builders[i].chunk(time.monotonic() - t0, cumulative=True)
+            if many:
+                chunk["index"] = i
+            yield sse(chunk)
+        yield SSE_DONE
+
+    async def health(self) -> Response:
+        if self.tm.draining:
+            return json_response(ApiError(503, "shutting down", "service_unavailable").body(), 503)
+        return Response(status_code=200)
+
+    async def health_generate(self) -> Response:
+        item = self.tm.prepare(
+            [0], {"max_new_tokens": 1, "temperature": 0}, f"health-{time.monotonic_ns()}"
+        )
+        states = await self.tm.submit([item])
+        try:
+            await asyncio.wait_for(self.tm.collect(states[0]), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                503, f"no token generated within {HEALTH_TIMEOUT_S} s", "service_unavailable"
+            ) from None
+        return Response(status_code=200)
+
+    async def model_info(self) -> Response:
+        return json_response(
+            {
+                "model_path": self.tm.model_path,
+                "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
+                "is_generation": True,
+                "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
+                "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
+                "eos_token": getattr(self.tm.tokenizer, "eos_token", None),
+            }
+        )
+
+    async def server_info(self) -> Response:
+        info = await self.tm.get_info()
+        return json_response(
+            {
+                **dataclasses.asdict(self.args),
+                **info,
+                "model_path": self.tm.model_path,
+                **self.tm.model_info,
+                "num_inflight_requests": len(self.tm.states),
+                "pids": {"main": os.getpid(), **self.pids},
+            }
+        )
+
+    async def flush_cache(self) -> Response:
+        out = await self.tm.flush_cache()
+        return json_response(
+            {"success": out.success, "message": out.message}, 200 if out.success else 400
+        )
+
+    async def abort_request(self, request: Request) -> Response:
+        body = await read_json(request)
+        if body.get("abort_all"):
+            self.tm.abort_all()
+        elif isinstance(body.get("rid"), str):
+            self.tm.abort(body["rid"])
+        else:
+            raise ApiError(400, "give rid (a string) or abort_all: true", param="rid")
+        return json_response({"success": True})
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await read_json(request)
+        text, special = body.get("text", body.get("prompt")), bool(body.get("add_special_tokens"))
+        texts = text if isinstance(text, list) else [text]
+        if not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, "text must be a string or a list of strings", param="text")
+        tokens = [self.tm.tokenizer.encode(t, add_special_tokens=special) for t in texts]
+        out = tokens if isinstance(text, list) else tokens[0]
+        return json_response(
+            {
+                "tokens": out,
+                "count": [len(t) for t in tokens] if isinstance(text, list) else len(tokens[0]),
+                "max_model_len": self.tm.server_info["context_length"],
+            }
+        )
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await read_json(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ApiError(400, "tokens must be a list of token ids", param="tokens")
+        vocab = self.tm.model_info["vocab_size"]
+        if any(not 0 <= t < vocab for t in tokens):
+            raise ApiError(400, f"tokens must be in [0, {vocab})", param="tokens")
+        return json_response({"text": self.tm.tokenizer.decode(tokens)})
+
+    async def metrics(self) -> Response:
+        data = self.tm.metrics.render(await self.tm.get_info())
+        return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]) -> Any:
+    app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    NativeRoutes(app, tm, args, pids)
+    served = args.served_model_name or tm.model_path
+    app.include_router(OpenAIRoutes(tm, served).router)
+    return ApiKeyMiddleware(app, args.api_key) if args.api_key else app
+
+
+# --- serving and graceful shutdown -------------------------------------------------------------
+class _Server(uvicorn.Server):
+    """uvicorn, with SIGTERM/SIGINT draining first: new requests get 503, running ones get
+    ``shutdown_timeout`` seconds to finish (then they are aborted), then uvicorn exits.
+    A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, tm: TokenizerManager, timeout: float) -> None:
+        super().__init__(config)
+        self.tm, self.timeout = tm, timeout
+        self.drain_task: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.drain_task is not None:
+            logger.warning("second %s: exiting now", signal.Signals(sig).name)
+            self.force_exit = self.should_exit = True
+            return
+        logger.info(
+            "%s: draining %d request(s) (up to %.0f s), new requests get 503",
+            signal.Signals(sig).name,
+            len(self.tm.states),
+            self.timeout,
+        )
+        self.drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        self.tm.draining = True
+        deadline = time.monotonic() + self.timeout
+        while self.tm.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.tm.states:
+            logger.warning(
+                "aborting %d request(s) still running after %.0f s",
+                len(self.tm.states),
+                self.timeout,
+            )
+            self.tm.abort_all()
+            end = time.monotonic() + 2.0
+            while self.tm.states and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+async def _serve(
+    args: ServerArgs,
+    model_path: str,
+    tokenizer: Any,
+    addr: dict[str, str],
+    children: ChildProcesses,
+) -> None:
+    tm = TokenizerManager(args, model_path, tokenizer, addr["scheduler"], addr["tm"])
+    await tm.wait_ready(STARTUP_TIMEOUT_S, children.alive)
+    children.watch()
+    info, minfo = tm.server_info, tm.model_info
+    logger.info(
+        "model %s: dtype %s on %s, context length %d",
+        tm.model_path,
+        minfo["dtype"],
+        minfo["device"],
+        info["context_length"],
+    )
+    logger.info(
+        "KV pool: %d tokens (page size %d); up to %d running requests",
+        info["max_total_num_tokens"],
+        info["page_size"],
+        info["max_running_requests"],
+    )
+    tm.start()
+    app = create_app(tm, args, children.pids())
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    server = _Server(config, tm, args.shutdown_timeout)
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        logger.info(
+            "ready: http://%s:%d (pids %s)",
+            args.host,
+            args.port,
+            json.dumps({"main": os.getpid(), **children.pids()}),
+        )
+
+    announce_task = asyncio.get_running_loop().create_task(announce())
+    await server.serve()
+    announce_task.cancel()
+    tm.close()
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Start the processes and serve until SIGTERM/SIGINT; 0 after a clean shutdown."""
+    model_path = resolve_model_path(args.model_path)
+    tokenizer = load_tokenizer(args.tokenizer_path or model_path)
+    ipc_dir = tempfile.mkdtemp(prefix="radixlm-")
+    os.chmod(ipc_dir, 0o700)
+    addr = {name: f"ipc://{ipc_dir}/{name}" for name in ("scheduler", "detokenizer", "tm")}
+    children = ChildProcesses()
+    try:
+        children.start(
+            "detokenizer",
+            run_detokenizer_process,
+            args.tokenizer_path or model_path,
+            addr["detokenizer"],
+            addr["tm"],
+            os.getpid(),
+            args.log_level,
+        )
+        children.start(
+            "scheduler",
+            run_scheduler_process,
+            json.dumps(dataclasses.asdict(args)),
+            model_path,
+            addr["scheduler"],
+            addr["detokenizer"],
+            os.getpid(),
+        )
+        asyncio.run(_serve(args, model_path, tokenizer, addr, children))
+    finally:
+        children.stop()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+    logger.info("server stopped")
+    return 0

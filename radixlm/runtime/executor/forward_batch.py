@@ -1,0 +1,58 @@
+"""Per-step tensors for one model forward, passed explicitly to ``model.forward``.
+
+One layout serves every batch (FlashInfer-style ragged, no padding):
+
+- ``DECODE``: every sequence has exactly one new token. ``kv_indptr``/``kv_indices``
+  describe each sequence's *whole* KV (cached prefix and the new token, whose K/V are
+  stored into ``out_cache_loc`` before attention runs).
+- ``EXTEND``: sequences have one or more new tokens (prefill chunks, and in a mixed
+  batch also one-token decode rows). ``kv_indptr``/``kv_indices`` describe only the
+  cached *prefix* of each sequence; the new tokens attend to it and, causally, to
+  each other.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.kernels.shared_prefix import AttentionPlan
+from radixlm.radix_cache.kv_pool import KVPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"
+    DECODE = "decode"
+
+    @property
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    """Everything one forward needs; built by ModelRunner from a ModelWorkerBatch."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [N] int64, new tokens of all sequences, packed
+    positions: torch.Tensor  # [N] int64, absolute position of each new token
+    out_cache_loc: torch.Tensor  # [N] int64, KV slot each new token's K/V is written to
+    qo_indptr: torch.Tensor  # [B+1] int64, new-token ranges per sequence
+    kv_indptr: torch.Tensor  # [B+1] int64, ranges into kv_indices (see module doc)
+    kv_indices: torch.Tensor  # [nnz] int64, KV slot indices
+    logits_indices: torch.Tensor  # [M] int64, rows of the packed hidden states to project
+    kv_pool: KVPool
+    attention_backend: str | None = None  # None | "torch" | "triton"
+    # torch attention path: index work of this layout done once for every layer, and
+    # KV shared by several sequences read once per group (kernels/shared_prefix.py)
+    attention_plan: AttentionPlan | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.qo_indptr.numel() - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()

@@ -1,0 +1,151 @@
+"""ModelRunner: owns the model and the KV pool; turns a ModelWorkerBatch into one forward."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from radixlm.kernels.shared_prefix import AttentionPlan
+from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.models import load_model
+from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
+from radixlm.runtime.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+# a CPU default: enough for hundreds of concurrent requests of a small model
+MAX_DEFAULT_POOL_TOKENS = 1 << 17
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_path: str) -> None:
+        self.device = resolve_device(args.device)
+        self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
+                                                context_length=args.context_length)
+        self.dtype = self.model_config.resolve_dtype(self.device)
+        self.attention_backend = args.attention_backend
+        if (self.attention_backend == "triton" and self.device.type != "cuda"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ValueError("attention_backend 'triton' needs a CUDA device (on a CPU, set "
+                             "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
+        if args.random_seed is not None:
+            torch.manual_seed(args.random_seed)
+        self.model = load_model(self.model_config, model_path, self.device)
+        self.pool_size = self._pool_size(args)
+        cfg = self.model_config
+        self.kv_pool = KVPool(self.pool_size, cfg.num_layers, cfg.num_key_value_heads,
+                              cfg.head_dim, self.dtype, self.device)
+
+    @property
+    def uses_torch_attention(self) -> bool:
+        """Whether attention runs in the torch path (which can use shared-prefix groups)."""
+        if self.attention_backend is None:
+            return self.device.type != "cuda"
+        return self.attention_backend == "torch"
+
+    def _pool_size(self, args: ServerArgs) -> int:
+        cfg = self.model_config
+        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_key_value_heads,
+                                           cfg.head_dim, self.dtype)
+        if args.max_total_tokens is not None:
+            size = args.max_total_tokens
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            size = int(free * args.mem_fraction_static) // per_token
+        else:
+            size = min(int(args.kv_cache_memory_gb * (1 << 30)) // per_token,
+                       MAX_DEFAULT_POOL_TOKENS)
+        size -= size % args.page_size
+        if size < 2 * args.page_size:
+            raise ValueError(f"KV pool too small: {size} tokens (page_size {args.page_size})")
+        return size
+
+    def build_forward_batch(self, batch: ModelWorkerBatch,
+                            req_to_token: torch.Tensor) -> ForwardBatch:
+        """Packed tensors for ``batch``; see ForwardBatch for the layout."""
+        if batch.is_decode:
+            return self._decode_batch(batch, req_to_token)
+        return self._extend_batch(batch, req_to_token)
+
+    def _decode_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """One new token per sequence, built with a few vectorised ops."""
+        dev = self.device
+        rows = torch.tensor(batch.req_pool_indices, device=dev)
+        pos = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev)
+        lens = pos + 1  # the new token's KV is stored before attention reads it
+        width = int(lens.max())
+        table = req_to_token[rows, :width]  # [B, width]
+        kv_indices = table[torch.arange(width, device=dev) < lens[:, None]]
+        kv_indptr = torch.zeros(len(batch) + 1, dtype=torch.int64, device=dev)
+        kv_indptr[1:] = lens.cumsum(0)
+        qo_indptr = torch.arange(len(batch) + 1, device=dev)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+            positions=pos,
+            out_cache_loc=table.gather(1, pos[:, None])[:, 0],
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            logits_indices=torch.arange(len(batch), device=dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+            attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
+                                      batch.prefix_groups),
+        )
+
+    def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups) -> AttentionPlan | None:
+        if not self.uses_torch_attention:
+            return None
+        per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
+        return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
+                                   prefix_groups=groups)
+
+    def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each
+        sequence in kv_indices, its new tokens packed."""
+        positions: list[torch.Tensor] = []
+        locs, kv_slices, logits_rows = [], [], []
+        qo_indptr, kv_indptr = [0], [0]
+        for idx, start, n, (a, b) in zip(batch.req_pool_indices, batch.prefix_lens,
+                                         batch.extend_lens, batch.logit_ranges):
+            row = req_to_token[idx]
+            positions.append(torch.arange(start, start + n))
+            locs.append(row[start: start + n])
+            kv_slices.append(row[:start])
+            logits_rows.append(torch.arange(qo_indptr[-1] + a, qo_indptr[-1] + b))
+            qo_indptr.append(qo_indptr[-1] + n)
+            kv_indptr.append(kv_indptr[-1] + start)
+        dev = self.device
+        qo_t = torch.tensor(qo_indptr, dtype=torch.int64, device=dev)
+        kv_t = torch.tensor(kv_indptr, dtype=torch.int64, device=dev)
+        kv_indices = torch.cat(kv_slices)
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.cat(positions).to(dev),
+            out_cache_loc=torch.cat(locs),
+            qo_indptr=qo_t,
+            kv_indptr=kv_t,
+            kv_indices=kv_indices,
+            logits_indices=torch.cat(logits_rows).to(dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+            attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups),
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges``."""
+        fb = self.build_forward_batch(batch, req_to_token)
+        return self.model(fb)

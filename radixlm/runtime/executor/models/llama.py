@@ -1,0 +1,201 @@
+"""Llama (and Mistral) for the engine: packed tokens in, logits of the selected rows out.
+
+    embed -> N x [RMSNorm -> attention -> RMSNorm -> SiLU-gated MLP] -> RMSNorm -> lm_head
+
+Each RMSNorm after the first fuses the residual add (``rms_norm(x, w, eps, residual)``).
+Attention writes this step's K/V into the paged pool, then reads the whole context back
+through ``fb.kv_indices`` (see ``radixlm/runtime/executor/forward_batch.py``). Parameter names
+match Hugging Face's, except that q/k/v and gate/up are each one matmul
+(``checkpoint_layout`` says which checkpoint tensor fills which rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm import kernels
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.model_config import ModelConfig
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:  # [head_dim / 2] float32
+    """Inverse RoPE frequencies, computed as transformers does for default/linear/llama3."""
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq)
+
+
+def rope_cos_sin_cache(config: ModelConfig) -> torch.Tensor:  # [context, head_dim] float32
+    """``cat(cos, sin)`` of every position: the layout ``kernels.apply_rotary`` takes.
+    Computed on the CPU (like transformers' inv_freq), whatever the default device."""
+    positions = torch.arange(config.context_length, dtype=torch.int64, device="cpu").float()
+    freqs = positions[:, None] * rope_inv_freq(config)[None, :]  # [context, head_dim / 2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+# fused parameter -> the checkpoint's tensors it holds, in row order
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x, residual=None, backend=None):
+        """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
+        return kernels.rms_norm(x, self.weight, self.eps, residual, backend=backend)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.sm_scale = config.sm_scale
+        hidden, bias = config.hidden_size, config.qkv_bias
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        # q, k and v in one matmul (checkpoints keep them apart: see checkpoint_layout)
+        self.qkv_proj = nn.Linear(hidden, config.q_size + 2 * config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, hidden, bias=config.attention_bias)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
+        n, backend = x.shape[0], fb.attention_backend
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)  # [N, Hq, D]
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        q, k = kernels.apply_rotary(q, k, cos_sin, fb.positions, backend=backend)
+        k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
+        kernels.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v, backend=backend)
+        scale = self.sm_scale
+        if fb.mode.is_decode:  # kv_indices already include the new token's slot
+            o = kernels.decode_attention(
+                q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, scale, backend=backend,
+                plan=fb.attention_plan,
+            )
+        else:  # cached prefix from the pool, new tokens causally from k/v
+            ragged = (fb.qo_indptr, fb.kv_indptr, fb.kv_indices)
+            o = kernels.extend_attention(
+                q, k, v, k_buf, v_buf, *ragged, scale, backend=backend,
+                plan=fb.attention_plan,
+            )
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)  # gate and up, one matmul
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x, residual, fb: ForwardBatch, cos_sin: torch.Tensor):
+        """Returns ``(mlp_out, residual)``; the next norm adds them."""
+        backend = fb.attention_backend
+        if residual is None:
+            residual, x = x, self.input_layernorm(x, backend=backend)
+        else:
+            x, residual = self.input_layernorm(x, residual, backend=backend)
+        x = self.self_attn(x, fb, cos_sin)
+        x, residual = self.post_attention_layernorm(x, residual, backend=backend)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-family causal LM over the paged KV pool; ``forward(fb)`` returns float32 logits
+    ``[len(fb.logits_indices), vocab]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # Always float32, whatever the weights' dtype: positions up to the context length
+        # need the precision. Not a parameter, so `load_weights` never expects it.
+        cos_sin = rope_cos_sin_cache(config).to(self.lm_head.weight.device)
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+
+    def checkpoint_layout(self) -> dict[str, tuple[str, slice | None]]:
+        """Checkpoint tensor name -> (parameter name, its rows or None for all of it).
+        Hugging Face keeps q/k/v and gate/up apart; here each group is one parameter."""
+        cfg = self.config
+        sizes = {"q_proj": cfg.q_size, "k_proj": cfg.kv_size, "v_proj": cfg.kv_size,
+                 "gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size}
+        layout: dict[str, tuple[str, slice | None]] = {}
+        for name, _ in self.named_parameters():
+            fused = next((p for p in name.split(".") if p in _FUSED), None)
+            if fused is None:
+                layout[name] = (name, None)
+                continue
+            start = 0
+            for part in _FUSED[fused]:
+                layout[name.replace(fused, part)] = (name, slice(start, start + sizes[part]))
+                start += sizes[part]
+        return layout
+
+    @torch.no_grad()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        x = self.model.embed_tokens(fb.input_ids)  # [N, hidden]
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, fb, self.cos_sin_cache)
+        # Norm and project only the rows whose logits are wanted.
+        x, _ = self.model.norm(
+            x[fb.logits_indices], residual[fb.logits_indices], backend=fb.attention_backend
+        )
+        return self.lm_head(x).float()  # [M, vocab]
+
+    def _apply(self, fn, recurse=True):
+        # Keep the RoPE table in float32 when the module is cast (`model.half()` etc.).
+        cache = self.cos_sin_cache
+        out = super()._apply(fn, recurse)
+        if self.cos_sin_cache.dtype != torch.float32:
+            self.cos_sin_cache = cache.to(self.cos_sin_cache.device)
+        return out

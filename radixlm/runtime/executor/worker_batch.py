@@ -1,0 +1,36 @@
+"""ModelWorkerBatch: what the executor needs to know of one scheduler step.
+
+The scheduler owns requests (``managers/schedule_batch.py``); the executor owns the
+model and the KV pool. Between them passes this plain description, built by
+``ScheduleBatch.worker_batch()``, so the executor never sees a request object (as
+SGLang's scheduler hands its model worker a ``ModelWorkerBatch``).
+
+Sequence ``i`` has ``prefix_lens[i]`` tokens whose K/V the pool already holds, in slots
+``req_to_token[req_pool_indices[i], :prefix_lens[i]]``, and extends by
+``extend_lens[i]`` new tokens (``input_ids``, packed over the batch), whose K/V go to
+the next slots of the same row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelWorkerBatch:
+    is_decode: bool  # every sequence extends by one token and none is prefilling
+    req_pool_indices: list[int]  # row of each sequence in req_to_token
+    prefix_lens: list[int]  # tokens already in the pool, per sequence
+    extend_lens: list[int]  # new tokens per sequence
+    input_ids: list[int]  # the new tokens of every sequence, packed
+    # rows of each sequence whose logits are needed: (start, end) offsets into its new tokens
+    logit_ranges: list[tuple[int, int]]
+    # sequences sharing a radix-tree prefix: (shared length, members); see AttentionPlan
+    prefix_groups: list[tuple[int, list[int]]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.req_pool_indices)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)

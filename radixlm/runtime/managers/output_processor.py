@@ -1,0 +1,210 @@
+"""After a forward: prompt logprobs, sampling, stop checks and the per-request outputs."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from radixlm.runtime.executor.sampling import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.runtime.managers.messages import ReqOutput
+from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Any, tokenizer: Any) -> None:
+        """``scheduler``: the Scheduler that owns this processor (its cache, running list,
+        stats and settings)."""
+        self.s = scheduler
+        self.tokenizer = tokenizer
+        cfg = scheduler.model_config
+        eos = set(cfg.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos)
+        self.vocab_size = cfg.vocab_size
+        seed = scheduler.args.random_seed
+        self.generator = torch.Generator(scheduler.model_runner.device)
+        self.generator.manual_seed(seed if seed is not None else random.getrandbits(63))
+        self._pending: list[ReqOutput] = []
+        self.jump_forward = not scheduler.args.disable_jump_forward
+
+    # --- which logits a forward must produce ----------------------------------------------
+    @staticmethod
+    def logit_range(req: Req, n: int) -> tuple[int, int]:
+        """Rows (offsets into the request's ``n`` new tokens) whose logits are needed: the
+        last one if the request samples after this forward, and prompt positions whose
+        logprobs were asked for."""
+        final = req.kv_len + n == req.seq_len
+        if not req.wants_input_logprobs:
+            return (n - 1, n) if final else (n, n)
+        first = max(req.logprob_start_len - 1, 0)
+        end = n if final else min(req.prompt_len - 1, req.kv_len + n) - req.kv_len
+        return min(max(first - req.kv_len, 0), end), end
+
+    # --- after a forward ------------------------------------------------------------------
+    def process(self, batch: ScheduleBatch, logits: torch.Tensor) -> list[ReqOutput]:
+        row = 0
+        sample_reqs: list[Req] = []
+        sample_rows: list[int] = []
+        done_prefill: list[Req] = []
+        for i, (req, n, (a, b)) in enumerate(
+                zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
+            kv0 = req.kv_len
+            req.kv_len += n
+            if req.wants_input_logprobs:
+                n_in = min(b, req.prompt_len - 1 - kv0) - a
+                self._input_logprobs(req, logits[row: row + max(n_in, 0)], kv0 + a)
+            row += b - a
+            if i < batch.num_prefill:
+                # share the prompt's KV at once: later requests with the same prefix
+                # (the rest of a group, n > 1 samples) match it while this one decodes
+                self.s.cache.cache_unfinished(req)
+            if req.kv_len < req.seq_len:  # more of the prompt to come
+                continue
+            if req.sampling_params.max_new_tokens == 0:  # prefill only
+                done_prefill.append(req)
+            else:
+                sample_reqs.append(req)
+                sample_rows.append(row - 1)
+        outs = [self.finish(r, {"type": "length", "length": 0}, release=True)
+                for r in done_prefill]
+        if sample_reqs:
+            outs += self._sample(sample_reqs, logits[sample_rows])
+        # requests that just finished their prompt start decoding; decode rows already are
+        prefill = {id(r) for r in batch.reqs[: batch.num_prefill]}
+        new = [r for r in sample_reqs if not r.finished and id(r) in prefill]
+        self.s.running = [r for r in self.s.running + new if not r.finished]
+        return outs
+
+    def _input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
+        """Logprobs of prompt tokens ``first_pos+1 ..`` from the logits at ``first_pos ..``."""
+        prompt = req.origin_input_ids
+        if first_pos == 0 and req.logprob_start_len == 0 and not req.input_token_logprobs:
+            req.input_token_logprobs.append((None, prompt[0]))
+            req.input_top_logprobs.append(None)
+        if rows.shape[0] == 0:
+            return
+        targets = prompt[first_pos + 1: first_pos + 1 + rows.shape[0]]
+        ids = torch.tensor(targets, device=rows.device)
+        k = req.top_logprobs_num
+        lps, top = compute_logprobs(rows, ids, [k] * len(targets) if k else None)
+        req.input_token_logprobs.extend(zip(lps.tolist(), targets))
+        req.input_top_logprobs.extend(
+            [list(zip(v, i)) for v, i in top] if top else [None] * len(targets))
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOutput]:
+        params = [r.sampling_params for r in reqs]
+        rep = any(p.repetition_penalty != 1.0 for p in params)
+        info = SamplingBatchInfo.from_params(
+            params, [r.output_ids for r in reqs], self.vocab_size,
+            prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
+            eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
+            vocab_mask=self._grammar_mask(reqs, logits.device), generator=self.generator,
+            device=logits.device)
+        out = sample(logits[:, : self.vocab_size], info)
+        ids, lps = out.next_token_ids.tolist(), out.logprobs.tolist()
+        outs = []
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            req.output_ids.append(tok)
+            self.s.stats["generation_tokens"] += 1
+            req.finish_reason = self._check_finish(req, tok)
+            new_ids = [tok] + self._advance_grammar(req, tok)
+            top = None
+            if out.top_logprobs is not None and req.top_logprobs_num:
+                v, t = out.top_logprobs[i]
+                top = [list(zip(v, t))]
+            outs.append(self._output(req, new_ids, [(lps[i], tok)], top))
+            if req.finished:
+                self.s.cache.release(req, cache=True)
+        return outs
+
+    # --- constrained decoding -------------------------------------------------------------
+    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
+        """[B, V] allowed tokens; only built when a row has a grammar (others: all True)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        mask = torch.ones((len(reqs), self.vocab_size), dtype=torch.bool)
+        for i in rows:
+            reqs[i].grammar.fill_mask(mask, i)
+        return mask.to(device)
+
+    def _advance_grammar(self, req: Req, tok: int) -> list[int]:
+        """Move the request's automaton over ``tok``; finish it when only EOS is left;
+        append the text the grammar forces (jump-forward). Returns the appended ids."""
+        g = req.grammar
+        if g is None or req.finished:
+            return []
+        g.accept_token(tok)
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+            return []
+        if not self.jump_forward or req.return_logprob:
+            return []
+        forced = g.forced_string()
+        if not forced:
+            return []
+        ids = self.tokenizer.encode(forced, add_special_tokens=False)
+        room = req.sampling_params.max_new_tokens - len(req.output_ids)
+        if not ids or len(ids) >= room or not g.jump_forward(forced, ids):
+            return []
+        req.output_ids.extend(ids)
+        self.s.stats["jump_forward_tokens"] += len(ids)
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+        return ids
+
+    def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
+        sp = req.sampling_params
+        if sp.stop_token_ids and tok in sp.stop_token_ids:
+            return {"type": "stop", "matched": tok}
+        if not sp.ignore_eos and tok in self.eos_ids:
+            return {"type": "stop", "matched": tok}
+        if sp.stop and len(req.output_ids) >= sp.min_new_tokens:
+            matched = self._match_stop_str(req, sp.stop)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
+        if len(req.output_ids) >= sp.max_new_tokens or req.seq_len >= self.s.context_len:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _match_stop_str(self, req: Req, stops: list[str]) -> str | None:
+        # a stop string of k bytes spans at most k tokens, plus one for a partial character
+        window = max(len(s.encode()) for s in stops) + 1
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+        for s in stops:
+            if s in tail:
+                return s
+        return None
+
+    # --- outputs --------------------------------------------------------------------------
+    def finish(self, req: Req, reason: dict[str, Any], release: bool) -> ReqOutput:
+        req.finish_reason = reason
+        out = self._output(req, [], [] if req.return_logprob else None,
+                           [] if req.top_logprobs_num else None)
+        if release and req.req_pool_idx is not None:
+            self.s.cache.release(req, cache=True)
+        return out
+
+    def _output(self, req: Req, new_ids: list[int], lps: list | None, top: list | None
+                ) -> ReqOutput:
+        out = ReqOutput(
+            rid=req.rid, new_token_ids=new_ids, prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+            finish_reason=req.finish_reason,
+            output_token_logprobs=lps if req.return_logprob else None,
+            output_top_logprobs=top if req.top_logprobs_num else None)
+        if req.wants_input_logprobs and req.kv_len >= req.prompt_len:
+            out.input_token_logprobs = req.input_token_logprobs
+            out.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
+            req.input_logprobs_sent = True
+        return out
+
+    def emit_later(self, out: ReqOutput) -> None:
+        self._pending.append(out)
+
+    def take_pending(self) -> list[ReqOutput]:
+        out, self._pending = self._pending, []
+        return out

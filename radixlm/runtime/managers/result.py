@@ -1,0 +1,94 @@
+"""ResultBuilder: one request's TextOutputs -> SGLang-shaped ``/generate`` dicts.
+
+Used by the offline Engine (after an in-process RequestDetokenizer) and by the server's
+tokenizer manager (after the detokenizer process), so both return the same shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixlm.runtime.managers.messages import TextOutput
+
+
+class ResultBuilder:
+    """Accumulates text, ids and logprob entries ``[logprob, token_id, text|None]``."""
+
+    def __init__(self, rid: str, return_logprob: bool, top_logprobs_num: int) -> None:
+        self.rid = rid
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.last: TextOutput | None = None
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.output_lps: list = []
+        self.output_top: list = []
+        self.input_lps: list | None = None
+        self.input_top: list | None = None
+        self.new_lps: list = []
+        self.new_top: list = []
+
+    def add(self, out: TextOutput) -> None:
+        self.last = out
+        self.text = out.final_text if out.final_text is not None else self.text + out.text
+        self.output_ids += out.new_token_ids
+        self.new_lps = [list(e) for e in out.output_token_logprobs or []]
+        self.new_top = [_entries(t) for t in out.output_top_logprobs or []]
+        self.output_lps += self.new_lps
+        self.output_top += self.new_top
+        if out.input_token_logprobs is not None:
+            self.input_lps = [list(e) for e in out.input_token_logprobs]
+            self.input_top = [_entries(t) for t in out.input_top_logprobs or []]
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.finished
+
+    def meta(self, latency: float, incremental: bool) -> dict[str, Any]:
+        out = self.last
+        assert out is not None, f"no output yet for {self.rid}"
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+            "finish_reason": out.finish_reason,
+            "e2e_latency": latency,
+        }
+        if self.return_logprob:
+            meta["output_token_logprobs"] = self.new_lps if incremental else self.output_lps
+            meta["output_token_logprobs_length"] = len(self.output_lps)
+            if self.top_logprobs_num:
+                meta["output_top_logprobs"] = self.new_top if incremental else self.output_top
+            meta["input_token_logprobs"] = self.input_lps
+            if self.top_logprobs_num:
+                meta["input_top_logprobs"] = self.input_top
+        return meta
+
+    def to_dict(self, latency: float) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "output_ids": list(self.output_ids),
+            "meta_info": self.meta(latency, incremental=False),
+        }
+
+    def chunk(self, latency: float, cumulative: bool = False) -> dict[str, Any]:
+        """A streaming chunk: the new text and ids (Engine), or everything so far
+        (``cumulative``, the server's SSE chunks, as SGLang sends them)."""
+        out = self.last
+        assert out is not None, f"no output yet for {self.rid}"
+        if cumulative:
+            return {
+                "text": self.text,
+                "output_ids": list(self.output_ids),
+                "meta_info": self.meta(latency, incremental=True),
+            }
+        return {
+            "text": out.text,
+            "output_ids": list(out.new_token_ids),
+            "meta_info": self.meta(latency, incremental=True),
+        }
+
+
+def _entries(pairs: Any) -> list | None:
+    return None if pairs is None else [list(e) for e in pairs]

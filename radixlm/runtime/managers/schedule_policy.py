@@ -1,0 +1,153 @@
+"""Which waiting requests run next: ordering policies and the prefill admission budget."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from radixlm.radix_cache.radix_tree import RadixCache, TreeNode
+from radixlm.runtime.managers.cache_manager import CacheManager
+from radixlm.runtime.managers.schedule_batch import Req
+
+# Past this many waiting requests, prefix-aware orders cost more than they win (SGLang).
+PREFIX_POLICY_QUEUE_LIMIT = 128
+# Waiting requests whose next this-many uncached tokens equal those of a request ahead of
+# them wait one step, so that the shared part is computed once and then matched.
+IN_BATCH_PREFIX_TOKENS = 32
+# Decode tokens a running request is assumed to still need, at most (times new_token_ratio).
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+class SchedulePolicy:
+    """Orders the waiting queue: ``lpm`` (longest cached prefix first), ``dfs-weight``
+    (depth-first over the tree, heaviest subtrees first, so requests sharing a prefix run
+    together), ``fcfs`` (arrival order) or ``lof`` (longest output first)."""
+
+    def __init__(self, policy: str, cache: CacheManager) -> None:
+        self.policy = policy
+        self.cache = cache
+
+    def order(self, waiting: list[Req]) -> list[Req]:
+        policy = self.policy
+        if policy in ("lpm", "dfs-weight") and (
+            len(waiting) > PREFIX_POLICY_QUEUE_LIMIT or self.cache.tree.disable
+        ):
+            policy = "fcfs"
+        if policy == "fcfs":
+            return list(waiting)
+        if policy == "lof":
+            return sorted(waiting, key=lambda r: -r.sampling_params.max_new_tokens)
+        prefix = {r.rid: self.cache.match(r) for r in waiting}
+        if policy == "lpm":
+            ordered = sorted(waiting, key=lambda r: -prefix[r.rid])
+        else:
+            ordered = self._dfs_weight(waiting)
+        return self._defer_in_batch_duplicates(ordered, prefix)
+
+    @staticmethod
+    def _defer_in_batch_duplicates(ordered: list[Req], prefix: dict[str, int]) -> list[Req]:
+        """Drop, for this step, requests that would compute the same uncached tokens as a
+        request ahead of them; next step they find those tokens in the tree."""
+        seen: set[tuple] = set()
+        keep = []
+        for r in ordered:
+            m = prefix[r.rid]
+            nxt = tuple(r.fill_ids[m: m + IN_BATCH_PREFIX_TOKENS])
+            key = (r.namespace, m, nxt)
+            if len(nxt) == IN_BATCH_PREFIX_TOKENS and key in seen:
+                continue
+            seen.add(key)
+            keep.append(r)
+        return keep
+
+    def _dfs_weight(self, waiting: list[Req]) -> list[Req]:
+        tree: RadixCache = self.cache.tree
+        by_node: dict[int, list[Req]] = defaultdict(list)
+        nodes: dict[int, TreeNode] = {}
+        for r in waiting:
+            node = tree.match_prefix(r.fill_ids[: r.max_cached_prefix()], r.namespace).last_node
+            by_node[id(node)].append(r)
+            nodes[id(node)] = node
+        weight: dict[int, int] = defaultdict(int)
+        for nid, reqs in by_node.items():
+            node: TreeNode | None = nodes[nid]
+            while node is not None:
+                weight[id(node)] += len(reqs)
+                node = node.parent
+        out: list[Req] = []
+        stack = [tree.root]
+        while stack:
+            node = stack.pop()
+            out.extend(by_node.get(id(node), ()))
+            kids = [c for c in node.children.values() if weight[id(c)] > 0]
+            kids.sort(key=lambda c: weight[id(c)])  # heaviest popped first
+            stack.extend(kids)
+        return out
+
+
+def decode_reserve(req: Req, new_token_ratio: float) -> int:
+    """KV tokens to keep free for the decode tokens ``req`` is expected to still produce."""
+    return int(min(req.remaining_new_tokens(), CLIP_MAX_NEW_TOKENS) * new_token_ratio)
+
+
+class PrefillAdder:
+    """Admits requests into one prefill batch under three budgets: KV memory (keeping room
+    for the decode tokens of running requests), tokens in this forward
+    (``chunked_prefill_size``), and new prompt tokens per batch (``max_prefill_tokens``)."""
+
+    def __init__(self, cache: CacheManager, running: list[Req], new_token_ratio: float,
+                 chunk_budget: int | None, max_prefill_tokens: int) -> None:
+        self.cache = cache
+        self.new_token_ratio = new_token_ratio
+        self.reserved = sum(decode_reserve(r, new_token_ratio) for r in running)
+        self.rem_chunk = chunk_budget  # None: no chunking
+        self.rem_input = max_prefill_tokens
+        self.has_running = bool(running)
+        self.reqs: list[Req] = []
+        self.extend_lens: list[int] = []
+        self.chunked_req: Req | None = None  # the one request whose prompt was cut
+
+    def rem_total(self) -> int:
+        return self.cache.available_size() - self.reserved
+
+    def add_chunked(self, req: Req) -> None:
+        """Continue the prefill of an admitted request whose prompt was cut last step."""
+        self._extend(req, req.seq_len - req.kv_len, admitted=True)
+
+    def full(self) -> bool:
+        """No more requests fit in this batch."""
+        return (self.chunked_req is not None or self.rem_input <= 0
+                or (self.rem_chunk is not None and self.rem_chunk <= 0))
+
+    def add(self, req: Req) -> bool:
+        """Try to admit ``req`` (maybe with only a first chunk of its prompt); False if it
+        does not fit, and nothing changed."""
+        if self.full():
+            return False
+        first = not self.has_running and not self.reqs
+        est_extend = req.seq_len - self.cache.match(req)
+        est_cost = est_extend + decode_reserve(req, self.new_token_ratio) + self.cache.page_size
+        if not first and est_cost > self.rem_total():
+            return False
+        if not self.cache.admit(req):  # no free request row
+            return False
+        return self._extend(req, req.seq_len - req.kv_len, admitted=False)
+
+    def _extend(self, req: Req, want: int, admitted: bool) -> bool:
+        n = want
+        if self.rem_chunk is not None:
+            n = min(n, self.rem_chunk)
+        if self.reqs or admitted:
+            n = min(n, self.rem_input)
+        if n <= 0 or not self.cache.alloc(req, n):
+            if not admitted:
+                self.cache.release(req, cache=False)
+            return False
+        self.reqs.append(req)
+        self.extend_lens.append(n)
+        if n < want:
+            self.chunked_req = req
+        if self.rem_chunk is not None:
+            self.rem_chunk -= n
+        self.rem_input -= n
+        self.reserved += decode_reserve(req, self.new_token_ratio)
+        return True

@@ -1,0 +1,315 @@
+"""The scheduler: admit -> build batch -> forward -> sample -> emit. No I/O inside.
+
+``step()`` runs one forward and returns what it produced; ``run_loop`` wraps it with
+injected I/O functions, so the offline Engine (a thread and queues) and the server
+(a process and zmq sockets) run the same loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.constrained import GrammarCompiler
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.sampling_params import SamplingParams
+from radixlm.runtime.managers.cache_manager import CacheManager
+from radixlm.runtime.managers.messages import (
+    AbortReq,
+    FlushCacheOutput,
+    FlushCacheReq,
+    GenerateReqInput,
+    GetInfoReq,
+    InfoOutput,
+    ReqOutput,
+)
+from radixlm.runtime.managers.output_processor import OutputProcessor
+from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
+from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+DEFAULT_MAX_RUNNING_REQUESTS = 256
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any) -> None:
+        self.args = args
+        self.model_runner = ModelRunner(args, model_path)
+        self.model_config = self.model_runner.model_config
+        self.context_len = self.model_config.context_length
+        pool = self.model_runner.pool_size
+        self.max_running_requests = args.max_running_requests or min(
+            DEFAULT_MAX_RUNNING_REQUESTS, max(pool // 8, 1))
+        self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
+                                  self.context_len, args.disable_radix_cache,
+                                  self.model_runner.device)
+        self.policy = SchedulePolicy(args.schedule_policy, self.cache)
+        self.outputs = OutputProcessor(self, tokenizer)
+        self.grammar_compiler = GrammarCompiler(
+            tokenizer, max_cache_entries=args.grammar_cache_size,
+            timeout_s=args.grammar_compile_timeout)
+        self.grammar_waiting: list[Req] = []  # requests whose grammar is compiling
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # requests that decode
+        self.chunked_req: Req | None = None  # at most one request in the middle of prefill
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.stats: dict[str, float] = dict.fromkeys(
+            ("prompt_tokens", "cached_tokens", "generation_tokens", "num_preemptions",
+             "forward_steps", "decode_steps", "jump_forward_tokens"), 0)
+        self._gen_tokens_at_log = 0
+        self._last_log_time = time.monotonic()
+
+    # --- input ------------------------------------------------------------------------
+    def handle(self, msg: Any) -> Any:
+        """Apply one input message; returns a reply for request/response messages."""
+        if isinstance(msg, GenerateReqInput):
+            params = SamplingParams.from_dict(msg.sampling_params)
+            req = Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
+                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace)
+            if params.regex is not None or params.json_schema is not None:
+                kind, spec = (("regex", params.regex) if params.regex is not None
+                              else ("json_schema", params.json_schema))
+                req.grammar_future = self.grammar_compiler.submit(kind, spec)
+                self.grammar_waiting.append(req)
+            else:
+                self.waiting.append(req)
+            return None
+        if isinstance(msg, AbortReq):
+            return self.abort(msg.rid, msg.message)
+        if isinstance(msg, FlushCacheReq):
+            ok = self.is_idle() and self.cache.flush()
+            return FlushCacheOutput(ok, "" if ok else "requests are running; cache not flushed")
+        if isinstance(msg, GetInfoReq):
+            info = self.get_info()
+            if msg.check_invariants:
+                try:
+                    self.check_idle_invariants()
+                except AssertionError as e:
+                    info["invariant_error"] = str(e)
+            return InfoOutput(info)
+        raise TypeError(f"unexpected message {type(msg).__name__}")
+
+    def abort(self, rid: str, message: str = "aborted") -> None:
+        """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree)."""
+        reason = {"type": "abort", "message": message}
+        for queue in (self.waiting, self.grammar_waiting):
+            req = next((r for r in queue if r.rid == rid), None)
+            if req is not None:
+                queue.remove(req)
+                self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
+                return None
+        for req in [*self.running, *([self.chunked_req] if self.chunked_req else [])]:
+            if req.rid == rid:
+                if req is self.chunked_req:
+                    self.chunked_req = None
+                else:
+                    self.running.remove(req)
+                self.outputs.emit_later(self.outputs.finish(req, reason, release=True))
+                return None
+        return None
+
+    # --- one step ---------------------------------------------------------------------
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_waiting)
+
+    def _poll_grammars(self) -> None:
+        """Requests whose grammar compiled join the waiting queue; failures finish as
+        bad requests (HTTP 400, ValueError in the Engine)."""
+        still = []
+        for req in self.grammar_waiting:
+            if not req.grammar_future.done():
+                still.append(req)
+                continue
+            try:
+                req.grammar = req.grammar_future.result().new_matcher()
+            except ValueError as e:
+                reason = {"type": "abort", "message": str(e), "status_code": 400}
+                self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
+                continue
+            self.waiting.append(req)
+        self.grammar_waiting = still
+
+    def step(self) -> list[ReqOutput]:
+        if self.grammar_waiting:
+            self._poll_grammars()
+        batch = self._next_batch()
+        if batch is None:
+            return []
+        logits = self.model_runner.forward(batch.worker_batch(),
+                                          self.cache.req_to_token_pool.req_to_token)
+        self.stats["forward_steps"] += 1
+        return self.outputs.process(batch, logits)
+
+    def _next_batch(self) -> ScheduleBatch | None:
+        prefill = self._prefill_batch()
+        mixed = self.args.mixed_chunk
+        decodes = self._prepare_decode() if self.running and (prefill is None or mixed) else []
+        if prefill is None and not decodes:
+            return None
+        dec_lens = [r.num_new_tokens for r in decodes]
+        if prefill is None:
+            self._on_decode_step(len(decodes))
+            return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens],
+                                 prefix_groups=self._prefix_groups(decodes))
+        reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
+        ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
+        self._log_prefill(prefill)
+        return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs),
+                             prefix_groups=self._prefix_groups(reqs))
+
+    def _prefix_groups(self, reqs: list[Req]) -> list[tuple[int, list[int]]] | None:
+        if not self.model_runner.uses_torch_attention or len(reqs) < 2:
+            return None
+        return self.cache.shared_prefix_groups(reqs) or None
+
+    def _prefill_batch(self) -> PrefillAdder | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        chunk = self.args.chunked_prefill_size
+        budget = None if chunk == -1 else chunk
+        if budget is not None and self.args.mixed_chunk:
+            budget = max(budget - len(self.running), 1)
+        adder = PrefillAdder(self.cache, self.running, self.new_token_ratio, budget,
+                             self.args.max_prefill_tokens)
+        if self.chunked_req is not None:
+            req, self.chunked_req = self.chunked_req, None
+            adder.add_chunked(req)
+            if not adder.reqs:  # could not get memory for the next chunk: try again later
+                self.chunked_req = req
+        if adder.chunked_req is None and self.waiting:
+            self._admit_waiting(adder)
+        self.chunked_req = adder.chunked_req or self.chunked_req
+        return adder if adder.reqs else None
+
+    def _admit_waiting(self, adder: PrefillAdder) -> None:
+        admitted: set[str] = set()
+        for req in self.policy.order(self.waiting):
+            running = len(self.running) + len(adder.reqs) + (self.chunked_req is not None)
+            if running >= self.max_running_requests or not adder.add(req):
+                break
+            admitted.add(req.rid)
+            self.stats["prompt_tokens"] += req.seq_len
+            self.stats["cached_tokens"] += req.prefix_len
+            if adder.full():
+                break
+        self.waiting = [r for r in self.waiting if r.rid not in admitted]
+
+    def _prepare_decode(self) -> list[Req]:
+        """KV slots for the next token(s) of every running request (more than one after a
+        jump-forward); evict, then retract, if short."""
+        reqs = sorted(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len))
+        need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
+        while not self.cache.ensure_free(need) and len(reqs) > 1:
+            victim = reqs.pop(0)
+            self._retract(victim)
+            need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
+        if not self.cache.alloc_many(reqs, [r.num_new_tokens for r in reqs]):
+            # only a lone request is left and even it cannot grow: out of memory
+            for r in reqs:
+                self.running.remove(r)
+                self.outputs.emit_later(self.outputs.finish(
+                    r, {"type": "abort", "message": "out of KV cache memory"}, release=True))
+            reqs = []
+        kept = set(map(id, reqs))
+        return [r for r in self.running if id(r) in kept]
+
+    def _retract(self, req: Req) -> None:
+        self.running.remove(req)
+        self.cache.release(req, cache=False)
+        req.on_retracted()
+        self.waiting.insert(0, req)
+        self.stats["num_preemptions"] += 1
+        self.new_token_ratio = 1.0
+        logger.warning("KV cache full: retracted request %s (%d running left)", req.rid,
+                       len(self.running))
+
+    def _on_decode_step(self, batch_size: int) -> None:
+        self.stats["decode_steps"] += 1
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                   MIN_NEW_TOKEN_RATIO)
+        if self.stats["decode_steps"] % self.args.decode_log_interval == 0:
+            self._log_decode(batch_size)
+
+    # --- logging and info ---------------------------------------------------------------
+    def token_usage(self) -> float:
+        return self.cache.used_size() / self.cache.pool_size
+
+    def cache_hit_rate(self) -> float:
+        return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
+
+    def _log_prefill(self, adder: PrefillAdder) -> None:
+        cached = sum(r.prefix_len for r in adder.reqs)
+        logger.info(
+            "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: "
+            "%.2f, #running-req: %d, #queue-req: %d", len(adder.reqs), sum(adder.extend_lens),
+            cached, self.token_usage(), len(self.running), len(self.waiting))
+
+    def _log_decode(self, batch_size: int) -> None:
+        now = time.monotonic()
+        gen = self.stats["generation_tokens"] - self._gen_tokens_at_log
+        throughput = gen / max(now - self._last_log_time, 1e-9)
+        self._gen_tokens_at_log, self._last_log_time = self.stats["generation_tokens"], now
+        logger.info(
+            "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, cache hit rate: "
+            "%.1f%%, gen throughput (token/s): %.2f, #queue-req: %d", batch_size,
+            self.cache.used_size(), self.token_usage(), 100 * self.cache_hit_rate(),
+            throughput, len(self.waiting))
+
+    def get_info(self) -> dict[str, Any]:
+        return {
+            "max_total_num_tokens": self.cache.pool_size,
+            "page_size": self.cache.page_size,
+            "context_length": self.context_len,
+            "max_running_requests": self.max_running_requests,
+            "num_running_reqs": len(self.running) + (self.chunked_req is not None),
+            "num_waiting_reqs": len(self.waiting) + len(self.grammar_waiting),
+            "token_usage": self.token_usage(),
+            "used_tokens": self.cache.used_size(),
+            "free_tokens": self.cache.allocator.available_size(),
+            "evictable_tokens": self.cache.tree.evictable_size(),
+            "protected_tokens": self.cache.tree.protected_size(),
+            "cache_hit_rate": self.cache_hit_rate(),
+            **{k: int(v) for k, v in self.stats.items()},
+        }
+
+    def check_idle_invariants(self, deep: bool = True) -> None:
+        """The KV accounting of DESIGN.md; run (cheaply, ``deep=False``) every time the
+        scheduler becomes idle, and in full by tests and ``Engine.check_invariants``."""
+        assert self.is_idle(), "invariants are checked only when idle"
+        assert not self.cache.running, f"rows still held: {list(self.cache.running)}"
+        assert self.cache.tree.protected_size() == 0, "locked nodes with no running request"
+        self.cache.check_accounting(deep=deep)
+
+    # --- the loop -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def run_loop(self, recv: Callable[[bool], list[Any]], send: Callable[[Any], None],
+                 should_stop: Callable[[], bool]) -> None:
+        """``recv(block)`` returns new messages (blocking while idle); ``send`` gets replies
+        and lists of ReqOutput."""
+        while not should_stop():
+            self.run_once(recv(self.is_idle()), send)
+
+    def run_once(self, msgs: list[Any], send: Callable[[Any], None]) -> bool:
+        """One turn of the loop: apply ``msgs``, run one step, ``send`` what came out.
+        Returns whether anything was produced."""
+        for msg in msgs:
+            reply = self.handle(msg)
+            if reply is not None:
+                send(reply)
+        busy = not self.is_idle()
+        outs = self.step()
+        outs = self.outputs.take_pending() + outs
+        if outs:
+            send(outs)
+        if busy and self.is_idle():  # a KV leak shows here, not hours later
+            self.check_idle_invariants(deep=False)
+        elif self.grammar_waiting and not (self.waiting or self.running):
+            time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+        return bool(outs)
