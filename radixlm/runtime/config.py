@@ -66,6 +66,22 @@ class ServerArgs:
     served_model_name: str | None = None
     shutdown_timeout: float = field(default=30.0, metadata={"help": "seconds running requests "
                                     "get to finish after SIGTERM"})
+    # limits a request may not pass (HTTP 400 / 413 beyond them)
+    max_request_bytes: int = field(default=8 << 20, metadata={
+        "help": "largest request body in bytes (413 beyond it, before it is read whole)"})
+    request_read_timeout: float = field(default=30.0, metadata={
+        "help": "seconds a client may take to send a request body (408 after)"})
+    max_n: int = field(default=64, metadata={"help": "largest n (samples per prompt)"})
+    max_stop_sequences: int = field(default=64, metadata={
+        "help": "most stop strings (and stop_token_ids) per request"})
+    max_stop_length: int = field(default=1024, metadata={
+        "help": "longest stop string, in characters"})
+    max_logit_bias: int = field(default=1024, metadata={"help": "most logit_bias entries"})
+    max_top_logprobs_num: int = field(default=64, metadata={
+        "help": "largest top_logprobs_num (native) / logprobs (OpenAI completions)"})
+    watchdog_timeout: float = field(default=300.0, metadata={
+        "help": "seconds the scheduler's loop may make no progress before the server fails "
+                "its requests and exits (SGLang's --watchdog-timeout)"})
     # logging
     log_level: str = "info"
     decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
@@ -103,6 +119,11 @@ class ServerArgs:
              f"context_length must be >= 2, got {self.context_length}")
         need(self.cpu_threads is None or self.cpu_threads >= 1,
              f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        for name in ("max_request_bytes", "max_n", "max_stop_sequences", "max_stop_length",
+                     "max_logit_bias", "max_top_logprobs_num"):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("request_read_timeout", "watchdog_timeout"):
+            need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         need(self.tp_size == 1 and self.dp_size == 1,
              "tp_size and dp_size other than 1 are not supported")
 

@@ -39,7 +39,9 @@ class LocalBackend(NativeBackend):
     ) -> None:
         self.owns_engine = engine is None
         if engine is None:
-            from radixlm.runtime.entrypoints.engine import Engine  # the one lazy import (DESIGN.md)
+            from radixlm.runtime.entrypoints.engine import (
+                Engine,  # the one lazy import (docs/design.md)
+            )
 
             engine = Engine(model_path=model_path, **engine_args)
         self.engine = engine

@@ -116,9 +116,10 @@ class GrammarCompiler:
         """Start compiling (or reuse a cached compile) and return its future. Never blocks."""
         try:
             canonical = self.canonical_spec(kind, spec)
-        except ValueError as e:
+        except Exception as e:  # noqa: BLE001 - any malformed spec fails its request only
             failed: Future[CompiledGrammar] = Future()
-            failed.set_exception(e)
+            failed.set_exception(e if isinstance(e, ValueError)
+                                 else ValueError(f"invalid {kind}: {e!r}"))
             return failed
         key = (kind, canonical, id(self.info))
         with self._lock:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.protocol import typed_sampling_params
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.managers.messages import (
@@ -129,12 +130,12 @@ class Engine:
             if not isinstance(prompt, str):
                 raise ValueError(f"text must be a string, got {type(prompt).__name__}")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        params = SamplingParams.from_dict(sp)
-        cfg = self.model_config
-        validate_request(list(ids), params, cfg.context_length, cfg.vocab_size,
-                         self.scheduler.cache.pool_size)
-        if top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        params = SamplingParams.from_dict(typed_sampling_params(sp))
+        for name, value in (("top_logprobs_num", top_logprobs_num),
+                            ("logprob_start_len", logprob_start_len)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        validate_request(list(ids), params, self.scheduler.limits, top_logprobs_num)
         msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
                                return_logprob, logprob_start_len, top_logprobs_num)
         return msg, params

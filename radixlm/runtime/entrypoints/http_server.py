@@ -10,33 +10,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
 from radixlm.runtime.entrypoints.http_utils import (
     SSE_DONE,
     ApiKeyMiddleware,
+    BodyLimitMiddleware,
     await_or_disconnect,
     install_error_handlers,
     json_response,
     pick,
-    read_json,
+    read_model,
     sse,
     sse_response,
 )
 from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
+from radixlm.runtime.entrypoints.protocol import (
+    AbortRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+    openapi_schema,
+)
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
@@ -44,16 +52,23 @@ from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
+
+def radixlm_version() -> str:
+    try:
+        return importlib.metadata.version("radixlm")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
 STARTUP_TIMEOUT_S = 600.0
 HEALTH_TIMEOUT_S = 20.0
+SECRETS = ("api_key",)  # ServerArgs fields never shown in a response
 
 
 # --- native (SGLang) routes ----------------------------------------------------------------
 class NativeRoutes:
-    def __init__(
-        self, app: FastAPI, tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]
-    ) -> None:
-        self.tm, self.args, self.pids = tm, args, pids
+    def __init__(self, app: FastAPI, tm: TokenizerManager, args: ServerArgs,
+                 pids: dict[str, int | None], heartbeat_age: Callable[[], float]) -> None:
+        self.tm, self.args, self.pids, self.heartbeat_age = tm, args, pids, heartbeat_age
         for path, fn, methods in [
             ("/generate", self.generate, ["POST"]),
             ("/health", self.health, ["GET"]),
@@ -68,38 +83,38 @@ class NativeRoutes:
         ]:
             app.add_api_route(path, fn, methods=methods)
 
-    def _inputs(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
-        text, ids = body.get("text"), body.get("input_ids")
+    async def _inputs(self, body: GenerateRequest) -> tuple[list[list[int]], bool]:
+        text, ids = body.text, body.input_ids
         if (text is None) == (ids is None):
             raise ApiError(400, "give exactly one of text or input_ids", param="text")
         if text is not None:
             batch = isinstance(text, list)
-            texts = text if batch else [text]
-            return [self.tm.encode_text(t) for t in texts], batch
-        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
-        return (ids if batch else [ids]), batch
+            texts = text if isinstance(text, list) else [text]
+            return [await self.tm.encode_text(t) for t in texts], batch
+        batch = bool(ids) and isinstance(ids[0], list)
+        return (ids if batch else [ids]), batch  # type: ignore[return-value]
 
     async def generate(self, request: Request) -> Response:
         t0 = time.monotonic()
-        body = await read_json(request)
-        ids_list, batch = self._inputs(body)
+        body = await read_model(request, GenerateRequest)
+        ids_list, batch = await self._inputs(body)
         if batch and not ids_list:
             raise ApiError(400, "the batch is empty", param="text")
-        items = [
-            self.tm.prepare(
+        items = []
+        for i, ids in enumerate(ids_list):
+            sp = pick(body, "sampling_params", i, batch, None)
+            items.append(self.tm.prepare(
                 ids,
-                pick(body, "sampling_params", i, batch, None),
+                None if sp is None else sp.to_dict(),
                 pick(body, "rid", i, batch, None),
                 pick(body, "return_logprob", i, batch, False),
                 pick(body, "logprob_start_len", i, batch, -1),
                 pick(body, "top_logprobs_num", i, batch, 0),
-                bool(body.get("return_text_in_logprobs", False)),
-            )
-            for i, ids in enumerate(ids_list)
-        ]
+                body.return_text_in_logprobs,
+            ))
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
-        if body.get("stream"):
+        if body.stream:
             return sse_response(self._stream(states, many, t0))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
@@ -119,8 +134,13 @@ class NativeRoutes:
         yield SSE_DONE
 
     async def health(self) -> Response:
-        if self.tm.draining:
-            return json_response(ApiError(503, "shutting down", "service_unavailable").body(), 503)
+        """200 while the scheduler's loop is alive (its heartbeat is recent) and the
+        server is not shutting down; 503 otherwise."""
+        problem = self.tm.unhealthy or ("shutting down" if self.tm.draining else None)
+        if problem is None and self.heartbeat_age() > self.args.watchdog_timeout:
+            problem = f"the scheduler made no progress for {self.heartbeat_age():.0f} s"
+        if problem is not None:
+            return json_response(ApiError(503, problem, "service_unavailable").body(), 503)
         return Response(status_code=200)
 
     async def health_generate(self) -> Response:
@@ -152,7 +172,7 @@ class NativeRoutes:
         info = await self.tm.get_info()
         return json_response(
             {
-                **dataclasses.asdict(self.args),
+                **{k: v for k, v in dataclasses.asdict(self.args).items() if k not in SECRETS},
                 **info,
                 "model_path": self.tm.model_path,
                 **self.tm.model_info,
@@ -168,53 +188,61 @@ class NativeRoutes:
         )
 
     async def abort_request(self, request: Request) -> Response:
-        body = await read_json(request)
-        if body.get("abort_all"):
+        body = await read_model(request, AbortRequest)
+        if body.abort_all:
             self.tm.abort_all()
-        elif isinstance(body.get("rid"), str):
-            self.tm.abort(body["rid"])
+        elif body.rid is not None:
+            self.tm.abort(body.rid)
         else:
             raise ApiError(400, "give rid (a string) or abort_all: true", param="rid")
         return json_response({"success": True})
 
     async def tokenize(self, request: Request) -> Response:
-        body = await read_json(request)
-        text, special = body.get("text", body.get("prompt")), bool(body.get("add_special_tokens"))
-        texts = text if isinstance(text, list) else [text]
-        if not all(isinstance(t, str) for t in texts):
+        body = await read_model(request, TokenizeRequest)
+        text = body.text if body.text is not None else body.prompt
+        if text is None:
             raise ApiError(400, "text must be a string or a list of strings", param="text")
-        tokens = [self.tm.tokenizer.encode(t, add_special_tokens=special) for t in texts]
-        out = tokens if isinstance(text, list) else tokens[0]
+        texts = text if isinstance(text, list) else [text]
+        tokens = [await self.tm.encode_text(t, body.add_special_tokens) for t in texts]
+        many = isinstance(text, list)
         return json_response(
             {
-                "tokens": out,
-                "count": [len(t) for t in tokens] if isinstance(text, list) else len(tokens[0]),
+                "tokens": tokens if many else tokens[0],
+                "count": [len(t) for t in tokens] if many else len(tokens[0]),
                 "max_model_len": self.tm.server_info["context_length"],
             }
         )
 
     async def detokenize(self, request: Request) -> Response:
-        body = await read_json(request)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise ApiError(400, "tokens must be a list of token ids", param="tokens")
+        body = await read_model(request, DetokenizeRequest)
         vocab = self.tm.model_info["vocab_size"]
-        if any(not 0 <= t < vocab for t in tokens):
+        if any(t >= vocab for t in body.tokens):
             raise ApiError(400, f"tokens must be in [0, {vocab})", param="tokens")
-        return json_response({"text": self.tm.tokenizer.decode(tokens)})
+        return json_response({"text": self.tm.tokenizer.decode(body.tokens)})
 
     async def metrics(self) -> Response:
         data = self.tm.metrics.render(await self.tm.get_info())
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None]) -> Any:
-    app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
+def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None],
+               heartbeat_age: Callable[[], float]) -> Any:
+    app = FastAPI(title="radixlm", version=radixlm_version(), docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     install_error_handlers(app)
-    NativeRoutes(app, tm, args, pids)
+    NativeRoutes(app, tm, args, pids, heartbeat_age)
     served = args.served_model_name or tm.model_path
     app.include_router(OpenAIRoutes(tm, served).router)
-    return ApiKeyMiddleware(app, args.api_key) if args.api_key else app
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_schema(
+                get_openapi(title=app.title, version=app.version, routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    bounded = BodyLimitMiddleware(app, args.max_request_bytes, args.request_read_timeout)
+    return ApiKeyMiddleware(bounded, args.api_key) if args.api_key else bounded
 
 
 # --- serving and graceful shutdown -------------------------------------------------------------
@@ -276,7 +304,7 @@ async def _serve(
     tokenizer: Any,
     addr: dict[str, str],
     children: ChildProcesses,
-) -> None:
+) -> int:
     tm = TokenizerManager(args, model_path, tokenizer, addr["scheduler"], addr["tm"])
     await tm.wait_ready(STARTUP_TIMEOUT_S, children.alive)
     children.watch()
@@ -295,7 +323,7 @@ async def _serve(
         info["max_running_requests"],
     )
     tm.start()
-    app = create_app(tm, args, children.pids())
+    app = create_app(tm, args, children.pids(), children.heartbeat_age)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -317,20 +345,44 @@ async def _serve(
             json.dumps({"main": os.getpid(), **children.pids()}),
         )
 
-    announce_task = asyncio.get_running_loop().create_task(announce())
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(announce()),
+             loop.create_task(_watchdog(tm, server, children, args.watchdog_timeout))]
     await server.serve()
-    announce_task.cancel()
+    for task in tasks:
+        task.cancel()
     tm.close()
+    return 1 if children.stalled else 0
+
+
+async def _watchdog(tm: TokenizerManager, server: _Server, children: ChildProcesses,
+                    timeout: float) -> None:
+    """SGLang's watchdog: a scheduler loop that does not turn for ``timeout`` seconds (a
+    hung step, a frozen process) fails every in-flight request, marks the server
+    unhealthy and ends it with exit code 1. A dead child is ChildProcesses' watch."""
+    while not server.should_exit:
+        await asyncio.sleep(min(1.0, timeout / 4))
+        age = children.heartbeat_age()
+        if age <= timeout:
+            continue
+        msg = (f"the scheduler made no progress for {age:.0f} s (--watchdog-timeout "
+               f"{timeout:g}); the server is exiting")
+        logger.error(msg)
+        children.stalled = True
+        tm.unhealthy = msg
+        tm.fail_all(503, msg)
+        await asyncio.sleep(1.0)  # the failed requests' responses go out
+        server.should_exit = True
+        return
 
 
 def launch_server(args: ServerArgs) -> int:
-    """Start the processes and serve until SIGTERM/SIGINT; 0 after a clean shutdown."""
+    """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
+    when the watchdog found the scheduler stuck."""
     model_path = resolve_model_path(args.model_path)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-    ipc_dir = tempfile.mkdtemp(prefix="radixlm-")
-    os.chmod(ipc_dir, 0o700)
-    addr = {name: f"ipc://{ipc_dir}/{name}" for name in ("scheduler", "detokenizer", "tm")}
     children = ChildProcesses()
+    addr = {name: children.address(name) for name in ("scheduler", "detokenizer", "tm")}
     try:
         children.start(
             "detokenizer",
@@ -349,10 +401,10 @@ def launch_server(args: ServerArgs) -> int:
             addr["scheduler"],
             addr["detokenizer"],
             os.getpid(),
+            children.heartbeat,
         )
-        asyncio.run(_serve(args, model_path, tokenizer, addr, children))
+        code = asyncio.run(_serve(args, model_path, tokenizer, addr, children))
     finally:
-        children.stop()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
+        children.stop(timeout=10.0 if not children.stalled else 0.0)
     logger.info("server stopped")
-    return 0
+    return code

@@ -1,4 +1,4 @@
-"""HTTP helpers shared by the native routes (server.py) and OpenAI's (openai_api.py):
+"""HTTP helpers shared by the native routes (http_server.py) and OpenAI's (openai_api.py):
 JSON bodies, responses, server-sent events, client-disconnect handling, the API-key
 middleware and the error handlers (every error in OpenAI's shape)."""
 
@@ -9,15 +9,19 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixlm.runtime.entrypoints.protocol import describe
 from radixlm.runtime.managers.tokenizer_manager import ApiError
+
+M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +29,15 @@ DISCONNECT_POLL_S = 0.25
 OPEN_PATHS = ("/health", "/metrics")  # reachable without the API key
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+async def read_model(request: Request, model: type[M]) -> M:
+    """The body parsed into ``model`` (``protocol.py``); 400 naming the field otherwise.
+    The body's size was bounded by ``BodyLimitMiddleware`` before it was read."""
     body = await request.body()
     try:
-        obj = json.loads(body) if body else {}
-    except ValueError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply to parse") from None
-    if not isinstance(obj, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return obj
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as e:
+        message, param = describe(e)
+        raise ApiError(400, message, param=param) from None
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -77,23 +79,36 @@ async def await_or_disconnect(request: Request, work: Awaitable[Any]) -> Any:
             if done:
                 return task.result()
             if await request.is_disconnected():
+                logger.debug("client disconnected from %s", request.url.path)
                 raise ApiError(499, "client disconnected", "client_closed_request")
     finally:
         if not task.done():
             task.cancel()
+        task.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Future) -> None:
+    """Retrieve an abandoned task's outcome so asyncio does not log it as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 def finish_reason_str(reason: dict[str, Any] | None) -> str | None:
     return None if reason is None else reason.get("type")
 
 
-def pick(body: dict[str, Any], key: str, i: int, batch: bool, default: Any) -> Any:
-    """``body[key]`` for item ``i`` of a batch: a list holds one value per item."""
-    value = body.get(key, default)
-    if batch and isinstance(value, list):
+def pick(body: Any, key: str, i: int, batch: bool, default: Any) -> Any:
+    """Field ``key`` of ``body`` for item ``i``: in a batch, a list holds one value per
+    item and anything else is shared; outside a batch a list is an error."""
+    value = getattr(body, key)
+    if value is None:
+        return default
+    if isinstance(value, list):
+        if not batch:
+            raise ApiError(400, f"{key} is a list but the request is not a batch", param=key)
         if i >= len(value):
             raise ApiError(400, f"{key} has {len(value)} entries, fewer than the batch", param=key)
-        return value[i]
+        return default if value[i] is None else value[i]
     return value
 
 
@@ -109,9 +124,9 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             headers = dict(scope["headers"])
             auth = headers.get(b"authorization", b"")
-            key = (
-                auth[7:].strip() if auth.startswith(b"Bearer ") else headers.get(b"x-api-key", b"")
-            )
+            scheme, _, token = auth.partition(b" ")
+            key = (token.strip() if scheme.lower() == b"bearer"  # RFC 9110: any case
+                   else headers.get(b"x-api-key", b""))
             if not hmac.compare_digest(key, self.api_key):
                 err = ApiError(
                     401,
@@ -121,6 +136,67 @@ class ApiKeyMiddleware:
                 await json_response(err.body(), 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Reads each request's body before the app does, so that a body over ``max_bytes``
+    gets 413 before it is in memory (a declared Content-Length over it at once, a
+    chunked one as soon as it passes), and one sent slower than ``read_timeout`` seconds
+    gets 408."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float) -> None:
+        self.app, self.max_bytes, self.read_timeout = app, max_bytes, read_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send, 413, int(declared))
+            return
+        chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), max(left, 0.0))
+            except asyncio.TimeoutError:
+                await self._refuse(scope, receive, send, 408, size)
+                return
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, 413, size)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int,
+                      size: int) -> None:
+        if status == 413:
+            err = ApiError(413, f"the request body has {size}+ bytes, over the limit of "
+                           f"{self.max_bytes} bytes (--max-request-bytes)",
+                           param="body", code="request_too_large")
+        else:
+            err = ApiError(408, f"the request body was not received within "
+                           f"{self.read_timeout} s (--request-read-timeout)",
+                           code="request_timeout")
+        response = json_response(err.body(), status)
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

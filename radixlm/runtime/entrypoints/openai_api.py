@@ -16,10 +16,17 @@ from fastapi import APIRouter, Request, Response
 from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
     json_response,
-    read_json,
+    read_model,
     sse_response,
 )
 from radixlm.runtime.entrypoints.openai_jobs import ChatJob, CompletionJob
+from radixlm.runtime.entrypoints.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    OpenAISampling,
+    ResponseFormat,
+)
 from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -58,8 +65,7 @@ class OpenAIRoutes:
         self.router.add_api_route("/v1/completions", self.completions, methods=["POST"])
         self.router.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
 
-    def check_model(self, body: dict[str, Any]) -> None:
-        model = body.get("model")
+    def check_model(self, model: str | None) -> None:
         known = {self.served_model_name, self.tm.model_path, "default"}
         if model is not None and model not in known:
             raise ApiError(
@@ -69,11 +75,13 @@ class OpenAIRoutes:
                 code="model_not_found",
             )
 
-    def sampling_params(self, body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
-        sp = {"max_new_tokens": max_tokens}
+    @staticmethod
+    def sampling_params(body: OpenAISampling, max_tokens: int) -> dict[str, Any]:
+        sp: dict[str, Any] = {"max_new_tokens": max_tokens}
         for key, name in _SAMPLING_FIELDS.items():
-            if body.get(key) is not None:
-                sp[name] = body[key]
+            value = getattr(body, key)
+            if value is not None:
+                sp[name] = value
         return sp
 
     @staticmethod
@@ -104,46 +112,40 @@ class OpenAIRoutes:
         )
 
     # --- /v1/completions ------------------------------------------------------------------------
-    def _prompts(self, prompt: Any) -> list[list[int]]:
+    async def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
-            return [self.tm.encode_text(prompt, "prompt")]
-        if isinstance(prompt, list) and prompt:
-            if all(isinstance(p, str) for p in prompt):
-                return [self.tm.encode_text(p, "prompt") for p in prompt]
-            if all(isinstance(p, int) for p in prompt):
-                return [list(prompt)]
-            if all(isinstance(p, list) for p in prompt):
-                return [list(p) for p in prompt]
-        raise ApiError(
-            400,
-            "prompt must be a string, a list of strings, a list of token ids "
-            "or a list of token-id lists",
-            param="prompt",
-        )
+            return [await self.tm.encode_text(prompt)]
+        if not prompt:
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        if isinstance(prompt[0], str):
+            return [await self.tm.encode_text(p) for p in prompt]
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        return [list(p) for p in prompt]
 
     async def completions(self, request: Request) -> Response:
-        body = await read_json(request)
-        self.check_model(body)
-        prompts = self._prompts(body.get("prompt"))
-        max_tokens = body.get("max_tokens")
+        body = await read_model(request, CompletionRequest)
+        self.check_model(body.model)
+        prompts = await self._prompts(body.prompt)
+        max_tokens = body.max_tokens
         sp = self.sampling_params(
             body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
         )
-        logprobs, echo = body.get("logprobs"), bool(body.get("echo"))
+        logprobs = body.logprobs
         items = [
             self.tm.prepare(
                 ids,
                 sp,
                 return_logprob=logprobs is not None,
-                logprob_start_len=0 if echo and logprobs is not None else -1,
+                logprob_start_len=0 if body.echo and logprobs is not None else -1,
                 top_logprobs_num=logprobs or 0,
                 text_in_logprobs=True,
             )
             for ids in prompts
         ]
-        job = CompletionJob(self, items, echo, body)
+        job = CompletionJob(self, items, body.echo, body)
         states = await self.tm.submit(items)
-        if body.get("stream"):
+        if body.stream:
             return sse_response(job.stream(states))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
@@ -151,25 +153,13 @@ class OpenAIRoutes:
         return json_response(job.response(builders))
 
     # --- /v1/chat/completions -------------------------------------------------------------------
-    def _chat_prompt(self, messages: Any) -> list[int]:
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", param="messages")
+    async def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
         conv = []
         for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ApiError(400, "each message needs a role and content", param="messages")
-            content = m.get("content") or ""
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(
-                    p.get("text", "")
-                    for p in content
-                    if isinstance(p, dict) and p.get("type") == "text"
-                )
-            if not isinstance(content, str):
-                raise ApiError(
-                    400, "message content must be a string or a list of parts", param="messages"
-                )
-            conv.append({"role": m["role"], "content": content})
+            content = m.content or ""
+            if isinstance(content, list):  # content parts (text only; checked at the edge)
+                content = "".join(part.text for part in content)
+            conv.append({"role": m.role, "content": content})
         try:
             text = self.tm.tokenizer.apply_chat_template(
                 conv, tokenize=False, add_generation_prompt=True
@@ -178,51 +168,48 @@ class OpenAIRoutes:
             raise ApiError(
                 400, f"the chat template failed on these messages: {e}", param="messages"
             ) from None
-        return self.tm.tokenizer.encode(text, add_special_tokens=False)
+        return await self.tm.encode_text(text)
 
     @staticmethod
-    def _response_format(body: dict[str, Any], sp: dict[str, Any]) -> None:
-        fmt = body.get("response_format")
-        if fmt is None:
+    def _response_format(fmt: ResponseFormat | None, sp: dict[str, Any]) -> None:
+        if fmt is None or fmt.type == "text":
             return
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind == "json_object":
+        if fmt.type == "json_object":
             sp["json_schema"] = json.dumps({"type": "object"})
-        elif kind == "json_schema":
-            schema = (fmt.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise ApiError(
-                    400,
-                    "response_format.json_schema.schema must be an object",
-                    param="response_format",
-                )
-            sp["json_schema"] = json.dumps(schema)
-        elif kind != "text":
+            return
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        if schema is None:
             raise ApiError(
                 400,
-                f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                "response_format.json_schema.schema must be an object",
                 param="response_format",
             )
+        sp["json_schema"] = json.dumps(schema)
+
+    def _default_max_tokens(self, prompt_len: int) -> int:
+        """What is left of the context, bounded by what the KV pool could ever hold."""
+        limits = self.tm.limits
+        room = min(limits.context_len, limits.pool_size - limits.pool_size % limits.page_size)
+        return max(room - prompt_len, 1)
 
     async def chat(self, request: Request) -> Response:
-        body = await read_json(request)
-        self.check_model(body)
-        ids = self._chat_prompt(body.get("messages"))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        body = await read_model(request, ChatCompletionRequest)
+        self.check_model(body.model)
+        ids = await self._chat_prompt(body.messages)
+        max_tokens = body.max_completion_tokens
         if max_tokens is None:
-            max_tokens = max(self.tm.server_info["context_length"] - len(ids), 1)
+            max_tokens = body.max_tokens
+        if max_tokens is None:
+            max_tokens = self._default_max_tokens(len(ids))
         sp = self.sampling_params(body, max_tokens)
-        self._response_format(body, sp)
-        logprobs = bool(body.get("logprobs"))
-        top = body.get("top_logprobs") or 0
-        if not isinstance(top, int) or not 0 <= top <= 20:
-            raise ApiError(400, f"top_logprobs must be in [0, 20], got {top}", param="top_logprobs")
+        self._response_format(body.response_format, sp)
         item = self.tm.prepare(
-            ids, sp, return_logprob=logprobs, top_logprobs_num=top, text_in_logprobs=True
+            ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
+            text_in_logprobs=True,
         )
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])
-        if body.get("stream"):
+        if body.stream:
             return sse_response(job.stream(states))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])

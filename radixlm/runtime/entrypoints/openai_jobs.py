@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from radixlm.runtime.entrypoints.http_utils import SSE_DONE, finish_reason_str, sse
+from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from radixlm.runtime.managers.messages import TextOutput
 from radixlm.runtime.managers.tokenizer_manager import Prepared
 
@@ -20,13 +21,12 @@ class Job(abc.ABC):
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, routes: Any, items: list[Prepared], body: dict[str, Any]) -> None:
+    def __init__(self, routes: Any, items: list[Prepared], body: Any) -> None:
         self.routes = routes
         self.items = items
         self.n = items[0].params.n
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
-        opts = body.get("stream_options") or {}
-        self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        self.include_usage = body.stream_options is not None and body.stream_options.include_usage
 
     def envelope(self, choices: list[dict[str, Any]], object_name: str) -> dict[str, Any]:
         return {
@@ -68,11 +68,11 @@ class CompletionJob(Job):
     chunk_object = "text_completion"
 
     def __init__(
-        self, routes: Any, items: list[Prepared], echo: bool, body: dict[str, Any]
+        self, routes: Any, items: list[Prepared], echo: bool, body: CompletionRequest
     ) -> None:
         super().__init__(routes, items, body)
         self.echo = echo
-        self.want_logprobs = body.get("logprobs") is not None
+        self.want_logprobs = body.logprobs is not None
         self.started: set[int] = set()
 
     def prompt_text(self, i: int) -> str:
@@ -140,9 +140,9 @@ class ChatJob(Job):
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, routes: Any, item: Prepared, body: dict[str, Any]) -> None:
+    def __init__(self, routes: Any, item: Prepared, body: ChatCompletionRequest) -> None:
         super().__init__(routes, [item], body)
-        self.want_logprobs = bool(body.get("logprobs"))
+        self.want_logprobs = body.logprobs
         self.started: set[int] = set()
 
     @staticmethod

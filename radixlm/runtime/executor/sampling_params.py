@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,15 +47,21 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        elif self.stop is not None:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
+        elif self.stop is not None:
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if isinstance(self.json_schema, (dict, bool)):
             try:
                 self.json_schema = json.dumps(self.json_schema)
             except RecursionError:
                 raise ValueError("json_schema is nested too deeply to encode") from None
         if self.logit_bias is not None:
-            self.logit_bias = {_token_id_key(k): float(v) for k, v in self.logit_bias.items()}
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a map of token ids to numbers, "
+                                 f"got {self.logit_bias!r}")
+            self.logit_bias = {_token_id_key(k): _bias_value(v)
+                               for k, v in self.logit_bias.items()}
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -98,7 +105,8 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
 
     def verify(self, vocab_size: int, context_len: int | None = None) -> None:
-        """Raise ValueError naming the first field that is out of range."""
+        """Raise ValueError naming the first field of the wrong type or out of range."""
+        self._verify_types()
         self._verify_distribution()
         self._verify_lengths(context_len)
         self._verify_stops(vocab_size)
@@ -107,6 +115,37 @@ class SamplingParams:
         for token_id in (self.logit_bias or {}).keys():
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"logit_bias keys must be in [0, {vocab_size}), got {token_id}")
+
+    def _verify_types(self) -> None:
+        """Python callers are not parsed from JSON: booleans are not numbers here either."""
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default
+            if value is None or default is None:
+                continue
+            if isinstance(default, bool):
+                ok, kind = isinstance(value, bool), "a boolean"
+            elif isinstance(default, int):
+                ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+            else:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok, kind = ok and math.isfinite(value), "a finite number"
+            if not ok:
+                raise ValueError(f"{f.name} must be {kind}, got {value!r}")
+        checks = [("seed", self.seed is None or (isinstance(self.seed, int)
+                                                 and not isinstance(self.seed, bool)),
+                   "an integer"),
+                  ("stop", all(isinstance(x, str) for x in self.stop or []), "a list of strings"),
+                  ("stop_token_ids", all(isinstance(x, int) and not isinstance(x, bool)
+                                         for x in self.stop_token_ids or []),
+                   "a list of token ids"),
+                  ("regex", self.regex is None or isinstance(self.regex, str), "a string"),
+                  ("json_schema", self.json_schema is None or isinstance(self.json_schema, str),
+                   "a JSON schema"),
+                  ("logit_bias", all(math.isfinite(v) for v in (self.logit_bias or {}).values()),
+                   "a map of token ids to finite numbers")]
+        for name, ok, kind in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {kind}, got {getattr(self, name)!r}")
 
     def _verify_distribution(self) -> None:
         if self.temperature < 0:
@@ -149,7 +188,15 @@ class SamplingParams:
 
 
 def _token_id_key(key: object) -> int:
+    if isinstance(key, (bool, float)):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
     try:
         return int(key)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+
+
+def _bias_value(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"logit_bias values must be numbers, got {value!r}")
+    return float(value)

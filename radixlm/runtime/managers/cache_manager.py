@@ -1,7 +1,7 @@
 """The scheduler's cache manager: a request's KV slots against the pool and the radix tree.
 
 It owns the allocator, the request-to-token table and the radix tree, and is the only
-place that moves slots between them, so the accounting invariant of DESIGN.md
+place that moves slots between them, so the accounting invariant of docs/design.md
 
     free + evictable + protected + request-owned == pool size
 

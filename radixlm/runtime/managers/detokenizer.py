@@ -184,7 +184,15 @@ class DetokenizerManager:
         req = self.reqs.get(out.rid)
         if req is None:  # not registered (should not happen): default decode options
             req = self.reqs[out.rid] = RequestDetokenizer(self.tokenizer, DetokRegister(out.rid))
-        res = req.process(out)
+        try:
+            res = req.process(out)
+        except Exception as e:  # noqa: BLE001 - fail this request, keep serving the others
+            logger.exception("detokenizing request %s failed", out.rid)
+            self.reqs.pop(out.rid, None)
+            reason = {"type": "abort", "message": f"detokenization failed: {e!r}",
+                      "status_code": 500}
+            return TextOutput(out.rid, "", [], out.prompt_tokens, out.cached_tokens,
+                              out.completion_tokens, finish_reason=reason)
         if out.finished:
             del self.reqs[out.rid]
         return res

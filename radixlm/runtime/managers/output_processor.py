@@ -188,6 +188,12 @@ class OutputProcessor:
             self.s.cache.release(req, cache=True)
         return out
 
+    @staticmethod
+    def refuse(rid: str, prompt_tokens: int, reason: dict[str, Any]) -> ReqOutput:
+        """The only output of a request that never became a Req (it was invalid)."""
+        return ReqOutput(rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens,
+                         cached_tokens=0, completion_tokens=0, finish_reason=reason)
+
     def _output(self, req: Req, new_ids: list[int], lps: list | None, top: list | None
                 ) -> ReqOutput:
         out = ReqOutput(

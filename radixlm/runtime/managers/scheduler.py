@@ -1,7 +1,7 @@
 """The scheduler: admit -> build batch -> forward -> sample -> emit. No I/O inside.
 
 ``step()`` runs one forward and returns what it produced; ``run_loop`` wraps it with
-injected I/O functions, so the offline Engine (a thread and queues) and the server
+injected I/O functions, so the offline Engine (driven from the caller's thread) and the server
 (a process and zmq sockets) run the same loop.
 """
 
@@ -31,6 +31,7 @@ from radixlm.runtime.managers.messages import (
 from radixlm.runtime.managers.output_processor import OutputProcessor
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy
+from radixlm.runtime.managers.validation import RequestLimits, validate_request
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Scheduler:
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
                                   self.context_len, args.disable_radix_cache,
                                   self.model_runner.device)
+        self.limits = RequestLimits.from_args(args, self.context_len,
+                                              self.model_config.vocab_size, pool)
         self.policy = SchedulePolicy(args.schedule_policy, self.cache)
         self.outputs = OutputProcessor(self, tokenizer)
         self.grammar_compiler = GrammarCompiler(
@@ -70,16 +73,7 @@ class Scheduler:
     def handle(self, msg: Any) -> Any:
         """Apply one input message; returns a reply for request/response messages."""
         if isinstance(msg, GenerateReqInput):
-            params = SamplingParams.from_dict(msg.sampling_params)
-            req = Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
-                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace)
-            if params.regex is not None or params.json_schema is not None:
-                kind, spec = (("regex", params.regex) if params.regex is not None
-                              else ("json_schema", params.json_schema))
-                req.grammar_future = self.grammar_compiler.submit(kind, spec)
-                self.grammar_waiting.append(req)
-            else:
-                self.waiting.append(req)
+            self.add_request(msg)
             return None
         if isinstance(msg, AbortReq):
             return self.abort(msg.rid, msg.message)
@@ -95,6 +89,32 @@ class Scheduler:
                     info["invariant_error"] = str(e)
             return InfoOutput(info)
         raise TypeError(f"unexpected message {type(msg).__name__}")
+
+    def add_request(self, msg: GenerateReqInput) -> None:
+        """Queue a request. One the front end should have refused (it checks the same
+        things) finishes at once with a 400; it never reaches a batch."""
+        try:
+            params = SamplingParams.from_dict(msg.sampling_params)
+            req = Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
+                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace)
+            self.check_request(req)
+        except Exception as e:  # noqa: BLE001 - a bad request fails alone, the loop goes on
+            logger.warning("request %s refused by the scheduler: %r", msg.rid, e)
+            reason = {"type": "abort", "message": f"invalid request: {e}", "status_code": 400}
+            self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
+            return
+        if params.regex is not None or params.json_schema is not None:
+            kind, spec = (("regex", params.regex) if params.regex is not None
+                          else ("json_schema", params.json_schema))
+            req.grammar_future = self.grammar_compiler.submit(kind, spec)
+            self.grammar_waiting.append(req)
+        else:
+            self.waiting.append(req)
+
+    def check_request(self, req: Req) -> None:
+        """What the scheduler relies on; raises ValueError (the front end checked it too)."""
+        validate_request(req.origin_input_ids, req.sampling_params, self.limits,
+                         req.top_logprobs_num)
 
     def abort(self, rid: str, message: str = "aborted") -> None:
         """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree)."""
@@ -129,8 +149,9 @@ class Scheduler:
                 continue
             try:
                 req.grammar = req.grammar_future.result().new_matcher()
-            except ValueError as e:
-                reason = {"type": "abort", "message": str(e), "status_code": 400}
+            except Exception as e:  # noqa: BLE001 - a bad grammar fails its request only
+                message = str(e) if isinstance(e, ValueError) else f"invalid grammar: {e!r}"
+                reason = {"type": "abort", "message": message, "status_code": 400}
                 self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
                 continue
             self.waiting.append(req)
@@ -280,7 +301,7 @@ class Scheduler:
         }
 
     def check_idle_invariants(self, deep: bool = True) -> None:
-        """The KV accounting of DESIGN.md; run (cheaply, ``deep=False``) every time the
+        """The KV accounting of docs/design.md; run (cheaply, ``deep=False``) every time the
         scheduler becomes idle, and in full by tests and ``Engine.check_invariants``."""
         assert self.is_idle(), "invariants are checked only when idle"
         assert not self.cache.running, f"rows still held: {list(self.cache.running)}"

@@ -43,15 +43,18 @@ class SchedulerIO:
     a request that left ``scheduler.waiting`` was admitted right after the previous recv.
     """
 
-    def __init__(self, scheduler: Scheduler, pull: zmq.Socket, push: zmq.Socket) -> None:
+    def __init__(self, scheduler: Scheduler, pull: zmq.Socket, push: zmq.Socket,
+                 heartbeat: Any) -> None:
         self.scheduler = scheduler
         self.pull = pull
         self.push = push
+        self.heartbeat = heartbeat  # a shared double the server's watchdog reads
         self.arrivals: dict[str, float] = {}  # rid -> arrival, until admitted
         self.queue_times: list[float] = []
         self.last_recv = time.monotonic()
 
     def recv(self, block: bool) -> list[Any]:
+        self.heartbeat.value = time.monotonic()  # the loop turned (at least every POLL_MS)
         self._note_admitted()
         msgs: list[Any] = []
         if self.pull.poll(POLL_MS if block else 0):
@@ -62,17 +65,20 @@ class SchedulerIO:
                     break
         new = [m for m in msgs if isinstance(m, GenerateReqInput)]
         if new:
-            regs = [
-                make_register(
-                    m.rid, SamplingParams.from_dict(m.sampling_params), m.return_text_in_logprobs
-                )
-                for m in new
-            ]
+            regs = [self._register(m) for m in new]
             self.push.send(encode(RegisterReqs(regs)))
         self.last_recv = time.monotonic()
         for m in new:
             self.arrivals[m.rid] = self.last_recv
         return msgs
+
+    @staticmethod
+    def _register(m: GenerateReqInput) -> Any:
+        try:
+            params = SamplingParams.from_dict(m.sampling_params)
+        except Exception:  # noqa: BLE001 - the scheduler refuses it; decode with defaults
+            params = SamplingParams()
+        return make_register(m.rid, params, m.return_text_in_logprobs)
 
     def _note_admitted(self) -> None:
         if not self.arrivals:
@@ -89,7 +95,8 @@ class SchedulerIO:
 
 
 def run_scheduler_process(
-    args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int
+    args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int,
+    heartbeat: Any,
 ) -> None:
     """Entry point of the scheduler process (started with the ``spawn`` method)."""
     args = ServerArgs(**json.loads(args_json))
@@ -109,9 +116,10 @@ def run_scheduler_process(
         "vocab_size": cfg.vocab_size,
         "pid": os.getpid(),
     }
+    heartbeat.value = time.monotonic()
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info)))
     try:
-        io = SchedulerIO(scheduler, pull, push)
+        io = SchedulerIO(scheduler, pull, push, heartbeat)
         scheduler.run_loop(io.recv, io.send, should_stop)
         logger.info("scheduler process stopping")
     finally:

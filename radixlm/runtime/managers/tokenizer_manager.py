@@ -13,9 +13,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -35,7 +37,7 @@ from radixlm.runtime.managers.messages import (
     encode,
 )
 from radixlm.runtime.managers.result import ResultBuilder
-from radixlm.runtime.managers.validation import validate_request
+from radixlm.runtime.managers.validation import RequestLimits, validate_request
 from radixlm.runtime.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -69,29 +71,8 @@ class ApiError(Exception):
         }
 
 
-_DEFAULTS = SamplingParams()
-
-
-def _check_types(sampling_params: Any) -> None:
-    """JSON gives any type: a field whose default is a number or bool must be one."""
-    if sampling_params is None:
-        return
-    if not isinstance(sampling_params, dict):
-        raise ValueError("sampling_params must be an object")
-    for key, value in sampling_params.items():
-        default = getattr(_DEFAULTS, key, None)
-        if default is None or value is None:
-            continue
-        if isinstance(default, bool):
-            ok, kind = isinstance(value, bool), "boolean"
-        elif isinstance(default, int):
-            ok, kind = isinstance(value, int) and not isinstance(value, bool), "integer"
-        elif isinstance(default, float):
-            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "number"
-        else:
-            continue
-        if not ok:
-            raise ValueError(f"{key} must be a {kind}, got {value!r}")
+# texts longer than this are tokenized on a worker thread, not on the event loop
+LONG_TEXT_CHARS = 4096
 
 
 @dataclass
@@ -135,7 +116,10 @@ class TokenizerManager:
         self.server_info: dict[str, Any] = {}  # the scheduler's info at startup
         self.model_info: dict[str, Any] = {}
         self.draining = False
+        self.unhealthy: str | None = None  # why, once the watchdog found the scheduler stuck
+        self.limits: RequestLimits | None = None  # known once the scheduler is ready
         self._loop_task: asyncio.Task | None = None
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
 
     # --- startup and the receive loop -----------------------------------------------------
     async def wait_ready(self, timeout: float, alive: Any) -> None:
@@ -148,6 +132,9 @@ class TokenizerManager:
                 msg = decode(await self._pull.recv())
                 if isinstance(msg, SchedulerReady):
                     self.server_info, self.model_info = msg.info, msg.model_info
+                    self.limits = RequestLimits.from_args(
+                        self.args, msg.info["context_length"], msg.model_info["vocab_size"],
+                        msg.info["max_total_num_tokens"])
                     return
         raise TimeoutError(f"the scheduler was not ready after {timeout} s")
 
@@ -188,18 +175,20 @@ class TokenizerManager:
     def close(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self._push.close(linger=0)
         self._pull.close(linger=0)
         self._push_ctx.term()
         self._pull_ctx.term()
 
     # --- requests ---------------------------------------------------------------------------
-    def encode_text(self, text: Any, field_name: str = "text") -> list[int]:
-        if not isinstance(text, str):
-            raise ApiError(
-                400, f"{field_name} must be a string, got {type(text).__name__}", param=field_name
-            )
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    async def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; a long text is tokenized off the event loop."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenize_pool,
+            lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def prepare(
         self,
@@ -211,29 +200,15 @@ class TokenizerManager:
         top_logprobs_num: int = 0,
         text_in_logprobs: bool = False,
     ) -> Prepared:
-        """Validate one request (400 on bad input); nothing is sent yet."""
+        """Validate one request whose types were checked at the edge (400 on bad input:
+        ranges, vocabulary, context, the server's caps); nothing is sent yet."""
+        assert self.limits is not None, "prepare() before the scheduler was ready"
         try:
-            if not isinstance(input_ids, list):
-                raise ValueError("input_ids must be a list of token ids")
-            _check_types(sampling_params)
             params = SamplingParams.from_dict(sampling_params)
-            cfg = self.server_info
-            validate_request(
-                input_ids,
-                params,
-                cfg["context_length"],
-                self.model_info["vocab_size"],
-                cfg["max_total_num_tokens"],
-            )
-            if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-                raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
-            if not isinstance(logprob_start_len, int):
-                raise ValueError(f"logprob_start_len must be an int, got {logprob_start_len}")
-        except (ValueError, TypeError) as e:
+            validate_request(input_ids, params, self.limits, top_logprobs_num)
+        except ValueError as e:
             code = "context_length_exceeded" if "context length" in str(e) else None
             raise ApiError(400, str(e), code=code) from None
-        if rid is not None and not isinstance(rid, str):
-            raise ApiError(400, f"rid must be a string, got {type(rid).__name__}", param="rid")
         msg = GenerateReqInput(
             rid or uuid.uuid4().hex,
             input_ids,
@@ -263,43 +238,38 @@ class TokenizerManager:
 
     async def submit(self, items: list[Prepared]) -> list[ReqState]:
         """Send every request (each of its ``n`` samples); n > 1 first caches the prompt
-        once, so the samples share its KV."""
+        once, so the samples share its KV. Every message is encoded before any state is
+        registered, so a request that cannot be sent leaves nothing behind."""
         subs: list[GenerateReqInput] = []
         for p in items:
             n = p.params.n
-            subs += (
-                [p.msg]
-                if n == 1
-                else [
-                    GenerateReqInput(
-                        f"{p.msg.rid}-{j}",
-                        p.msg.input_ids,
-                        p.msg.sampling_params,
-                        p.msg.return_logprob,
-                        p.msg.logprob_start_len,
-                        p.msg.top_logprobs_num,
-                        return_text_in_logprobs=p.msg.return_text_in_logprobs,
-                    )
-                    for j in range(n)
-                ]
-            )
+            subs += [p.msg] if n == 1 else [
+                msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
         self.check_capacity(len(subs))
         if len({m.rid for m in subs}) != len(subs) or any(m.rid in self.states for m in subs):
             raise ApiError(400, "rid is already in use", param="rid")
+        wire = [self._encode(m) for m in subs]
         if not self.args.disable_radix_cache:
             for p in items:
                 if p.params.n > 1:
                     warm = GenerateReqInput(
                         p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0}
                     )
-                    async for _ in self.outputs(self._send_req(warm)):
+                    async for _ in self.outputs(self._send_req(warm, self._encode(warm))):
                         pass
-        return [self._send_req(m) for m in subs]
+        return [self._send_req(m, data) for m, data in zip(subs, wire)]
 
-    def _send_req(self, msg: GenerateReqInput) -> ReqState:
+    @staticmethod
+    def _encode(msg: GenerateReqInput) -> bytes:
+        try:
+            return encode(msg)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as e:
+            raise ApiError(400, f"the request cannot be encoded: {e}") from None
+
+    def _send_req(self, msg: GenerateReqInput, data: bytes) -> ReqState:
         state = ReqState(msg)
+        self._push.send(data)
         self.states[msg.rid] = state
-        self._push.send(encode(msg))
         return state
 
     async def outputs(self, state: ReqState) -> AsyncIterator[TextOutput]:
@@ -307,9 +277,11 @@ class TokenizerManager:
         try:
             while True:
                 out = await state.queue.get()
-                reason = out.finish_reason or {}
-                if reason.get("status_code") == 400:  # found by the scheduler (a grammar)
-                    raise ApiError(400, reason.get("message", "bad request"))
+                status = (out.finish_reason or {}).get("status_code")
+                if status is not None:  # a bad grammar, a stuck scheduler, a failed decode
+                    state.finished = status < 500  # the scheduler may still hold a 5xx one
+                    raise ApiError(status, out.finish_reason.get("message", "request failed"),
+                                   "invalid_request_error" if status < 500 else "server_error")
                 yield out
                 if out.finished:
                     return
@@ -360,6 +332,13 @@ class TokenizerManager:
     def abort_all(self) -> None:
         for rid in list(self.states):
             self.abort(rid)
+
+    def fail_all(self, status: int, message: str) -> None:
+        """End every in-flight request with an error (the scheduler is not answering)."""
+        reason = {"type": "abort", "message": message, "status_code": status}
+        for rid, state in list(self.states.items()):
+            state.queue.put_nowait(TextOutput(rid, "", [], len(state.msg.input_ids), 0, 0,
+                                              finish_reason=reason))
 
     # --- control ------------------------------------------------------------------------------
     async def _call(self, msg: Any, reply_type: type) -> Any:

@@ -1,33 +1,87 @@
 """Checks of one request before it reaches the scheduler (before any KV is allocated).
 
-Errors a user can cause raise ``ValueError`` naming the field and the limit; the Engine
-raises them, the server returns them as HTTP 400.
+Types were checked at the edge (``entrypoints/protocol.py``); this checks what depends on
+the model and the server's limits. Errors a user can cause raise ``ValueError`` naming
+the field and the limit; the Engine raises them, the server returns them as HTTP 400.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.sampling_params import SamplingParams
 
 
-def validate_request(input_ids: list[int], params: SamplingParams, context_len: int,
-                     vocab_size: int, pool_size: int) -> None:
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for on this server."""
+
+    context_len: int
+    vocab_size: int
+    pool_size: int  # KV slots
+    page_size: int = 1
+    max_n: int = 64
+    max_stop: int = 64  # stop strings, and stop_token_ids, each
+    max_stop_len: int = 1024  # characters of one stop string
+    max_logit_bias: int = 1024  # entries
+    max_top_logprobs: int = 64
+
+    @classmethod
+    def from_args(cls, args: ServerArgs, context_len: int, vocab_size: int,
+                  pool_size: int) -> RequestLimits:
+        return cls(context_len, vocab_size, pool_size, args.page_size, args.max_n,
+                   args.max_stop_sequences, args.max_stop_length, args.max_logit_bias,
+                   args.max_top_logprobs_num)
+
+
+def validate_request(input_ids: list[int], params: SamplingParams, limits: RequestLimits,
+                     top_logprobs_num: int = 0) -> None:
     if not input_ids:
         raise ValueError("the prompt is empty: text or input_ids must hold at least one token")
-    bad = next((t for t in input_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
-    if bad is not None:
-        raise ValueError(f"input_ids holds token id {bad!r}, outside the vocabulary "
-                         f"[0, {vocab_size})")
-    n = len(input_ids)
+    vocab = limits.vocab_size
+    for t in input_ids:
+        if isinstance(t, bool) or not (isinstance(t, int) and 0 <= t < vocab):
+            raise ValueError(f"input_ids holds token id {t!r}, outside the vocabulary "
+                             f"[0, {vocab})")
+    n, context_len = len(input_ids), limits.context_len
     if n >= context_len:
         raise ValueError(f"This model's maximum context length is {context_len} tokens. "
                          f"However, your request has {n} input tokens. Please shorten the "
                          "prompt.")
-    params.verify(vocab_size, context_len)
+    params.verify(vocab, context_len)
+    _check_caps(params, limits, top_logprobs_num)
     if n + params.max_new_tokens > context_len:
         raise ValueError(f"max_new_tokens is too large: {params.max_new_tokens}. This model's "
                          f"maximum context length is {context_len} tokens and your request "
                          f"has {n} input tokens ({n} + {params.max_new_tokens} > "
                          f"{context_len})")
-    if n + 1 > pool_size:
-        raise ValueError(f"the prompt has {n} tokens but the KV cache holds only "
-                         f"{pool_size} tokens (max_total_tokens)")
+    page = limits.page_size
+    need = -(-(n + params.max_new_tokens) // page) * page  # whole pages, as allocated
+    if need > limits.pool_size:
+        raise ValueError(f"the prompt ({n} tokens) plus max_new_tokens "
+                         f"({params.max_new_tokens}) needs {need} KV slots but the KV cache "
+                         f"holds only {limits.pool_size} (max_total_tokens): it could never "
+                         "run; lower max_new_tokens or shorten the prompt")
+
+
+def _check_caps(params: SamplingParams, limits: RequestLimits, top_logprobs_num: int) -> None:
+    def cap(name: str, value: int, limit: int, flag: str) -> None:
+        if value > limit:
+            raise ValueError(f"{name} is {value}, over the server's limit of {limit} ({flag})")
+
+    cap("n", params.n, limits.max_n, "--max-n")
+    cap("the number of stop strings", len(params.stop or []), limits.max_stop,
+        "--max-stop-sequences")
+    cap("the number of stop_token_ids", len(params.stop_token_ids or []), limits.max_stop,
+        "--max-stop-sequences")
+    longest = max((len(s) for s in params.stop or []), default=0)
+    cap("the length of a stop string", longest, limits.max_stop_len, "--max-stop-length")
+    cap("the number of logit_bias entries", len(params.logit_bias or {}),
+        limits.max_logit_bias, "--max-logit-bias")
+    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int):
+        raise ValueError(f"top_logprobs_num must be an integer, got {top_logprobs_num!r}")
+    if top_logprobs_num < 0:
+        raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+    cap("top_logprobs_num", top_logprobs_num, limits.max_top_logprobs,
+        "--max-top-logprobs-num")

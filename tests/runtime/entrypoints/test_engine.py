@@ -1,5 +1,5 @@
 """The Engine against transformers: greedy output ids are identical, whatever the batch
-composition, page size, chunking, cache state or retraction history (DESIGN.md)."""
+composition, page size, chunking, cache state or retraction history (docs/design.md)."""
 
 from __future__ import annotations
 
