@@ -46,15 +46,16 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: str | dict | None = None,
+    ebnf: str | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. Unset arguments take the defaults given to
     ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
-    str) constrains the text with a regex."""
+    str) constrains the text with a regex; ``ebnf`` with a GBNF grammar."""
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method or token_length_normalized)
-    given = [x for x in (regex, json_schema, dtype) if x is not None]
+    given = [x for x in (regex, json_schema, ebnf, dtype) if x is not None]
     if len(given) > 1:
-        raise ValueError("gen() takes at most one of regex, json_schema and dtype")
+        raise ValueError("gen() takes at most one of regex, json_schema, ebnf and dtype")
     dtype_name = None
     if dtype is not None:
         regex = dtype_to_regex(dtype)
@@ -75,6 +76,7 @@ def gen(
         ignore_eos=ignore_eos,
         regex=regex,
         json_schema=json_schema,
+        ebnf=ebnf,
         return_logprob=return_logprob,
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,

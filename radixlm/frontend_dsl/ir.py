@@ -60,6 +60,7 @@ class SamplingArgs:
     ignore_eos: bool | None = None
     regex: str | None = None
     json_schema: str | dict | None = None
+    ebnf: str | None = None
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class ServerArgs:
                 "other processes for a core slow every step down); in the offline Engine, "
                 "when given, torch's thread count (default: torch's own)"})
     # constrained decoding
+    grammar_backend: str = field(default="xgrammar", metadata={
+        "help": "xgrammar|llguidance|outlines: compiles regex / json_schema / ebnf grammars"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "do not append grammar-forced text without sampling it"})
     grammar_compile_timeout: float = field(default=10.0, metadata={
@@ -103,6 +106,8 @@ class ServerArgs:
              f"dtype must be auto|float32|float16|bfloat16, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
              f"device must be auto|cpu|cuda, got {self.device!r}")
+        need(self.grammar_backend in GRAMMAR_BACKENDS,
+             f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         need(self.attention_backend in (None, "torch", "triton"),
              f"attention_backend must be torch or triton, got {self.attention_backend!r}")
         need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,

@@ -154,9 +154,24 @@ def test_gen_arguments_defaults_and_assistant_stop(engine):
     assert j["json_schema"] == {"type": "object"}
 
 
+def test_gen_with_an_ebnf_grammar(backend):
+    """SGLang's ebnf sampling parameter through the DSL: the output is in the language."""
+
+    @sgl.function
+    def prog(s):
+        s += "Verdict: " + sgl.gen("v", max_tokens=8, temperature=1.0,
+                                   ebnf='root ::= ("yes" | "no") "!"?')
+
+    for _ in range(3):
+        state = prog.run(backend=backend)
+        assert state["v"] in ("yes", "no", "yes!", "no!"), state["v"]
+
+
 def test_gen_rejects_conflicting_constraints():
     with pytest.raises(ValueError, match="at most one"):
         sgl.gen("x", regex="a+", dtype=int)
+    with pytest.raises(ValueError, match="at most one"):
+        sgl.gen("x", regex="a+", ebnf='root ::= "a"')
     with pytest.raises(ValueError, match="unsupported dtype"):
         sgl.gen("x", dtype=list)
 

@@ -1,54 +1,74 @@
-"""Constrained decoding: regex / JSON schema -> token masks (outlines-core), jump-forward.
+"""Constrained decoding: regex / JSON schema / EBNF -> token bitmasks, and jump-forward.
 
-    compiler = GrammarCompiler(tokenizer)
-    fut = compiler.submit("json_schema", schema)      # never blocks; compiled off the loop
-    ...                                                # request waits until fut.done()
-    matcher = fut.result().new_matcher()               # ValueError here for a bad grammar
+    backend = create_grammar_backend("xgrammar", tokenizer, vocab_size)  # the one choice
+    compiler = GrammarCompiler(backend)
+    fut = compiler.submit("json_schema", schema)   # never blocks; compiled off the loop
+    ...                                            # the request waits until fut.done()
+    matcher = fut.result().new_matcher()           # ValueError here for a bad grammar
     bitmask = allocate_token_bitmask(batch_size, vocab_size)
-    matcher.fill_mask(bitmask, row)                    # each step, before sampling
-    apply_token_bitmask_(logits, bitmask)              # in the sampler
-    matcher.accept_token(token_id)                     # after sampling
-    matcher.is_terminated()                            # finish: only EOS left
+    matcher.fill_bitmask(bitmask, row)             # each step, before sampling
+    apply_token_bitmask_(logits, bitmask)          # in the sampler, in place
+    matcher.accept_token(token_id)                 # after sampling
+    matcher.is_terminated()                        # finish: only EOS left
 
-Layout: vocabulary.py (token bytes, outlines-core Vocabulary), grammar.py (spec checks,
-schema -> regex, automata), matcher.py (CompiledGrammar, GrammarMatcher, bitmask helpers),
-compiler.py (GrammarCompiler: worker thread, LRU cache, time limit).
+Layout: base.py (the interface, bitmasks, spec checks), one module per backend
+(xgrammar_backend.py, llguidance_backend.py, outlines_backend.py with grammar.py,
+matcher.py and vocabulary.py), compiler.py (worker thread, LRU cache, time limit),
+jump_forward.py (canonical jump-forward over any matcher).
 """
 
-from radixlm.runtime.constrained.compiler import GRAMMAR_KINDS, GrammarCompiler, compile_grammar
-from radixlm.runtime.constrained.grammar import (
-    JSON_WHITESPACE_PATTERN,
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixlm.runtime.config import GRAMMAR_BACKENDS
+from radixlm.runtime.constrained.base import (
+    GRAMMAR_KINDS,
     MAX_SCHEMA_DEPTH,
-    GrammarLimits,
-)
-from radixlm.runtime.constrained.matcher import (
-    CompiledGrammar,
-    GrammarMatcher,
+    Grammar,
+    GrammarBackend,
+    Matcher,
     allocate_token_bitmask,
+    allowed_ids,
     apply_token_bitmask_,
     bitmask_width,
+    canonical_schema,
+    canonical_spec,
 )
-from radixlm.runtime.constrained.vocabulary import (
-    TokenizerInfo,
-    build_vocabulary,
-    token_bytes_of,
-    tokenizer_info,
-)
+from radixlm.runtime.constrained.compiler import GrammarCompiler
+
+
+def create_grammar_backend(name: str, tokenizer: Any, vocab_size: int,
+                           stop_token_ids: Sequence[int] = ()) -> GrammarBackend:
+    """The grammar backend ``name`` for one tokenizer: the one place a backend is chosen
+    (``--grammar-backend``; the default, xgrammar, was the fastest at a 128k vocabulary in
+    docs/benchmarks.md). Each module is imported on first use: it loads its library,
+    seconds of start-up that a server using another backend should not pay."""
+    if name == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend as cls
+    elif name == "llguidance":
+        from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend as cls
+    elif name == "outlines":
+        from radixlm.runtime.constrained.outlines_backend import OutlinesBackend as cls
+    else:
+        raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {name!r}")
+    return cls(tokenizer, vocab_size, stop_token_ids)
+
 
 __all__ = [
+    "GRAMMAR_BACKENDS",
     "GRAMMAR_KINDS",
-    "JSON_WHITESPACE_PATTERN",
     "MAX_SCHEMA_DEPTH",
-    "CompiledGrammar",
+    "Grammar",
+    "GrammarBackend",
     "GrammarCompiler",
-    "GrammarLimits",
-    "GrammarMatcher",
-    "TokenizerInfo",
+    "Matcher",
     "allocate_token_bitmask",
+    "allowed_ids",
     "apply_token_bitmask_",
     "bitmask_width",
-    "build_vocabulary",
-    "compile_grammar",
-    "token_bytes_of",
-    "tokenizer_info",
+    "canonical_schema",
+    "canonical_spec",
+    "create_grammar_backend",
 ]

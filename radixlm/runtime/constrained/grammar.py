@@ -1,4 +1,4 @@
-"""Grammar specs -> checked regexes -> token-level and byte-level automata.
+"""The outlines backend's pipeline: specs -> checked regexes -> token and byte automata.
 
 A grammar is a regex or a JSON schema; a JSON schema becomes a regex through outlines-core.
 Every regex is checked in Python before any Rust automaton is built, because outlines-core's
@@ -13,7 +13,6 @@ jump-forward follows.
 
 from __future__ import annotations
 
-import json
 import re
 import re._constants as sre_c
 import re._parser as sre_parse
@@ -28,7 +27,6 @@ from radixlm.runtime.constrained.vocabulary import SENTINEL, SENTINEL_BYTES, Tok
 # Optional single spaces after ',' and ':': json.dumps-style output stays possible, and the
 # model is never forced into newlines/indentation it would tokenise oddly.
 JSON_WHITESPACE_PATTERN = r"[ ]?"
-MAX_SCHEMA_DEPTH = 64
 BYTE_SENTINEL_ID = 256
 
 _UNSUPPORTED_TEXT = [
@@ -150,85 +148,6 @@ def _check_with_rust(regex: str, message: str) -> None:
     except ValueError as e:
         if "incompatible" not in str(e):  # a parse error, not a missing-token error
             raise ValueError(message) from None
-
-
-def _depth(obj: Any, limit: int) -> int:
-    """Container nesting depth of a JSON value, iteratively; stops past `limit`."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if not isinstance(node, (dict, list)):
-            continue
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, d + 1) for child in children)
-    return deepest
-
-
-def canonical_schema(spec: str | dict[str, Any] | bool) -> str:
-    """Parse and check a JSON schema; return it as compact JSON text (key order kept)."""
-    if isinstance(spec, str):
-        try:
-            obj = json.loads(spec)
-        except RecursionError:
-            raise ValueError(
-                f"json_schema is nested too deeply (limit {MAX_SCHEMA_DEPTH} levels)"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"json_schema is not valid JSON: {e}") from None
-    else:
-        obj = spec
-    if obj is True:
-        obj = {}
-    if obj is False:
-        raise ValueError("json_schema is `false`: no output can satisfy it")
-    if not isinstance(obj, dict):
-        raise ValueError(f"json_schema must be an object or a boolean, got {type(obj).__name__}")
-    if _depth(obj, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
-        raise ValueError(f"json_schema is nested too deeply (limit {MAX_SCHEMA_DEPTH} levels)")
-    check_schema_keywords(obj)
-    try:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"json_schema cannot be serialised as JSON: {e}") from None
-
-
-# Keywords outlines-core's schema compiler silently ignores although they restrict values:
-# a schema using them could be "satisfied" by output that breaks it, so it is refused.
-UNSUPPORTED_SCHEMA_KEYWORDS = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
-    "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
-    "dependentSchemas", "dependencies", "not", "if", "then", "else",
-    "unevaluatedProperties", "unevaluatedItems",
-})
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
-def check_schema_keywords(schema: Any, path: str = "#") -> None:
-    """Raise ValueError naming the first keyword (and where) the decoder cannot enforce."""
-    stack: list[tuple[Any, str]] = [(schema, path)]
-    while stack:
-        node, where = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        bad = sorted(UNSUPPORTED_SCHEMA_KEYWORDS.intersection(node))
-        if bad:
-            raise ValueError(f"unsupported json_schema: keyword {bad[0]!r} at {where} cannot "
-                             "be enforced by constrained decoding")
-        for key in _SUBSCHEMA_MAPS:
-            for name, sub in (node.get(key) or {}).items():
-                stack.append((sub, f"{where}/{key}/{name}"))
-        for key in _SUBSCHEMA_LISTS:
-            for i, sub in enumerate(node.get(key) or []):
-                stack.append((sub, f"{where}/{key}/{i}"))
-        for key in ("items", "additionalProperties"):
-            if isinstance(node.get(key), dict):
-                stack.append((node[key], f"{where}/{key}"))
 
 
 def schema_to_regex(canonical: str) -> str:

@@ -1,9 +1,6 @@
-"""CompiledGrammar (shared, immutable automata) and GrammarMatcher (one request's position).
-
-Masks are int32 bitmasks, one row per request: bit j of word i allows token 32 * i + j
-(the layout of outlines-core, xgrammar and llguidance). A row is 1/32 of a bool row, so a
-[B, V] batch mask is cheap to copy to the GPU; `apply_token_bitmask_` unpacks it there.
-Each token state's row is computed once (from the Index) and then copied with memmove.
+"""The outlines backend's grammar and matcher: CompiledGrammar (shared, immutable automata)
+and GrammarMatcher (one request's position). Each token state's bitmask row is computed
+once (from the Index) and then copied with memmove.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import numpy as np
 import torch
 from outlines_core import Index
 
+from radixlm.runtime.constrained.base import Grammar, Matcher, bitmask_width
 from radixlm.runtime.constrained.grammar import BYTE_SENTINEL_ID
 from radixlm.runtime.constrained.vocabulary import TokenizerInfo
 
@@ -24,34 +22,8 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_ROWS = 8192  # per grammar; past this, rows are recomputed on each fill
 
 
-def bitmask_width(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32
-
-
-def allocate_token_bitmask(batch_size: int, vocab_size: int, pin: bool = False) -> torch.Tensor:
-    """A [batch_size, ceil(vocab_size / 32)] int32 bitmask with every token allowed."""
-    shape = (batch_size, bitmask_width(vocab_size))
-    return torch.full(shape, -1, dtype=torch.int32, pin_memory=pin)
-
-
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits[b, t] = -inf wherever bit t of bitmask row b is 0. In place, vectorised."""
-    assert logits.dim() == 2 and bitmask.dim() == 2, (logits.shape, bitmask.shape)
-    assert logits.shape[0] == bitmask.shape[0], (logits.shape, bitmask.shape)
-    batch, vocab = logits.shape
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bitmask = bitmask.to(logits.device, non_blocking=True)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().view(batch, -1)  # [B, W * 32]
-    if allowed.shape[1] >= vocab:
-        allowed = allowed[:, :vocab]
-    else:  # ids past the mask (padding of the model's vocab) are never allowed
-        pad = torch.zeros(batch, vocab - allowed.shape[1], dtype=torch.bool, device=logits.device)
-        allowed = torch.cat([allowed, pad], dim=1)
-    logits.masked_fill_(~allowed, float("-inf"))
-
-
 @dataclass(eq=False)
-class CompiledGrammar:
+class CompiledGrammar(Grammar):
     """The automata of one grammar over one tokenizer; shared by all requests using it.
 
     `index` is the token-level automaton (outlines-core); `byte_transitions` the byte-level
@@ -71,7 +43,6 @@ class CompiledGrammar:
     byte_accepting: frozenset[int]
     compile_time_s: float = 0.0
     _rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
-    _bool_rows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _terminal: dict[int, bool] = field(default_factory=dict, repr=False)
 
     @property
@@ -111,16 +82,6 @@ class CompiledGrammar:
                 self._rows[state] = row
         return row
 
-    def bool_row(self, state: int) -> np.ndarray:
-        row = self._bool_rows.get(state)
-        if row is None:
-            packed = self.bitmask_row(state).view(np.uint8)
-            row = np.unpackbits(packed, bitorder="little", count=self.info.vocab_size)
-            row = row.view(np.bool_)
-            if len(self._bool_rows) < MAX_CACHED_ROWS:
-                self._bool_rows[state] = row
-        return row
-
     def is_terminal(self, state: int) -> bool:
         """Whether EOS is the only token allowed in `state`."""
         done = self._terminal.get(state)
@@ -144,14 +105,8 @@ def _copy_row(dst: torch.Tensor, row: int, src: np.ndarray) -> None:
         dst[row, n:] = 0
 
 
-class GrammarMatcher:
-    """Where one request is in its grammar: token state, byte-DFA state, and history.
-
-    Scheduler contract: before sampling, `fill_mask(mask, row)`; after sampling,
-    `accept_token(token_id)`; finish the request when `is_terminated()` (only EOS is left)
-    or when the sampled token is EOS. Optional jump-forward: `forced_string()`, tokenize it,
-    `jump_forward(forced, ids)`.
-    """
+class GrammarMatcher(Matcher):
+    """Where one request is in its grammar: token state, byte-DFA state, and history."""
 
     def __init__(self, grammar: CompiledGrammar) -> None:
         self.grammar = grammar
@@ -161,25 +116,17 @@ class GrammarMatcher:
         self._history: list[tuple[int, int, bool]] = []
 
     # -- masks ---------------------------------------------------------------------------
-    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        """Write this request's allowed tokens into row `row` of an int32 bitmask [B, W]
-        (preferred, see module doc) or a bool mask [B, V]."""
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        assert bitmask.dtype == torch.int32, bitmask.dtype
         if self.finished:
-            self._fill_only_eos(mask, row)
-        elif mask.dtype == torch.int32:
-            _copy_row(mask, row, self.grammar.bitmask_row(self.state))
-        elif mask.dtype == torch.bool:
-            _copy_row(mask, row, self.grammar.bool_row(self.state))
+            self._fill_only_eos(bitmask, row)
         else:
-            raise AssertionError(f"mask must be int32 (bitmask) or bool, got {mask.dtype}")
+            _copy_row(bitmask, row, self.grammar.bitmask_row(self.state))
 
-    def _fill_only_eos(self, mask: torch.Tensor, row: int) -> None:
+    def _fill_only_eos(self, bitmask: torch.Tensor, row: int) -> None:
         eos = self.grammar.info.eos_token_id
-        mask[row] = 0
-        if mask.dtype == torch.int32:
-            mask[row, eos // 32] = ((1 << (eos % 32)) ^ 0x80000000) - 0x80000000  # as int32
-        else:
-            mask[row, eos] = True
+        bitmask[row] = 0
+        bitmask[row, eos // 32] = ((1 << (eos % 32)) ^ 0x80000000) - 0x80000000  # as int32
 
     def allowed_token_ids(self) -> list[int]:
         if self.finished:
@@ -199,19 +146,21 @@ class GrammarMatcher:
             byte_state = trans[byte_state][b]
         return nxt, byte_state
 
-    def accept_token(self, token_id: int) -> None:
-        """Advance over a sampled token. A token the mask did not allow is a bug: asserts."""
-        assert not self.finished, f"token {token_id} after EOS"
-        self._history.append((self.state, self.byte_state, self.finished))
+    def accept_token(self, token_id: int) -> bool:
+        if self.finished:
+            return False
         if token_id == self.grammar.info.eos_token_id:
-            assert self.is_accepting(), f"EOS in non-accepting state {self.state}"
+            if not self.is_accepting():
+                return False
+            self._history.append((self.state, self.byte_state, self.finished))
             self.finished = True
-            return
+            return True
         step = self._step(self.state, self.byte_state, token_id)
         if step is None:
-            self._history.pop()
-            raise AssertionError(f"token {token_id} is not allowed in state {self.state}")
+            return False
+        self._history.append((self.state, self.byte_state, self.finished))
         self.state, self.byte_state = step
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens."""
@@ -255,19 +204,3 @@ class GrammarMatcher:
         if out and 0x80 <= out[0] < 0xC0:  # mid-character: not expressible as text
             return ""
         return out.decode("utf-8", errors="ignore") if out else ""
-
-    def jump_forward(self, forced: str, token_ids: list[int]) -> bool:
-        """Accept `token_ids` (the tokenization of `forced`) as a unit. Returns False and
-        changes nothing if the automaton does not accept them token by token."""
-        del forced  # the tokens are what the model will see; they alone are checked
-        state, byte_state = self.state, self.byte_state
-        steps: list[tuple[int, int]] = []
-        for token_id in token_ids:
-            step = self._step(state, byte_state, token_id)
-            if step is None:
-                return False
-            steps.append((state, byte_state))
-            state, byte_state = step
-        self._history.extend((s, bs, False) for s, bs in steps)
-        self.state, self.byte_state = state, byte_state
-        return True

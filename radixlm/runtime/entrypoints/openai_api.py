@@ -50,6 +50,7 @@ _SAMPLING_FIELDS = {
     "no_stop_trim": "no_stop_trim",
     "regex": "regex",
     "json_schema": "json_schema",
+    "ebnf": "ebnf",
     "logit_bias": "logit_bias",
 }
 

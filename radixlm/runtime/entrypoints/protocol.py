@@ -63,6 +63,7 @@ class SamplingParamsIn(_Strict):
     sampling_seed: Int64 | None = None  # SGLang's name for seed
     regex: str | None = None
     json_schema: dict[str, Any] | bool | str | None = None
+    ebnf: str | None = None
     logit_bias: dict[str, Finite] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,6 +155,7 @@ class OpenAISampling(_Lenient):
     no_stop_trim: bool | None = None
     regex: str | None = None
     json_schema: dict[str, Any] | bool | str | None = None
+    ebnf: str | None = None
 
 
 class CompletionRequest(OpenAISampling):

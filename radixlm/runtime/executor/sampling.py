@@ -3,7 +3,7 @@
 Order of operations for a row (each step is skipped for the whole batch when no row
 needs it):
 
-    vocab_mask -> logit_bias -> repetition penalty -> frequency/presence penalties
+    token_bitmask -> logit_bias -> repetition penalty -> frequency/presence penalties
     -> min_new_tokens (stop ids to -inf)                 = processed logits
     greedy rows: argmax(processed logits)
     sampled rows: softmax(processed / temperature) -> top-k & top-p & min-p -> draw
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.constrained.base import apply_token_bitmask_
 from radixlm.runtime.executor.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -73,7 +74,7 @@ class SamplingBatchInfo:
     output_counts: torch.Tensor | None = None  # [B, V] float32, counts of output tokens
     seen_tokens: torch.Tensor | None = None  # [B, V] bool, in prompt or output
     logit_bias: torch.Tensor | None = None  # [B, V] float32
-    vocab_mask: torch.Tensor | None = None  # [B, V] bool, True = allowed
+    token_bitmask: torch.Tensor | None = None  # [B, ceil(V / 32)] int32, bit set = allowed
     generator: torch.Generator | None = None  # unseeded rows; None = torch's default
     # (rows, token ids) set to -inf this step for min_new_tokens; rebuilt by to()/advance()
     _min_tokens_index: tuple[torch.Tensor, torch.Tensor] | None = field(
@@ -90,7 +91,7 @@ class SamplingBatchInfo:
         prompt_ids: Sequence[Sequence[int]] | None = None,
         eos_token_ids: Sequence[int] = (),
         top_logprobs_nums: Sequence[int] | None = None,
-        vocab_mask: torch.Tensor | None = None,
+        token_bitmask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
     ) -> SamplingBatchInfo:
@@ -124,7 +125,7 @@ class SamplingBatchInfo:
                 list(eos_token_ids) + list(p.stop_token_ids or []) for p in params
             ],
             top_logprobs_nums=list(top_logprobs_nums or [0] * len(params)),
-            vocab_mask=vocab_mask,
+            token_bitmask=token_bitmask,
             generator=generator,
         )
         info._init_penalties(params, output_ids, prompt_ids, device)
@@ -153,7 +154,7 @@ class SamplingBatchInfo:
         for name in (
             "is_greedy", "temperatures", "top_ks", "top_ps", "min_ps", "repetition_penalties",
             "frequency_penalties", "presence_penalties", "output_counts", "seen_tokens",
-            "logit_bias", "vocab_mask",
+            "logit_bias", "token_bitmask",
         ):  # fmt: skip
             value = getattr(self, name)
             if value is not None:
@@ -169,15 +170,16 @@ class SamplingBatchInfo:
     def device(self) -> torch.device:
         return self.is_greedy.device
 
-    def advance(self, next_token_ids: torch.Tensor, vocab_mask: torch.Tensor | None = None) -> None:
-        """Account for one appended token per row; ``vocab_mask`` is next step's mask."""
+    def advance(self, next_token_ids: torch.Tensor,
+                token_bitmask: torch.Tensor | None = None) -> None:
+        """Account for one appended token per row; ``token_bitmask`` is next step's mask."""
         rows = torch.arange(self.batch_size, device=self.device)
         if self.output_counts is not None:
             self.output_counts[rows, next_token_ids] += 1
         if self.seen_tokens is not None:
             self.seen_tokens[rows, next_token_ids] = True
         self.steps = [s + 1 for s in self.steps]
-        self.vocab_mask = vocab_mask
+        self.token_bitmask = token_bitmask
         self._min_tokens_index = self._build_min_tokens_index()
 
     def _build_min_tokens_index(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -215,8 +217,9 @@ def token_counts(
 
 def process_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """Mask, bias, penalties and min-new-tokens; returns a new [B, V] tensor."""
-    if info.vocab_mask is not None:
-        logits = logits.masked_fill(~info.vocab_mask, _NEG_INF)
+    if info.token_bitmask is not None:  # grammars: one packed mask for the batch
+        logits = logits.clone()
+        apply_token_bitmask_(logits, info.token_bitmask)
     if info.logit_bias is not None:
         logits = logits + info.logit_bias
     if info.seen_tokens is not None:

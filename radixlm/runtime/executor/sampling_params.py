@@ -17,6 +17,7 @@ from typing import Any
 # Temperatures below this are treated as greedy (argmax), as in SGLang.
 GREEDY_TEMPERATURE_EPS = 1e-5
 _ALIASES = {"sampling_seed": "seed"}
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")  # at most one per request
 
 
 @dataclass
@@ -42,6 +43,7 @@ class SamplingParams:
     seed: int | None = None  # SGLang's `sampling_seed`
     regex: str | None = None
     json_schema: str | None = None  # a dict is accepted and dumped to a string
+    ebnf: str | None = None  # a GBNF grammar (SGLang's ebnf)
     logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
 
     def __post_init__(self) -> None:
@@ -101,6 +103,15 @@ class SamplingParams:
         return SamplingParams(**{**current, **changes})
 
     @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, spec) of the request's grammar, if it has one."""
+        for kind in GRAMMAR_FIELDS:
+            spec = getattr(self, kind)
+            if spec is not None:
+                return kind, spec
+        return None
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
 
@@ -110,8 +121,10 @@ class SamplingParams:
         self._verify_distribution()
         self._verify_lengths(context_len)
         self._verify_stops(vocab_size)
-        if self.regex is not None and self.json_schema is not None:
-            raise ValueError("regex and json_schema cannot both be set")
+        given = [k for k in GRAMMAR_FIELDS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"only one of regex, json_schema and ebnf may be set, got "
+                             f"{' and '.join(given)}")
         for token_id in (self.logit_bias or {}).keys():
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"logit_bias keys must be in [0, {vocab_size}), got {token_id}")
@@ -139,6 +152,7 @@ class SamplingParams:
                                          for x in self.stop_token_ids or []),
                    "a list of token ids"),
                   ("regex", self.regex is None or isinstance(self.regex, str), "a string"),
+                  ("ebnf", self.ebnf is None or isinstance(self.ebnf, str), "a string"),
                   ("json_schema", self.json_schema is None or isinstance(self.json_schema, str),
                    "a JSON schema"),
                   ("logit_bias", all(math.isfinite(v) for v in (self.logit_bias or {}).values()),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from radixlm.runtime.constrained import allocate_token_bitmask
+from radixlm.runtime.constrained.jump_forward import canonical_jump
 from radixlm.runtime.executor.sampling import SamplingBatchInfo, compute_logprobs, sample
 from radixlm.runtime.managers.messages import ReqOutput
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
@@ -29,6 +32,8 @@ class OutputProcessor:
         self.generator.manual_seed(seed if seed is not None else random.getrandbits(63))
         self._pending: list[ReqOutput] = []
         self.jump_forward = not scheduler.args.disable_jump_forward
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._bitmask_job: tuple[list[int], Future[torch.Tensor]] | None = None
 
     # --- which logits a forward must produce ----------------------------------------------
     @staticmethod
@@ -101,16 +106,18 @@ class OutputProcessor:
             params, [r.output_ids for r in reqs], self.vocab_size,
             prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
             eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
-            vocab_mask=self._grammar_mask(reqs, logits.device), generator=self.generator,
+            token_bitmask=self._take_bitmask(reqs), generator=self.generator,
             device=logits.device)
         out = sample(logits[:, : self.vocab_size], info)
         ids, lps = out.next_token_ids.tolist(), out.logprobs.tolist()
         outs = []
         for i, (req, tok) in enumerate(zip(reqs, ids)):
+            start = len(req.output_ids)
             req.output_ids.append(tok)
             self.s.stats["generation_tokens"] += 1
             req.finish_reason = self._check_finish(req, tok)
-            new_ids = [tok] + self._advance_grammar(req, tok)
+            self._advance_grammar(req, tok)
+            new_ids = req.output_ids[start:]
             top = None
             if out.top_logprobs is not None and req.top_logprobs_num:
                 v, t = out.top_logprobs[i]
@@ -121,40 +128,62 @@ class OutputProcessor:
         return outs
 
     # --- constrained decoding -------------------------------------------------------------
-    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
-        """[B, V] allowed tokens; only built when a row has a grammar (others: all True)."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
-            return None
-        mask = torch.ones((len(reqs), self.vocab_size), dtype=torch.bool)
-        for i in rows:
-            reqs[i].grammar.fill_mask(mask, i)
-        return mask.to(device)
+    def start_bitmask(self, batch: ScheduleBatch) -> None:
+        """Fill the grammar masks of the rows that will sample after this forward, on a
+        worker thread while the forward runs (the matchers do not move until then)."""
+        reqs = [r for r, n in zip(batch.reqs, batch.extend_lens)
+                if r.kv_len + n == r.seq_len and r.sampling_params.max_new_tokens > 0]
+        if not any(r.grammar is not None for r in reqs):
+            self._bitmask_job = None
+            return
+        self._bitmask_job = ([id(r) for r in reqs], self._mask_pool.submit(self._fill, reqs))
 
-    def _advance_grammar(self, req: Req, tok: int) -> list[int]:
-        """Move the request's automaton over ``tok``; finish it when only EOS is left;
-        append the text the grammar forces (jump-forward). Returns the appended ids."""
+    def _take_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
+        job, self._bitmask_job = self._bitmask_job, None
+        if job is not None and job[0] == [id(r) for r in reqs]:
+            return job[1].result()
+        if job is not None:
+            job[1].result()  # a batch that changed shape: never leave a fill running
+        return self._fill(reqs) if any(r.grammar is not None for r in reqs) else None
+
+    def _fill(self, reqs: list[Req]) -> torch.Tensor:
+        """[B, ceil(V / 32)] int32: every token allowed, except in constrained rows."""
+        bitmask = allocate_token_bitmask(len(reqs), self.vocab_size)
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                r.grammar.fill_bitmask(bitmask, i)
+        return bitmask
+
+    def _advance_grammar(self, req: Req, tok: int) -> None:
+        """Move the request's matcher over ``tok``; finish the request when only EOS is
+        left; append the text the grammar forces (canonical jump-forward), each forced
+        token checked for stops like a sampled one."""
         g = req.grammar
         if g is None or req.finished:
-            return []
-        g.accept_token(tok)
+            return
+        if not g.accept_token(tok):  # the mask allowed it: a backend bug, not the user's
+            req.finish_reason = {"type": "abort", "status_code": 500,
+                                 "message": f"the grammar backend rejected token {tok} "
+                                            "that its own mask allowed"}
+            return
         if g.is_terminated():
             req.finish_reason = {"type": "stop", "matched": None}
-            return []
+            return
         if not self.jump_forward or req.return_logprob:
-            return []
-        forced = g.forced_string()
-        if not forced:
-            return []
-        ids = self.tokenizer.encode(forced, add_special_tokens=False)
-        room = req.sampling_params.max_new_tokens - len(req.output_ids)
-        if not ids or len(ids) >= room or not g.jump_forward(forced, ids):
-            return []
-        req.output_ids.extend(ids)
-        self.s.stats["jump_forward_tokens"] += len(ids)
+            return
+        jump = canonical_jump(g, self.tokenizer, [tok], g.forced_string())
+        if jump is None:
+            return
+        del req.output_ids[len(req.output_ids) - jump.rollback:]
+        self.s.stats["jump_forward_tokens"] += len(jump.ids)
+        for n, forced in enumerate(jump.ids):
+            req.output_ids.append(forced)
+            req.finish_reason = self._check_finish(req, forced)
+            if req.finished:
+                g.rollback(len(jump.ids) - n - 1)  # the rest never happened
+                return
         if g.is_terminated():
             req.finish_reason = {"type": "stop", "matched": None}
-        return ids
 
     def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
         sp = req.sampling_params

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.constrained import GrammarCompiler
+from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.cache_manager import CacheManager
@@ -56,8 +56,9 @@ class Scheduler:
         self.policy = SchedulePolicy(args.schedule_policy, self.cache)
         self.outputs = OutputProcessor(self, tokenizer)
         self.grammar_compiler = GrammarCompiler(
-            tokenizer, max_cache_entries=args.grammar_cache_size,
-            timeout_s=args.grammar_compile_timeout)
+            create_grammar_backend(args.grammar_backend, tokenizer, self.model_config.vocab_size,
+                                   self.model_config.eos_token_ids),
+            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout)
         self.grammar_waiting: list[Req] = []  # requests whose grammar is compiling
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # requests that decode
@@ -103,10 +104,9 @@ class Scheduler:
             reason = {"type": "abort", "message": f"invalid request: {e}", "status_code": 400}
             self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
             return
-        if params.regex is not None or params.json_schema is not None:
-            kind, spec = (("regex", params.regex) if params.regex is not None
-                          else ("json_schema", params.json_schema))
-            req.grammar_future = self.grammar_compiler.submit(kind, spec)
+        grammar = params.grammar
+        if grammar is not None:
+            req.grammar_future = self.grammar_compiler.submit(*grammar)
             self.grammar_waiting.append(req)
         else:
             self.waiting.append(req)
@@ -163,6 +163,7 @@ class Scheduler:
         batch = self._next_batch()
         if batch is None:
             return []
+        self.outputs.start_bitmask(batch)  # grammar masks fill while the model runs
         logits = self.model_runner.forward(batch.worker_batch(),
                                           self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1

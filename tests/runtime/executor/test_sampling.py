@@ -257,13 +257,22 @@ def test_logit_bias_added() -> None:
     assert got[1].abs().sum() == 0
 
 
-def test_vocab_mask_hook() -> None:
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """[B, V] bool -> [B, ceil(V / 32)] int32 bitmask (bit j of word i = token 32 i + j)."""
+    width = (mask.shape[1] + 31) // 32
+    padded = torch.zeros(mask.shape[0], width * 32, dtype=torch.int64)
+    padded[:, : mask.shape[1]] = mask.long()
+    words = (padded.view(mask.shape[0], width, 32) << torch.arange(32)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_token_bitmask_hook() -> None:
     gen = torch.Generator().manual_seed(4)
     logits = torch.randn(6, V, generator=gen)
     mask = torch.rand(6, V, generator=gen) < 0.3
     mask[:, 0] = True
     params = [SamplingParams(temperature=0.0)] * 2 + [SamplingParams(temperature=2.0)] * 4
-    info = make_info(params, vocab_mask=mask)
+    info = make_info(params, token_bitmask=pack_bits(mask))
     greedy_ref = logits.masked_fill(~mask, float("-inf")).argmax(-1)
     for _ in range(200):
         out = sample(logits, info).next_token_ids
@@ -334,8 +343,8 @@ def test_cuda_batch_matches_alone() -> None:
         SamplingParams(top_k=5),
     ]
     kw = {"prompt_ids": [[1, 2]] * 3, "eos_token_ids": [0], "device": "cuda"}
-    mask = torch.ones(3, V, dtype=torch.bool, device="cuda")
-    info = make_info(params, [[4, 4]] * 3, vocab_mask=mask, top_logprobs_nums=[2, 0, 1], **kw)
+    mask = pack_bits(torch.ones(3, V, dtype=torch.bool)).cuda()
+    info = make_info(params, [[4, 4]] * 3, token_bitmask=mask, top_logprobs_nums=[2, 0, 1], **kw)
     out = sample(logits, info)
     assert out.next_token_ids.is_cuda and len(out.top_logprobs[0][0]) == 2
     kw["prompt_ids"] = kw["prompt_ids"][:1]
