@@ -21,6 +21,7 @@ import jsonschema
 
 import radixlm
 from radixlm.runtime.managers.output_processor import OutputProcessor
+from radixlm.tiny_model import add_model_args, resolve_model
 
 SCHEMA = {
     "type": "object",
@@ -68,8 +69,8 @@ def run(eng, prompts, params) -> tuple[float, list[dict], dict]:
     return dt, outs, delta
 
 
-def measure(backend: str, requests: int = 32, max_new_tokens: int = 256, rounds: int = 3
-            ) -> dict[str, dict]:
+def measure(backend: str, requests: int = 32, max_new_tokens: int = 256, rounds: int = 3,
+            model: str | None = None) -> dict[str, dict]:
     """Constrained vs unconstrained on the tiny model with one grammar backend, jump-forward
     on and off: one row each."""
     timer = GrammarTimer()
@@ -77,8 +78,9 @@ def measure(backend: str, requests: int = 32, max_new_tokens: int = 256, rounds:
     prompts = [f"Support ticket {i}: the customer wrote in. Record:" for i in range(requests)]
     base = {"max_new_tokens": max_new_tokens, "temperature": 0.7}
     constrained = [{**base, "seed": i, "json_schema": SCHEMA} for i in range(requests)]
-    eng_jump = radixlm.Engine(random_seed=0, grammar_backend=backend)
-    eng_nojump = radixlm.Engine(random_seed=0, disable_jump_forward=True, grammar_backend=backend)
+    eng_jump = radixlm.Engine(model, random_seed=0, grammar_backend=backend)
+    eng_nojump = radixlm.Engine(model, random_seed=0, disable_jump_forward=True,
+                                grammar_backend=backend)
     for e in (eng_jump, eng_nojump):
         run(e, prompts[:2], constrained[:2])  # warm-up (and grammar compile)
     rows = {}
@@ -125,8 +127,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--grammar-backend", nargs="+", default=["xgrammar"])
+    add_model_args(ap)
     args = ap.parse_args()
-    rows = {b: measure(b, args.requests, args.max_new_tokens, args.rounds)
+    model = resolve_model(args.model_path, args.preset)
+    rows = {b: measure(b, args.requests, args.max_new_tokens, args.rounds, model)
             for b in args.grammar_backend}
     print(f"{args.requests} requests, schema with 4 long fixed keys, temperature 0.7, "
           f"median of {args.rounds} rounds")

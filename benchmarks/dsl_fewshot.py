@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import radixlm as sgl
+from radixlm.tiny_model import add_model_args, resolve_model
 
 EXAMPLES = [
     ("The cat sat on the mat all afternoon.", "positive"),
@@ -47,8 +48,8 @@ def build_program(prefix: str, max_tokens: int) -> sgl.SglFunction:
     return classify
 
 
-def run_dsl(prefix: str, reviews: list[str], max_tokens: int) -> tuple[float, dict]:
-    engine = sgl.Engine(max_total_tokens=131072, random_seed=0)
+def run_dsl(prefix: str, reviews: list[str], max_tokens: int, model: str) -> tuple[float, dict]:
+    engine = sgl.Engine(model_path=model, max_total_tokens=131072, random_seed=0)
     program = build_program(prefix, max_tokens)
     program.run(review="warm-up", backend=engine, temperature=0)  # compile/allocate paths
     engine.flush_cache()
@@ -64,8 +65,9 @@ def run_dsl(prefix: str, reviews: list[str], max_tokens: int) -> tuple[float, di
     return elapsed, {"hit_rate": info["cache_hit_rate"], "cached": cached, "prompt": prompt}
 
 
-def run_independent(prefix: str, reviews: list[str], max_tokens: int) -> float:
-    engine = sgl.Engine(max_total_tokens=131072, random_seed=0, disable_radix_cache=True)
+def run_independent(prefix: str, reviews: list[str], max_tokens: int, model: str) -> float:
+    engine = sgl.Engine(model_path=model, max_total_tokens=131072, random_seed=0,
+                        disable_radix_cache=True)
     prompts = [prefix + "Review: " + r + "\nSentiment:" for r in reviews]
     params = {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     engine.generate(prompts[0], params)  # warm-up
@@ -84,8 +86,10 @@ def main() -> None:
     parser.add_argument(
         "--output", default=None, help="also write the table (markdown) to this file"
     )
+    add_model_args(parser)
     args = parser.parse_args()
-    probe = sgl.Engine(max_total_tokens=4096)
+    model = resolve_model(args.model_path, args.preset)
+    probe = sgl.Engine(model_path=model, max_total_tokens=4096)
     prefix = fewshot_prefix(args.prefix_tokens, probe.tokenizer)
     n_prefix = len(probe.tokenizer.encode(prefix, add_special_tokens=False))
     probe.shutdown()
@@ -93,8 +97,8 @@ def main() -> None:
         f"Review number {i}: the product did {'not ' * (i % 2)}work."
         for i in range(args.num_programs)
     ]
-    t_dsl, stats = run_dsl(prefix, reviews, args.max_tokens)
-    t_ind = run_independent(prefix, reviews, args.max_tokens)
+    t_dsl, stats = run_dsl(prefix, reviews, args.max_tokens, model)
+    t_ind = run_independent(prefix, reviews, args.max_tokens, model)
     n = args.num_programs
     rows = [
         ("DSL run_batch, radix cache on", t_dsl, n / t_dsl, f"{stats['hit_rate']:.1%}"),

@@ -36,13 +36,12 @@ from radixlm.runtime.constrained import (
     canonical_spec,
     create_grammar_backend,
 )
+from radixlm.tiny_model import synthetic_corpus
 
 sys.path.insert(0, str(Path(__file__).parent))
 from constrained_throughput import measure, print_rows  # noqa: E402
 
 VOCABS = (4000, 32000, 128000)
-SYLLABLES = ["ka", "to", "ri", "mu", "sen", "dra", "vel", "qu", "os", "ith", "pla", "nor",
-             "ex", "zu", "bre", "ght", "sch", "ion", "ly", "ment", "y", "a", "e", "o", "i"]
 GRAMMARS = {
     "json_object": ("json_schema", {"type": "object"}),
     "flat 30 properties": ("json_schema", {
@@ -70,25 +69,6 @@ GRAMMARS = {
 
 
 # --- tokenizers ----------------------------------------------------------------------------
-def corpus(seed: int = 0, words: int = 1_200_000) -> list[str]:
-    """Text with a few hundred thousand distinct word forms (enough merges for 128k),
-    punctuation and JSON, so the vocabulary looks like a real one."""
-    rng = random.Random(seed)
-    lexicon = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 5)))
-               for _ in range(300_000)]
-    weights = [1.0 / (i + 1) ** 0.8 for i in range(len(lexicon))]
-    lines, line = [], []
-    for w in rng.choices(lexicon, weights, k=words):
-        line.append(w.capitalize() if rng.random() < 0.1 else w)
-        if rng.random() < 0.08:
-            line.append(rng.choice([",", ".", ":", '"', "{", "}", "[", "]", "-", "'s"]))
-        if len(line) > 14:
-            lines.append(" ".join(line))
-            line = []
-    lines += [f'{{"id": {i}, "name": "{rng.choice(lexicon)}", "ok": true}}' for i in range(20000)]
-    return lines
-
-
 def tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     root = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radixlm"))
     path = root / "bench-tokenizers" / f"bpe-{vocab}.json"
@@ -100,7 +80,7 @@ def tokenizer(vocab: int) -> PreTrainedTokenizerFast:
         trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
-        tok.train_from_iterator(corpus(), trainer)
+        tok.train_from_iterator(synthetic_corpus(), trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(path))
         print(f"trained a {tok.get_vocab_size()}-token BPE in {time.perf_counter() - t0:.0f} s",

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess
+from radixlm.tiny_model import add_model_args, resolve_model
 
 
 def raise_fd_limit(needed: int) -> None:
@@ -109,12 +110,14 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    add_model_args(ap)
     args = ap.parse_args()
+    model = resolve_model(args.model_path, args.preset)
     raise_fd_limit(4 * args.streams + 256)
     rng = random.Random(args.seed)
     log = Path(tempfile.mkdtemp()) / "server.log"
     srv = ServerProcess(["--max-total-tokens", "65536", "--max-running-requests", "256",
-                         "--log-level", "warning"], log)
+                         "--log-level", "warning", "--model-path", model], log)
     rows = []
     try:
         srv.wait_healthy()

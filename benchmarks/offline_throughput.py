@@ -2,7 +2,8 @@
 
 Workload "generated shared prefix" (SGLang's bench_serving naming): G groups x P prompts,
 each group sharing a random system prompt of S tokens, then a Q-token question; O output
-tokens per request with EOS ignored, greedy. Both run the same tiny model in this process,
+tokens per request with EOS ignored, greedy. Both run the same model (the tiny one, or
+``--preset small`` / ``--model-path DIR``) in this process,
 one after the other. Also prints how much of a batch-32 decode step's wall time is spent
 outside the model forward (scheduling, batch building, sampling, bookkeeping).
 
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM
 import radixlm
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.managers.scheduler import Scheduler
-from radixlm.tiny_model import default_tiny_model_path
+from radixlm.tiny_model import add_model_args, resolve_model
 
 
 def make_workload(vocab: int, groups: int, per_group: int, sys_len: int, q_len: int,
@@ -103,8 +104,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
+    add_model_args(ap)
     args = ap.parse_args()
-    path = str(default_tiny_model_path())
+    path = resolve_model(args.model_path, args.preset)
     hf_threads = torch.get_num_threads()  # transformers keeps torch's default
     n = args.groups * args.per_group
     timer = StepTimer(batch_size=n)

@@ -31,6 +31,8 @@ import torch
 from radixlm import Engine
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.server_process import ServerProcess
+from radixlm.runtime.model_config import ModelConfig
+from radixlm.tiny_model import add_model_args, resolve_model
 
 
 @dataclass
@@ -178,7 +180,8 @@ def main() -> None:
         help="Poisson arrivals per second (default: all at once)",
     )
     p.add_argument("--max-concurrency", type=int, default=32)
-    p.add_argument("--vocab-size", type=int, default=2000, help="range of random token ids")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="range of random token ids (default: the model's vocabulary)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-env", nargs="*", default=[], help="KEY=VALUE for the server")
     p.add_argument(
@@ -188,9 +191,12 @@ def main() -> None:
         help="torch threads of the Engine run (default: the server's default)",
     )
     p.add_argument("--no-engine", action="store_true", help="skip the offline Engine run")
+    add_model_args(p)
     args = p.parse_args()
-    prompts = make_workload(args, args.vocab_size)
-    flags = {"max_total_tokens": args.max_total_tokens, "random_seed": 0}
+    model = resolve_model(args.model_path, args.preset)
+    vocab = args.vocab_size or ModelConfig.from_hf(model).vocab_size
+    prompts = make_workload(args, vocab)
+    flags = {"max_total_tokens": args.max_total_tokens, "random_seed": 0, "model_path": model}
     # the same torch thread count as the server's scheduler process, for a fair comparison
     torch.set_num_threads(ServerArgs(cpu_threads=args.engine_threads).resolve_cpu_threads())
     engine_tps = None if args.no_engine else run_engine(prompts, args, flags)
@@ -198,7 +204,8 @@ def main() -> None:
     if args.url is None:
         log = Path(tempfile.mkdtemp()) / "server.log"
         server = ServerProcess(
-            ["--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"],
+            ["--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning",
+             "--model-path", model],
             log,
             env=dict(e.split("=", 1) for e in args.server_env),
         )

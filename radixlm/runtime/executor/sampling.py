@@ -36,7 +36,8 @@ TopLogprobs = list[tuple[list[float], list[int]]]  # per row: (logprobs, token i
 @dataclass
 class SampleOutput:
     next_token_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32, chosen token under log_softmax(raw logits)
+    # [B] float32, chosen token under log_softmax(raw logits); None when no row asked
+    logprobs: torch.Tensor | None
     top_logprobs: TopLogprobs | None  # None when no row asked for any
 
 
@@ -68,6 +69,7 @@ class SamplingBatchInfo:
     min_new_tokens: list[int]
     min_tokens_stop_ids: list[list[int]]  # eos + stop_token_ids, per row
     top_logprobs_nums: list[int]
+    need_logprobs: bool = True  # False: no row returns logprobs, skip the log_softmax
     repetition_penalties: torch.Tensor | None = None  # [B, 1]
     frequency_penalties: torch.Tensor | None = None  # [B, 1]
     presence_penalties: torch.Tensor | None = None  # [B, 1]
@@ -91,6 +93,7 @@ class SamplingBatchInfo:
         prompt_ids: Sequence[Sequence[int]] | None = None,
         eos_token_ids: Sequence[int] = (),
         top_logprobs_nums: Sequence[int] | None = None,
+        need_logprobs: bool = True,
         token_bitmask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
@@ -125,6 +128,7 @@ class SamplingBatchInfo:
                 list(eos_token_ids) + list(p.stop_token_ids or []) for p in params
             ],
             top_logprobs_nums=list(top_logprobs_nums or [0] * len(params)),
+            need_logprobs=need_logprobs or any(top_logprobs_nums or []),
             token_bitmask=token_bitmask,
             generator=generator,
         )
@@ -303,6 +307,8 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
         next_ids = (probs / exponential_noise(info)).argmax(dim=-1)
         if info.any_greedy:
             next_ids = torch.where(info.is_greedy, processed.argmax(dim=-1), next_ids)
+    if not info.need_logprobs:  # a full-vocabulary log_softmax per row, only when asked
+        return SampleOutput(next_token_ids=next_ids, logprobs=None, top_logprobs=None)
     logprobs, top = compute_logprobs(logits, next_ids, info.top_logprobs_nums)
     return SampleOutput(next_token_ids=next_ids, logprobs=logprobs, top_logprobs=top)
 

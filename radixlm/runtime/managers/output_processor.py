@@ -106,10 +106,12 @@ class OutputProcessor:
             params, [r.output_ids for r in reqs], self.vocab_size,
             prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
             eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
+            need_logprobs=any(r.return_logprob for r in reqs),
             token_bitmask=self._take_bitmask(reqs), generator=self.generator,
             device=logits.device)
         out = sample(logits[:, : self.vocab_size], info)
-        ids, lps = out.next_token_ids.tolist(), out.logprobs.tolist()
+        ids = out.next_token_ids.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
         outs = []
         for i, (req, tok) in enumerate(zip(reqs, ids)):
             start = len(req.output_ids)

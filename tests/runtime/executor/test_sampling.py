@@ -350,3 +350,19 @@ def test_cuda_batch_matches_alone() -> None:
     kw["prompt_ids"] = kw["prompt_ids"][:1]
     alone = sample(logits[:1], make_info(params[:1], [[4, 4]], **kw))
     assert alone.next_token_ids[0] == out.next_token_ids[0]
+
+
+def test_logprobs_only_when_asked() -> None:
+    """No row wants logprobs: no log_softmax over the vocabulary, the same tokens."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, V, generator=gen)
+    params = [SamplingParams(seed=i, temperature=0.8) for i in range(4)]
+    with_lp = sample(logits, make_info(params))
+    without = sample(logits, make_info(params, need_logprobs=False))
+    assert without.logprobs is None and without.top_logprobs is None
+    assert torch.equal(with_lp.next_token_ids, without.next_token_ids)
+    ref = torch.log_softmax(logits, -1).gather(-1, with_lp.next_token_ids[:, None])[:, 0]
+    assert torch.allclose(with_lp.logprobs, ref)
+    # a row asking for top logprobs switches them back on
+    asked = sample(logits, make_info(params, need_logprobs=False, top_logprobs_nums=[0, 2, 0, 0]))
+    assert asked.logprobs is not None and len(asked.top_logprobs[1][0]) == 2
