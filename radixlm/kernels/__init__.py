@@ -18,6 +18,7 @@ import types
 import torch
 
 from radixlm.kernels import reference
+from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
 __all__ = ["decode_attention", "extend_attention", "store_kv", "rms_norm", "apply_rotary"]
@@ -45,6 +46,7 @@ def decode_attention(
     backend: str | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: this forward's precomputed indices
+    layout: Layout | None = None,  # Triton path: host-side extents (no device read-back)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One query token per sequence attends to its whole KV, gathered via ``kv_indices``.
 
@@ -53,7 +55,7 @@ def decode_attention(
     once per group; the Triton path ignores it."""
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
-            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out
+            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout
         )
     if plan is not None:
         return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out)
@@ -73,11 +75,13 @@ def extend_attention(
     backend: str | None = None,
     out: torch.Tensor | None = None,  # [N, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: see decode_attention
+    layout: Layout | None = None,  # Triton path: see decode_attention
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
-            q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out
+            q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,
+            layout=layout
         )
     if plan is not None:
         return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out)

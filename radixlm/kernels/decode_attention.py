@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.reference import check_decode_layout
+from radixlm.kernels.reference import Layout, check_decode_layout
 
 _LOG2E = 1.4426950408889634
 _MIN_SPLIT_LEN = 256  # don't cut a context finer than this
@@ -184,9 +184,10 @@ def decode_attention_triton(
     sm_scale: float,
     out: torch.Tensor | None = None,  # [B, Hq, D]
     num_splits: int | None = None,
+    layout: Layout | None = None,  # host-side extents: no device read-back
 ) -> torch.Tensor:  # [B, Hq, D]
     """Launcher of the two stages; see the module docstring."""
-    layout = check_decode_layout(q, k_buf, v_buf, kv_indptr, kv_indices)
+    layout = check_decode_layout(q, k_buf, v_buf, kv_indptr, kv_indices, layout)
     batch, hq, d = q.shape
     hkv = k_buf.shape[1]
     if out is None:

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.decode_attention import dot_settings
-from radixlm.kernels.reference import check_extend_layout
+from radixlm.kernels.reference import Layout, check_extend_layout
 
 _LOG2E = 1.4426950408889634
 
@@ -170,9 +170,11 @@ def extend_attention_triton(
     kv_indices: torch.Tensor,  # [nnz_prefix]
     sm_scale: float,
     out: torch.Tensor | None = None,  # [N, Hq, D]
+    layout: Layout | None = None,  # host-side extents: no device read-back
 ) -> torch.Tensor:  # [N, Hq, D]
     """Launcher; see the module docstring."""
-    layout = check_extend_layout(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices)
+    layout = check_extend_layout(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
+                                 layout)
     n, hq, d = q.shape
     hkv = k_buf.shape[1]
     if out is None:

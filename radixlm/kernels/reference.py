@@ -13,11 +13,15 @@ per-sequence loop and one padded batch.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+# RADIXLM_DEBUG_KERNELS=1: check every batch's index values on the device (a host sync
+# per call) even when the caller gave its layout
+DEBUG_KERNELS = os.environ.get("RADIXLM_DEBUG_KERNELS") == "1"
 # Elements of gathered K (per group); ~1M float32 = 4 MiB keeps a group's K and V in cache.
 _GROUP_KV_ELEMS = 1 << 20
 # A sequence joins a group only if it is at least this fraction of the group's longest one.
@@ -25,7 +29,8 @@ _GROUP_MIN_FILL = 0.5
 
 
 class Layout(NamedTuple):
-    """Host-side facts about a ragged batch, read with a single device sync."""
+    """Host-side facts about a ragged batch: given by the caller that already knows them
+    (the model runner, from host lengths: no device sync), else read with one sync."""
 
     batch_size: int
     max_q_len: int  # new tokens of the longest sequence (1 in decode)
@@ -116,8 +121,11 @@ def check_decode_layout(
     v_buf: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
+    layout: Layout | None = None,
 ) -> Layout:
-    """Raise ``ValueError`` unless the arguments form a valid decode batch."""
+    """Raise ``ValueError`` unless the arguments form a valid decode batch. With
+    ``layout`` (the caller's host-side facts) the index values are not read back from the
+    device, unless RADIXLM_DEBUG_KERNELS=1 asks for the full check."""
     _check_index("kv_indptr", kv_indptr)
     _check_index("kv_indices", kv_indices)
     _check_kv_buffers(q, k_buf, v_buf)
@@ -126,6 +134,8 @@ def check_decode_layout(
             f"kv_indptr must have batch + 1 = {q.shape[0] + 1} entries (one query per "
             f"sequence in decode), got {kv_indptr.numel()}"
         )
+    if layout is not None and not DEBUG_KERNELS:
+        return layout
     return _read_layout(None, kv_indptr, kv_indices, q.shape[0], k_buf.shape[0])
 
 
@@ -138,8 +148,10 @@ def check_extend_layout(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
+    layout: Layout | None = None,
 ) -> Layout:
-    """Raise ``ValueError`` unless the arguments form a valid extend batch."""
+    """Raise ``ValueError`` unless the arguments form a valid extend batch (``layout``: see
+    check_decode_layout)."""
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
         _check_index(name, t)
     _check_kv_buffers(q, k_buf, v_buf)
@@ -156,6 +168,8 @@ def check_extend_layout(
         )
     if qo_indptr.numel() == 0:
         raise ValueError("qo_indptr must have batch + 1 >= 1 entries")
+    if layout is not None and not DEBUG_KERNELS:
+        return layout
     return _read_layout(qo_indptr, kv_indptr, kv_indices, q.shape[0], k_buf.shape[0])
 
 

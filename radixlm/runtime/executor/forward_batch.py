@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 
@@ -48,6 +49,9 @@ class ForwardBatch:
     # torch attention path: index work of this layout done once for every layer, and
     # KV shared by several sequences read once per group (kernels/shared_prefix.py)
     attention_plan: AttentionPlan | None = None
+    # extents of the ragged layout from host-side lengths, so the Triton path never reads
+    # the index tensors back from the device inside a forward
+    layout: Layout | None = None
 
     @property
     def batch_size(self) -> int:

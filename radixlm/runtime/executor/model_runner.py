@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 from radixlm.runtime.config import ServerArgs
@@ -83,7 +84,7 @@ class ModelRunner:
         rows = torch.tensor(batch.req_pool_indices, device=dev)
         pos = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev)
         lens = pos + 1  # the new token's KV is stored before attention reads it
-        width = int(lens.max())
+        width = max(batch.prefix_lens) + 1  # from the host: no device sync
         table = req_to_token[rows, :width]  # [B, width]
         kv_indices = table[torch.arange(width, device=dev) < lens[:, None]]
         kv_indptr = torch.zeros(len(batch) + 1, dtype=torch.int64, device=dev)
@@ -102,6 +103,7 @@ class ModelRunner:
             attention_backend=self.attention_backend,
             attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
                                       batch.prefix_groups),
+            layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
         )
 
     def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups) -> AttentionPlan | None:
@@ -142,6 +144,7 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             attention_backend=self.attention_backend,
             attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups),
+            layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
         )
 
     @torch.inference_mode()

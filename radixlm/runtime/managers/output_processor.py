@@ -34,6 +34,8 @@ class OutputProcessor:
         self.jump_forward = not scheduler.args.disable_jump_forward
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._bitmask_job: tuple[list[int], Future[torch.Tensor]] | None = None
+        # the last step's sampling state, keyed by (request, output length) per row
+        self._kept_info: tuple[list[tuple[str, int]], SamplingBatchInfo] | None = None
 
     # --- which logits a forward must produce ----------------------------------------------
     @staticmethod
@@ -99,20 +101,40 @@ class OutputProcessor:
         req.input_top_logprobs.extend(
             [list(zip(v, i)) for v, i in top] if top else [None] * len(targets))
 
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOutput]:
+    def _sampling_info(self, reqs: list[Req], device: torch.device) -> SamplingBatchInfo:
+        """The batch's sampling state: the last step's, advanced by one token, while the
+        batch is the same requests each with exactly one more token; else built anew
+        (penalty counts from every output id)."""
+        bitmask = self._take_bitmask(reqs)
+        kept, self._kept_info = self._kept_info, None
+        if kept is not None and kept[0] == [(r.rid, len(r.output_ids)) for r in reqs]:
+            info = kept[1]
+            info.token_bitmask = bitmask
+            return info
         params = [r.sampling_params for r in reqs]
         rep = any(p.repetition_penalty != 1.0 for p in params)
-        info = SamplingBatchInfo.from_params(
+        return SamplingBatchInfo.from_params(
             params, [r.output_ids for r in reqs], self.vocab_size,
             prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
             eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
             need_logprobs=any(r.return_logprob for r in reqs),
-            token_bitmask=self._take_bitmask(reqs), generator=self.generator,
-            device=logits.device)
+            token_bitmask=bitmask, generator=self.generator, device=device)
+
+    def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo,
+                   next_ids: torch.Tensor, grew: list[int]) -> None:
+        """Keep the sampling state for the next step if every request grew by exactly the
+        sampled token (no finish, no jump-forward) and is still running."""
+        if any(r.finished for r in reqs) or any(n != 1 for n in grew):
+            return
+        info.advance(next_ids)
+        self._kept_info = ([(r.rid, len(r.output_ids)) for r in reqs], info)
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOutput]:
+        info = self._sampling_info(reqs, logits.device)
         out = sample(logits[:, : self.vocab_size], info)
         ids = out.next_token_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
-        outs = []
+        outs, grew = [], []
         for i, (req, tok) in enumerate(zip(reqs, ids)):
             start = len(req.output_ids)
             req.output_ids.append(tok)
@@ -120,6 +142,7 @@ class OutputProcessor:
             req.finish_reason = self._check_finish(req, tok)
             self._advance_grammar(req, tok)
             new_ids = req.output_ids[start:]
+            grew.append(len(new_ids))
             top = None
             if out.top_logprobs is not None and req.top_logprobs_num:
                 v, t = out.top_logprobs[i]
@@ -127,6 +150,7 @@ class OutputProcessor:
             outs.append(self._output(req, new_ids, [(lps[i], tok)], top))
             if req.finished:
                 self.s.cache.release(req, cache=True)
+        self._keep_info(reqs, info, out.next_token_ids, grew)
         return outs
 
     # --- constrained decoding -------------------------------------------------------------

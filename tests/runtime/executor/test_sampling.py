@@ -366,3 +366,27 @@ def test_logprobs_only_when_asked() -> None:
     # a row asking for top logprobs switches them back on
     asked = sample(logits, make_info(params, need_logprobs=False, top_logprobs_nums=[0, 2, 0, 0]))
     assert asked.logprobs is not None and len(asked.top_logprobs[1][0]) == 2
+
+
+def test_advanced_state_equals_a_rebuilt_one() -> None:
+    """Keeping the batch's sampling state across steps (advance) samples exactly what
+    rebuilding it from every output id does: penalties, seeds, min_new_tokens."""
+    gen = torch.Generator().manual_seed(5)
+    params = [SamplingParams(seed=1, frequency_penalty=0.7, presence_penalty=0.3),
+              SamplingParams(seed=2, repetition_penalty=1.3, min_new_tokens=3),
+              SamplingParams(temperature=0.0, frequency_penalty=1.5)]
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    kw = {"prompt_ids": prompts, "eos_token_ids": [0]}
+    rebuilt_out: list[list[int]] = [[], [], []]
+    kept_out: list[list[int]] = [[], [], []]
+    kept = make_info(params, kept_out, **kw)
+    for _ in range(12):
+        logits = torch.randn(3, V, generator=gen)
+        a = sample(logits, make_info(params, rebuilt_out, **kw)).next_token_ids
+        b = sample(logits, kept).next_token_ids
+        assert torch.equal(a, b)
+        for row, t in enumerate(a.tolist()):
+            rebuilt_out[row].append(t)
+            kept_out[row].append(t)
+        kept.advance(b)
+    assert rebuilt_out == kept_out

@@ -95,13 +95,13 @@ class LlamaAttention(nn.Module):
         if fb.mode.is_decode:  # kv_indices already include the new token's slot
             o = kernels.decode_attention(
                 q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, scale, backend=backend,
-                plan=fb.attention_plan,
+                plan=fb.attention_plan, layout=fb.layout,
             )
         else:  # cached prefix from the pool, new tokens causally from k/v
             ragged = (fb.qo_indptr, fb.kv_indptr, fb.kv_indices)
             o = kernels.extend_attention(
                 q, k, v, k_buf, v_buf, *ragged, scale, backend=backend,
-                plan=fb.attention_plan,
+                plan=fb.attention_plan, layout=fb.layout,
             )
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 

@@ -1,0 +1,146 @@
+"""Offline throughput on three workloads, radixlm.Engine against transformers `generate`,
+side by side in one process, alternating, medians of rounds:
+
+- shared-prefix: 4 groups x 8 prompts, a 512-token system prompt per group + 32-token
+  questions, 32 output tokens (transformers: one static batch, no padding needed);
+- unique: 32 prompts of 256 random tokens, 64 output tokens (one static batch);
+- variable: 48 prompts of 16-512 tokens with 8-128 output tokens (transformers: left-padded
+  batches of 16 in arrival order, each generating its batch's longest output; only the
+  requested tokens count).
+
+    .venv/bin/python benchmarks/workloads.py --preset small
+    .venv/bin/python benchmarks/workloads.py --workload unique --rounds 5
+
+Greedy, EOS ignored. Also prints the engine's share of the machine's measured float32
+matmul peak (model FLOPs: 2 x non-embedding parameters per token, plus attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import radixlm
+from radixlm.tiny_model import add_model_args, resolve_model
+
+Request = tuple[list[int], int]  # prompt ids, output tokens
+
+
+def workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(n)]
+
+    if name == "shared-prefix":
+        out = []
+        for _ in range(4):
+            system = ids(512)
+            out += [(system + ids(32), 32) for _ in range(8)]
+        return out
+    if name == "unique":
+        return [(ids(256), 64) for _ in range(32)]
+    if name == "variable":
+        return [(ids(rng.randint(16, 512)), rng.randint(8, 128)) for _ in range(48)]
+    raise ValueError(name)
+
+
+def run_engine(eng: radixlm.Engine, reqs: list[Request]) -> float:
+    eng.flush_cache()
+    sps = [{"max_new_tokens": o, "temperature": 0, "ignore_eos": True} for _, o in reqs]
+    t0 = time.perf_counter()
+    outs = eng.generate(input_ids=[p for p, _ in reqs], sampling_params=sps)
+    dt = time.perf_counter() - t0
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [o for _, o in reqs]
+    return dt
+
+
+def run_hf(model, reqs: list[Request], batch: int) -> tuple[float, int]:
+    """Seconds, and tokens computed (prompt padding and generated tokens included)."""
+    total, computed = 0.0, 0
+    for i in range(0, len(reqs), batch):
+        part = reqs[i: i + batch]
+        width = max(len(p) for p, _ in part)
+        out_len = max(o for _, o in part)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in part])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in part])
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=out_len,
+                           min_new_tokens=out_len, do_sample=False, pad_token_id=0)
+            total += time.perf_counter() - t0
+        computed += len(part) * (width + out_len)
+    return total, computed
+
+
+def matmul_peak_gflops(threads: int) -> float:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    return 10 * 2 * 2048**3 / (time.perf_counter() - t0) / 1e9
+
+
+def model_flops(cfg, reqs: list[Request], cached: int) -> float:
+    """2 x non-embedding parameters per computed token, plus the attention's QK and PV."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    per_token = 2 * layers * (h * (q + 2 * kv) + q * h + 3 * h * inter) + 2 * h * cfg.vocab_size
+    tokens = sum(len(p) + o for p, o in reqs) - cached
+    attn = sum(2 * 2 * layers * q * (len(p) + o) ** 2 / 2 for p, o in reqs)
+    return tokens * per_token + attn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", nargs="+", default=["shared-prefix", "unique", "variable"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hf-batch", type=int, default=16, help="transformers batch (variable)")
+    add_model_args(ap)
+    args = ap.parse_args()
+    path = resolve_model(args.model_path, args.preset)
+    threads = torch.get_num_threads()
+    eng = radixlm.Engine(model_path=path, random_seed=0, cpu_threads=threads,
+                         max_total_tokens=65536)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    cfg = eng.model_config
+    peak = matmul_peak_gflops(threads)
+    warm = workload("unique", cfg.vocab_size, seed=9)[:2]
+    run_engine(eng, warm)
+    run_hf(hf, warm, 2)
+    print(f"model {path}: hidden {cfg.hidden_size}, {cfg.num_layers} layers, vocabulary "
+          f"{cfg.vocab_size}; {threads} torch threads each; measured matmul peak "
+          f"{peak:.0f} GFLOP/s; median of {args.rounds} alternating rounds")
+    print("| workload | transformers (s) | radixlm (s) | ratio | useful / computed tokens "
+          "(transformers) | radixlm cache hit | radixlm % of matmul peak |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.workload:
+        reqs = workload(name, cfg.vocab_size)
+        batch = len(reqs) if name != "variable" else args.hf_batch
+        t_eng, t_hf = [], []
+        for _ in range(args.rounds):
+            before = eng.get_server_info()
+            t_eng.append(run_engine(eng, reqs))
+            after = eng.get_server_info()
+            dt, computed = run_hf(hf, reqs, batch)
+            t_hf.append(dt)
+        cached = int(after["cached_tokens"] - before["cached_tokens"])
+        useful = sum(len(p) + o for p, o in reqs)
+        e, h = statistics.median(t_eng), statistics.median(t_hf)
+        share = model_flops(cfg, reqs, cached) / e / 1e9 / peak
+        hit = cached / sum(len(p) for p, _ in reqs)
+        print(f"| {name} | {h:.2f} | {e:.2f} | {h / e:.2f} | {useful} / {computed} | "
+              f"{100 * hit:.0f}% | {100 * share:.0f}% |", flush=True)
+    eng.shutdown()
+
+
+if __name__ == "__main__":
+    main()
