@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # torch first, pinned: on these CPU machines 2.13.0 is a CPU build; unpinned pulls CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install serve demo test lint bench clean
+.PHONY: install serve demo test lint bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ bench: install
 	$(PY) benchmarks/offline_throughput.py
 	$(PY) benchmarks/constrained_throughput.py
 	$(PY) benchmarks/serving.py
+
+# On a CUDA machine (no venv: the image's Python with torch, plus ../shared/gpu/carry-wheels.sh
+# wheels in .site): engine tokens vs the CPU and vs transformers, and the kernels' timings.
+GPU_PY ?= python3
+gpu-check:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/gpu_smoke.py
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/gpu_smoke.py --preset small --dtype bfloat16 --against transformers
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/kernels_gpu.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,20 +1,26 @@
-"""Engine smoke test on CUDA: greedy tokens with the Triton kernels vs the CPU engine.
+"""Engine smoke test on CUDA: greedy tokens with the Triton kernels against a reference.
 
-    python benchmarks/gpu_smoke.py
+    python benchmarks/gpu_smoke.py                       # tiny model, float32, vs the CPU
+    python benchmarks/gpu_smoke.py --preset small --dtype bfloat16 --against transformers
 
-Runs the built-in tiny model in float32 on the CPU (torch kernels) and on the GPU
-(Triton kernels, TF32 off), 16 greedy tokens per prompt, and prints PASS/FAIL per
-prompt. Float32 sums in a different order can flip a near-tie, so the run passes if at
-least 90% of the prompts match exactly; exits 1 otherwise (2 without CUDA).
+Default: the built-in tiny model in float32 on the CPU (torch kernels) and on the GPU
+(Triton kernels, TF32 off). ``--against transformers``: transformers' own forward on the
+GPU in the same dtype is the reference. 16 greedy tokens per prompt, PASS/FAIL per
+prompt. Sums in a different order can flip a near-tie, so the run passes if at least
+``--min-match`` of the prompts match exactly (90%; bfloat16 rounds more: 75% there); exits
+1 otherwise (2 without CUDA). Part of ``make gpu-check``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import radixlm
+from radixlm.tiny_model import add_model_args, resolve_model
 
 PROMPTS = [
     "The quick brown fox",
@@ -34,39 +40,56 @@ SAMPLING = {"max_new_tokens": 16, "temperature": 0}
 MIN_MATCH = 0.9
 
 
-def generate(device: str, backend: str) -> list[list[int]]:
-    with radixlm.Engine(
-        model_path=None, device=device, attention_backend=backend, dtype="float32"
-    ) as eng:
+def generate(model: str, device: str, backend: str, dtype: str) -> list[list[int]]:
+    with radixlm.Engine(model_path=model, device=device, attention_backend=backend,
+                        dtype=dtype) as eng:
         outs = eng.generate(PROMPTS, SAMPLING)
     return [list(out["output_ids"]) for out in outs]
 
 
+def generate_hf(model: str, dtype: str) -> list[list[int]]:
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).cuda().eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    outs = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)]).cuda()
+            gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=SAMPLING["max_new_tokens"], pad_token_id=0)
+            outs.append(gen[0, ids.shape[1]:].tolist())
+    return outs
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    add_model_args(ap)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--against", choices=["cpu", "transformers"], default="cpu")
+    ap.add_argument("--min-match", type=float, default=None)
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    cpu = generate("cpu", "torch")
-    gpu = generate("cuda", "triton")
+    model = resolve_model(args.model_path, args.preset)
+    min_match = args.min_match or (MIN_MATCH if args.dtype == "float32" else 0.75)
+    ref = (generate(model, "cpu", "torch", args.dtype) if args.against == "cpu"
+           else generate_hf(model, args.dtype))
+    gpu = generate(model, "cuda", "triton", args.dtype)
     matched = 0
-    for i, (prompt, want, got) in enumerate(zip(PROMPTS, cpu, gpu, strict=True)):
+    for i, (prompt, want, got) in enumerate(zip(PROMPTS, ref, gpu, strict=True)):
         if want == got:
             matched += 1
             print(f"PASS {i:2} {prompt!r}")
             continue
         first = next((j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
         first = min(len(want), len(got)) if first is None else first
-        print(
-            f"FAIL {i:2} {prompt!r}: first difference at token {first}\n"
-            f"     cpu {want}\n     gpu {got}"
-        )
-    ok = matched >= MIN_MATCH * len(PROMPTS)
-    print(
-        f"{matched}/{len(PROMPTS)} prompts identical (need {MIN_MATCH:.0%}): "
-        f"{'PASS' if ok else 'FAIL'}"
-    )
+        print(f"FAIL {i:2} {prompt!r}: first difference at token {first}\n"
+              f"     {args.against} {want}\n     gpu {got}")
+    ok = matched >= min_match * len(PROMPTS)
+    print(f"{model} {args.dtype}, against {args.against}: {matched}/{len(PROMPTS)} prompts "
+          f"identical (need {min_match:.0%}): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
