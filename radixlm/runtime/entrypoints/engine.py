@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import torch
 
 from radixlm.runtime.config import ServerArgs
@@ -30,7 +31,7 @@ from radixlm.runtime.managers.messages import (
 )
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.scheduler import Scheduler
-from radixlm.runtime.managers.validation import validate_request
+from radixlm.runtime.managers.validation import cache_namespace, validate_request
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class Engine:
     # --- requests ---------------------------------------------------------------------------
     def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
-                 rid: str | None) -> tuple[GenerateReqInput, SamplingParams]:
+                 rid: str | None, namespace: str | None = None
+                 ) -> tuple[GenerateReqInput, SamplingParams]:
         if ids is None:
             if not isinstance(prompt, str):
                 raise ValueError(f"text must be a string, got {type(prompt).__name__}")
@@ -137,7 +139,7 @@ class Engine:
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         validate_request(list(ids), params, self.scheduler.limits, top_logprobs_num)
         msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
-                               return_logprob, logprob_start_len, top_logprobs_num)
+                               return_logprob, logprob_start_len, top_logprobs_num, namespace)
         return msg, params
 
     def _submit(self, msg: GenerateReqInput) -> queue.Queue:
@@ -172,9 +174,11 @@ class Engine:
                  return_logprob: bool = False, logprob_start_len: int = -1,
                  top_logprobs_num: int = 0, stream: bool = False,
                  rid: str | list[str] | None = None,
-                 return_text_in_logprobs: bool = False) -> Any:
+                 return_text_in_logprobs: bool = False, extra_key: str | None = None,
+                 cache_salt: str | None = None) -> Any:
         """SGLang's ``Engine.generate``: a dict for one prompt, a list for a batch;
-        ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment."""
+        ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment.
+        ``extra_key`` / ``cache_salt``: requests share cached KV only with the same ones."""
         batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
                                              and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt]
@@ -187,8 +191,10 @@ class Engine:
         if len(sps) != n_items or len(rids) != n_items:
             raise ValueError(f"sampling_params/rid lists must have {n_items} entries")
         opts = (return_logprob, logprob_start_len, top_logprobs_num)
+        namespace = cache_namespace(extra_key, cache_salt)
         prepared = [self._prepare(None if ids_list else prompts[i],
-                                  ids_list[i] if ids_list else None, sps[i], *opts, rids[i])
+                                  ids_list[i] if ids_list else None, sps[i], *opts, rids[i],
+                                  namespace)
                     for i in range(n_items)]
         if stream:
             if n_items != 1 or prepared[0][1].n != 1:
@@ -202,16 +208,15 @@ class Engine:
         """Submit everything, then collect; n > 1 first caches the prompt once so the n
         samples share its KV instead of computing it n times."""
         if not self.server_args.disable_radix_cache:
-            warm = [(GenerateReqInput(m.rid + "-prefill", m.input_ids, {"max_new_tokens": 0}),
-                     None) for m, p in prepared if p.n > 1]
+            warm = [(GenerateReqInput(m.rid + "-prefill", m.input_ids, {"max_new_tokens": 0},
+                                      namespace=m.namespace), None)
+                    for m, p in prepared if p.n > 1]
             for m, _ in warm:
                 list(self._outputs(m.rid, self._submit(m)))
         jobs = []
         for m, p in prepared:
             for j in range(p.n):
-                sub = m if p.n == 1 else GenerateReqInput(
-                    f"{m.rid}-{j}", m.input_ids, m.sampling_params, m.return_logprob,
-                    m.logprob_start_len, m.top_logprobs_num)
+                sub = m if p.n == 1 else msgspec.structs.replace(m, rid=f"{m.rid}-{j}")
                 jobs.append((sub, p, self._submit(sub), time.monotonic()))
         return [self._collect(m, p, q, t0, text_in_logprobs) for m, p, q, t0 in jobs]
 

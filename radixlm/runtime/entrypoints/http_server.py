@@ -111,6 +111,8 @@ class NativeRoutes:
                 pick(body, "logprob_start_len", i, batch, -1),
                 pick(body, "top_logprobs_num", i, batch, 0),
                 body.return_text_in_logprobs,
+                self.tm.namespace(pick(body, "extra_key", i, batch, None),
+                                  pick(body, "cache_salt", i, batch, None)),
             ))
         states = await self.tm.submit(items)
         many = batch or len(states) > 1

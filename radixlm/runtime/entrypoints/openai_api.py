@@ -141,6 +141,7 @@ class OpenAIRoutes:
                 logprob_start_len=0 if body.echo and logprobs is not None else -1,
                 top_logprobs_num=logprobs or 0,
                 text_in_logprobs=True,
+                namespace=self.tm.namespace(body.extra_key, body.cache_salt),
             )
             for ids in prompts
         ]
@@ -206,7 +207,7 @@ class OpenAIRoutes:
         self._response_format(body.response_format, sp)
         item = self.tm.prepare(
             ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
-            text_in_logprobs=True,
+            text_in_logprobs=True, namespace=self.tm.namespace(body.extra_key, body.cache_salt),
         )
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])

@@ -103,6 +103,9 @@ class GenerateRequest(_Strict):
     top_logprobs_num: _per_item(Count) = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    # cache namespaces: requests share cached KV only with the same ones (SGLang / vLLM)
+    extra_key: _per_item(str) = None
+    cache_salt: _per_item(str) = None
 
 
 class AbortRequest(_Strict):
@@ -144,6 +147,8 @@ class OpenAISampling(_Lenient):
     stream_options: StreamOptions | None = None
     user: str | None = None
     # extras (SGLang / vLLM)
+    cache_salt: str | None = None
+    extra_key: str | None = None
     repetition_penalty: Finite | None = None
     top_k: Int64 | None = None
     min_p: Finite | None = None

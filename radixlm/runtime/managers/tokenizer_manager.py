@@ -37,7 +37,11 @@ from radixlm.runtime.managers.messages import (
     encode,
 )
 from radixlm.runtime.managers.result import ResultBuilder
-from radixlm.runtime.managers.validation import RequestLimits, validate_request
+from radixlm.runtime.managers.validation import (
+    RequestLimits,
+    cache_namespace,
+    validate_request,
+)
 from radixlm.runtime.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -199,6 +203,7 @@ class TokenizerManager:
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         text_in_logprobs: bool = False,
+        namespace: str | None = None,
     ) -> Prepared:
         """Validate one request whose types were checked at the edge (400 on bad input:
         ranges, vocabulary, context, the server's caps); nothing is sent yet."""
@@ -216,9 +221,18 @@ class TokenizerManager:
             bool(return_logprob),
             logprob_start_len,
             top_logprobs_num,
+            namespace=namespace,
             return_text_in_logprobs=bool(text_in_logprobs),
         )
         return Prepared(msg, params)
+
+    @staticmethod
+    def namespace(extra_key: str | None, cache_salt: str | None) -> str | None:
+        """The cache namespace of a request (400 on a bad key)."""
+        try:
+            return cache_namespace(extra_key, cache_salt)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="cache_salt") from None
 
     def check_capacity(self, n_new: int) -> None:
         """503 while shutting down or when ``--max-queued-requests`` are already queued."""
@@ -253,7 +267,8 @@ class TokenizerManager:
             for p in items:
                 if p.params.n > 1:
                     warm = GenerateReqInput(
-                        p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0}
+                        p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0},
+                        namespace=p.msg.namespace,
                     )
                     async for _ in self.outputs(self._send_req(warm, self._encode(warm))):
                         pass

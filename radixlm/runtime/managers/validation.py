@@ -85,3 +85,21 @@ def _check_caps(params: SamplingParams, limits: RequestLimits, top_logprobs_num:
         raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
     cap("top_logprobs_num", top_logprobs_num, limits.max_top_logprobs,
         "--max-top-logprobs-num")
+
+
+MAX_CACHE_KEY_CHARS = 256
+
+
+def cache_namespace(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The radix-cache namespace of a request: requests share cached KV only within one.
+    ``extra_key`` is SGLang's name, ``cache_salt`` vLLM's; either or both may be given."""
+    parts = []
+    for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if len(value) > MAX_CACHE_KEY_CHARS:
+            raise ValueError(f"{name} has {len(value)} characters (limit {MAX_CACHE_KEY_CHARS})")
+        parts.append(f"{name}={value}")
+    return "\x1f".join(parts) if parts else None

@@ -213,3 +213,25 @@ def test_server_info_and_flush(eng):
         assert key in info
     assert eng.flush_cache() is True
     assert eng.get_server_info()["evictable_tokens"] == 0
+
+
+def test_cache_namespaces_isolate_tenants(eng):
+    """extra_key (SGLang) / cache_salt (vLLM): the same long prompt under another key shares
+    nothing; under the same key, its prefix is cached."""
+    prompt = "Tenant-private system prompt. " * 40
+    sp = {"max_new_tokens": 2, "temperature": 0}
+    first = eng.generate(prompt, sp, cache_salt="tenant-a")
+    assert first["meta_info"]["cached_tokens"] == 0
+    other = eng.generate(prompt, sp, cache_salt="tenant-b")
+    assert other["meta_info"]["cached_tokens"] == 0
+    plain = eng.generate(prompt, sp)
+    assert plain["meta_info"]["cached_tokens"] == 0
+    again = eng.generate(prompt, sp, cache_salt="tenant-a")
+    assert again["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 4
+    assert again["output_ids"] == first["output_ids"] == other["output_ids"]
+    keyed = eng.generate(prompt, sp, extra_key="tenant-a")  # another name, another space
+    assert keyed["meta_info"]["cached_tokens"] == 0
+    n2 = eng.generate(prompt, {**sp, "n": 2}, cache_salt="tenant-c")  # n > 1 warms its own
+    assert [o["meta_info"]["cached_tokens"] > 0 for o in n2] == [True, True]
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        eng.generate(prompt, sp, cache_salt="")

@@ -435,3 +435,22 @@ def test_deep_body_and_pathological_regex(server):
     assert resp.status_code == 200 and time.monotonic() - t0 < 30
     ok = _post(server, "/generate", {"text": "still fine", "sampling_params": GREEDY})
     assert ok.status_code == 200
+
+
+def test_cache_salt_and_extra_key_isolate_tenants(server, client):
+    prompt = "A long shared instruction for the isolation test. " * 30
+    kw = {"model": "default", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+
+    def cached(**extra) -> int:
+        out = client.completions.create(**kw, extra_body=extra)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(cache_salt="alpha") == 0
+    assert cached(cache_salt="beta") == 0
+    assert cached(cache_salt="alpha") > 0
+    native = {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    first = _post(server, "/generate", {**native, "extra_key": "gamma"}).json()
+    again = _post(server, "/generate", {**native, "extra_key": "gamma"}).json()
+    assert first["meta_info"]["cached_tokens"] == 0 < again["meta_info"]["cached_tokens"]
+    bad = _post(server, "/generate", {**native, "cache_salt": ""})
+    assert "cache_salt must be a non-empty string" in _error(bad, 400)
