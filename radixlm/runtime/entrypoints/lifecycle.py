@@ -1,0 +1,92 @@
+"""How the server ends: SIGTERM/SIGINT draining (``DrainingServer``) and the scheduler
+watchdog (``scheduler_watchdog``), which ends it with exit code 1 when the scheduler's loop
+stops turning."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+from radixlm.runtime.entrypoints.child_processes import ChildProcesses
+from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM/SIGINT draining first: new requests get 503, running ones get
+    ``shutdown_timeout`` seconds to finish (then they are aborted), then uvicorn exits.
+    A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, tm: TokenizerManager, timeout: float) -> None:
+        super().__init__(config)
+        self.tm, self.timeout = tm, timeout
+        self.drain_task: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.drain_task is not None:
+            logger.warning("second %s: exiting now", signal.Signals(sig).name)
+            self.force_exit = self.should_exit = True
+            return
+        logger.info(
+            "%s: draining %d request(s) (up to %.0f s), new requests get 503",
+            signal.Signals(sig).name,
+            len(self.tm.states),
+            self.timeout,
+        )
+        self.drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        self.tm.draining = True
+        deadline = time.monotonic() + self.timeout
+        while self.tm.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.tm.states:
+            logger.warning(
+                "aborting %d request(s) still running after %.0f s",
+                len(self.tm.states),
+                self.timeout,
+            )
+            self.tm.abort_all()
+            end = time.monotonic() + 2.0
+            while self.tm.states and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+async def scheduler_watchdog(tm: TokenizerManager, server: DrainingServer,
+                             children: ChildProcesses, timeout: float) -> None:
+    """SGLang's watchdog: a scheduler loop that does not turn for ``timeout`` seconds (a
+    hung step, a frozen process) fails every in-flight request, marks the server
+    unhealthy and ends it with exit code 1. A dead child is ChildProcesses' watch."""
+    while not server.should_exit:
+        await asyncio.sleep(min(1.0, timeout / 4))
+        age = children.heartbeat_age()
+        if age <= timeout:
+            continue
+        msg = (f"the scheduler made no progress for {age:.0f} s (--watchdog-timeout "
+               f"{timeout:g}); the server is exiting")
+        logger.error(msg)
+        children.stalled = True
+        tm.unhealthy = msg
+        tm.fail_all(503, msg)
+        await asyncio.sleep(1.0)  # the failed requests' responses go out
+        server.should_exit = True
+        return
