@@ -120,11 +120,12 @@ class OutputProcessor:
             need_logprobs=any(r.return_logprob for r in reqs),
             token_bitmask=bitmask, generator=self.generator, device=device)
 
-    def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo,
-                   next_ids: torch.Tensor, grew: list[int]) -> None:
+    def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo, next_ids: torch.Tensor,
+                   sampled: list[int], grew: list[int]) -> None:
         """Keep the sampling state for the next step if every request grew by exactly the
         sampled token (no finish, no jump-forward) and is still running."""
-        if any(r.finished for r in reqs) or any(n != 1 for n in grew):
+        if any(r.finished or n != 1 or r.output_ids[-1] != t
+               for r, n, t in zip(reqs, grew, sampled)):
             return
         info.advance(next_ids)
         self._kept_info = ([(r.rid, len(r.output_ids)) for r in reqs], info)
@@ -150,7 +151,7 @@ class OutputProcessor:
             outs.append(self._output(req, new_ids, [(lps[i], tok)], top))
             if req.finished:
                 self.s.cache.release(req, cache=True)
-        self._keep_info(reqs, info, out.next_token_ids, grew)
+        self._keep_info(reqs, info, out.next_token_ids, ids, grew)
         return outs
 
     # --- constrained decoding -------------------------------------------------------------
