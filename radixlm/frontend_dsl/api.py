@@ -47,6 +47,7 @@ def gen(
     regex: str | None = None,
     json_schema: str | dict | None = None,
     ebnf: str | None = None,
+    stop_regex: str | list[str] | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. Unset arguments take the defaults given to
     ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
@@ -66,6 +67,7 @@ def gen(
         n=n,
         stop=stop,
         stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

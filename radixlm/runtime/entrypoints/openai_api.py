@@ -51,6 +51,7 @@ _SAMPLING_FIELDS = {
     "regex": "regex",
     "json_schema": "json_schema",
     "ebnf": "ebnf",
+    "stop_regex": "stop_regex",
     "logit_bias": "logit_bias",
 }
 

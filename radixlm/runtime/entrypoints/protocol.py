@@ -53,6 +53,7 @@ class SamplingParamsIn(_Strict):
     presence_penalty: Finite | None = None
     repetition_penalty: Finite | None = None
     stop: StrOrList | None = None
+    stop_regex: StrOrList | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
@@ -161,6 +162,7 @@ class OpenAISampling(_Lenient):
     regex: str | None = None
     json_schema: dict[str, Any] | bool | str | None = None
     ebnf: str | None = None
+    stop_regex: StrOrList | None = None
 
 
 class CompletionRequest(OpenAISampling):

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.executor.stop_regex import stop_automaton
+
 # Temperatures below this are treated as greedy (argmax), as in SGLang.
 GREEDY_TEMPERATURE_EPS = 1e-5
 _ALIASES = {"sampling_seed": "seed"}
@@ -34,6 +36,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None  # normalised to list[str] | None
+    stop_regex: str | list[str] | None = None  # SGLang's; normalised to list[str] | None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -47,6 +50,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
+        elif isinstance(self.stop_regex, (list, tuple)):
+            self.stop_regex = list(self.stop_regex)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif isinstance(self.stop, (list, tuple)):
@@ -95,7 +102,7 @@ class SamplingParams:
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with ``changes`` applied; list and dict fields are copied, not shared."""
         current = {f: getattr(self, f) for f in self.field_names()}
-        for name in ("stop", "stop_token_ids"):
+        for name in ("stop", "stop_regex", "stop_token_ids"):
             if current[name] is not None:
                 current[name] = list(current[name])
         if current["logit_bias"] is not None:
@@ -148,6 +155,10 @@ class SamplingParams:
                                                  and not isinstance(self.seed, bool)),
                    "an integer"),
                   ("stop", all(isinstance(x, str) for x in self.stop or []), "a list of strings"),
+                  ("stop_regex", self.stop_regex is None or (
+                      isinstance(self.stop_regex, list)
+                      and all(isinstance(x, str) for x in self.stop_regex)),
+                   "a string or a list of strings"),
                   ("stop_token_ids", all(isinstance(x, int) and not isinstance(x, bool)
                                          for x in self.stop_token_ids or []),
                    "a list of token ids"),
@@ -196,6 +207,10 @@ class SamplingParams:
     def _verify_stops(self, vocab_size: int) -> None:
         if any(s == "" for s in self.stop or []):
             raise ValueError("stop strings must be non-empty, got ''")
+        for pattern in self.stop_regex or []:
+            if not pattern:
+                raise ValueError("stop_regex patterns must be non-empty, got ''")
+            stop_automaton(pattern)  # ValueError for what an automaton cannot express
         for token_id in self.stop_token_ids or []:
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")

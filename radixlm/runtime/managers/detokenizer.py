@@ -77,9 +77,10 @@ class IncrementalDetokenizer:
             self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
 
     def final_text(self, matched_stop: Any = None) -> str:
-        """The whole output text, trimmed at the matched stop string (unless no_stop_trim)."""
+        """The whole output text, trimmed at the matched stop string (unless no_stop_trim).
+        A stop_regex match is not trimmed: the pattern is not the text it matched."""
         text = self._decode(self.ids)
-        if isinstance(matched_stop, str) and not self.no_stop_trim:
+        if matched_stop in self.stop and not self.no_stop_trim:
             cut = text.find(matched_stop)
             if cut >= 0:
                 text = text[:cut]

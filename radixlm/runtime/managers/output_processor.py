@@ -11,6 +11,7 @@ import torch
 from radixlm.runtime.constrained import allocate_token_bitmask
 from radixlm.runtime.constrained.jump_forward import canonical_jump
 from radixlm.runtime.executor.sampling import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 
@@ -222,6 +223,12 @@ class OutputProcessor:
             matched = self._match_stop_str(req, sp.stop)
             if matched is not None:
                 return {"type": "stop", "matched": matched}
+        if sp.stop_regex and len(req.output_ids) >= sp.min_new_tokens:
+            tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:],
+                                         skip_special_tokens=False)
+            for pattern in sp.stop_regex:
+                if contains_match(pattern, tail):
+                    return {"type": "stop", "matched": pattern}
         if len(req.output_ids) >= sp.max_new_tokens or req.seq_len >= self.s.context_len:
             return {"type": "length", "length": len(req.output_ids)}
         return None

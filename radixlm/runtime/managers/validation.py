@@ -77,6 +77,11 @@ def _check_caps(params: SamplingParams, limits: RequestLimits, top_logprobs_num:
         "--max-stop-sequences")
     longest = max((len(s) for s in params.stop or []), default=0)
     cap("the length of a stop string", longest, limits.max_stop_len, "--max-stop-length")
+    cap("the number of stop_regex patterns", len(params.stop_regex or []), limits.max_stop,
+        "--max-stop-sequences")
+    longest = max((len(s) for s in params.stop_regex or []), default=0)
+    cap("the length of a stop_regex pattern", longest, limits.max_stop_len,
+        "--max-stop-length")
     cap("the number of logit_bias entries", len(params.logit_bias or {}),
         limits.max_logit_bias, "--max-logit-bias")
     if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int):
