@@ -73,7 +73,9 @@ class NativeRoutes:
             ("/health", self.health, ["GET"]),
             ("/health_generate", self.health_generate, ["GET"]),
             ("/get_model_info", self.model_info, ["GET"]),
+            ("/model_info", self.model_info, ["GET"]),  # SGLang 0.5's newer names
             ("/get_server_info", self.server_info, ["GET"]),
+            ("/server_info", self.server_info, ["GET"]),
             ("/flush_cache", self.flush_cache, ["POST", "GET"]),
             ("/abort_request", self.abort_request, ["POST"]),
             ("/tokenize", self.tokenize, ["POST"]),

@@ -150,6 +150,8 @@ def test_side_routes(server, engine):
     assert httpx.get(server.url + "/health_generate", timeout=30).status_code == 200
     info = httpx.get(server.url + "/get_model_info").json()
     assert info["is_generation"] is True and info["model_path"] and info["tokenizer_path"]
+    assert httpx.get(server.url + "/model_info").json() == info  # SGLang 0.5's names too
+    assert httpx.get(server.url + "/server_info").json()["max_total_num_tokens"] > 0
     toks = _post(server, "/tokenize", {"text": "hello world"}).json()
     assert toks["tokens"] == engine.tokenizer.encode("hello world", add_special_tokens=False)
     text = _post(server, "/detokenize", {"tokens": toks["tokens"]}).json()["text"]
