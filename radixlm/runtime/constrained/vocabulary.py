@@ -27,6 +27,8 @@ from typing import Any
 
 from outlines_core import Vocabulary
 
+from radixlm.runtime.constrained.base import special_token_ids
+
 logger = logging.getLogger(__name__)
 
 SENTINEL = "\U0010ffff"  # a Unicode noncharacter: no real token contains its bytes
@@ -81,17 +83,12 @@ class TokenizerInfo:
     vocab_size: int
     vocabulary: Vocabulary
 
-    @property
-    def outlines_eos_id(self) -> int:
-        return self.vocab_size
-
 
 def token_bytes_of(tokenizer: Any) -> list[bytes | None]:
     """Bytes of every token id in [0, len(tokenizer)); None for special tokens."""
     size = len(tokenizer)
-    special: set[int] = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special = special_token_ids(tokenizer)
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special |= {i for i, tok in added.items() if getattr(tok, "special", False)}
     byte_level = _is_byte_level(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
     out: list[bytes | None] = []
