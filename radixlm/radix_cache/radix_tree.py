@@ -9,6 +9,11 @@ Ownership of slots, for one request whose tokens are ``[prefix | new | tail]``::
 
 Locks: a running request locks the node its match ended on (``inc_lock_ref``), which
 locks the whole path from the root; locked nodes are never evicted.
+
+Eviction (``eviction_policy``, SGLang's ``--radix-eviction-policy``): ``lru`` frees the
+least recently matched leaves first; ``lfu`` the leaves with the fewest hits first, ties by
+recency. A hit is one request whose tokens covered the node, counted when the request's
+tokens are inserted (``insert(..., counted_len=)`` keeps a request from counting twice).
 """
 
 from __future__ import annotations
@@ -34,12 +39,28 @@ class TreeNode:
     children: dict[Hashable, TreeNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    hit_count: int = 0
 
     def __repr__(self) -> str:
         return (
             f"TreeNode(id={self.node_id}, len={len(self.key)}, lock_ref={self.lock_ref}, "
-            f"last_access={self.last_access}, children={len(self.children)})"
+            f"last_access={self.last_access}, hits={self.hit_count}, "
+            f"children={len(self.children)})"
         )
+
+
+EVICTION_POLICIES = ("lru", "lfu")
+
+
+def _lru_priority(node: TreeNode) -> tuple[int, ...]:
+    return (node.last_access, node.node_id)
+
+
+def _lfu_priority(node: TreeNode) -> tuple[int, ...]:
+    return (node.hit_count, node.last_access, node.node_id)
+
+
+_PRIORITY = {"lru": _lru_priority, "lfu": _lfu_priority}
 
 
 @dataclass
@@ -67,13 +88,20 @@ class RadixCache:
 
     Requests in different ``namespace`` s never share a node: the root's children are keyed
     by ``(namespace, first page)``, every other child by its first page (the first token
-    when ``page_size == 1``). ``disable=True`` caches nothing.
+    when ``page_size == 1``). ``disable=True`` caches nothing. ``eviction_policy``: one
+    of ``EVICTION_POLICIES`` (see the module docstring).
     """
 
-    def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False):
+    def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False,
+                 eviction_policy: str = "lru"):
         assert page_size == allocator.page_size, (
             f"page_size={page_size} but allocator.page_size={allocator.page_size}"
         )
+        if eviction_policy not in _PRIORITY:
+            raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, "
+                             f"got {eviction_policy!r}")
+        self.eviction_policy = eviction_policy
+        self._priority = _PRIORITY[eviction_policy]
         self.allocator = allocator
         self.page_size = page_size
         self.disable = disable
@@ -130,7 +158,8 @@ class RadixCache:
         return MatchResult(slots, node)
 
     def insert(
-        self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None
+        self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None,
+        counted_len: int = 0,
     ) -> int:
         """Cache the whole pages of ``token_ids`` with KV ``slots``; return ``prefix_len``.
 
@@ -138,20 +167,32 @@ class RadixCache:
         ``slots[:prefix_len]`` are not taken (the caller frees those it allocated itself).
         ``slots[prefix_len:aligned_len]`` now belong to the tree; slots past the last whole
         page are not taken. With ``disable=True`` nothing is taken and ``len(token_ids)``
-        is returned.
+        is returned. Every node on the path that ends past ``counted_len`` (the tokens
+        this request already inserted, so already counted) gets one more hit.
         """
         if self.disable:
             return len(token_ids)
         key = self._aligned_key(token_ids)
         assert slots.numel() >= len(key), f"{slots.numel()} slots for {len(key)} tokens"
         node, pos, _ = self._walk(key, namespace)
+        self._count_hits(node, pos, counted_len)
         if pos < len(key):
             value = slots[pos : len(key)].to(device=self.device, dtype=torch.int64).clone()
             leaf = self._new_node(key[pos:], value, namespace)
             leaf.last_access = self._clock
+            leaf.hit_count = 1
             self._attach(node, leaf)
             self._evictable_size += len(leaf.key)
         return pos
+
+    def _count_hits(self, node: TreeNode, end: int, counted_len: int) -> None:
+        """One hit for each node of the path root..node (which ends at token ``end``)
+        that ends past ``counted_len``."""
+        while node is not self.root and end > counted_len:
+            node.hit_count += 1
+            end -= len(node.key)
+            assert node.parent is not None
+            node = node.parent
 
     def _walk(
         self, key: list[int], namespace: str | None
@@ -179,12 +220,14 @@ class RadixCache:
         return node, pos, values
 
     def _split(self, child: TreeNode, m: int) -> TreeNode:
-        """Cut ``child`` after ``m`` tokens; the new upper node keeps its lock and LRU time."""
+        """Cut ``child`` after ``m`` tokens; the new upper node keeps its lock, LRU time and
+        hit count."""
         assert 0 < m < len(child.key) and m % self.page_size == 0, f"split at {m} of {child}"
         parent = child.parent
         assert parent is not None
         upper = self._new_node(child.key[:m], child.value[:m], child.namespace)
         upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.hit_count = child.hit_count
         parent.children[self._child_key(parent, child.key, child.namespace)] = upper
         upper.parent = parent
         child.key, child.value = child.key[m:], child.value[m:]
@@ -215,14 +258,15 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
-        """Free unlocked leaves, least recently used first, until ``num_tokens`` are freed
-        or nothing is evictable. Returns the number of tokens freed."""
-        heap = [(n.last_access, n.node_id, n) for n in self._evictable_leaves()]
+        """Free unlocked leaves in ``eviction_policy`` order (lru: least recently used
+        first; lfu: fewest hits first, then least recently used) until ``num_tokens`` are
+        freed or nothing is evictable. Returns the number of tokens freed."""
+        heap = [(self._priority(n), n) for n in self._evictable_leaves()]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
         num_freed = 0
         while num_freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
+            _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
             del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
@@ -230,7 +274,7 @@ class RadixCache:
             num_freed += len(leaf.key)
             self._evictable_size -= len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+                heapq.heappush(heap, (self._priority(parent), parent))
         if freed:
             self.allocator.free(torch.cat(freed))
         return num_freed
@@ -246,7 +290,7 @@ class RadixCache:
         """Raise ``AssertionError`` naming the first broken invariant of the tree.
 
         Checks parent pointers, child keys, key/value lengths, page alignment, path locking
-        (a child's ``lock_ref`` <= its parent's), namespaces, the size counters, that no
+        (a child's ``lock_ref`` and ``hit_count`` <= its parent's), namespaces, the size counters, that no
         slot is held twice and that no held slot is free in the allocator.
         """
         root = self.root
@@ -283,6 +327,7 @@ class RadixCache:
                 f"{child} in namespace {child.namespace!r} under {parent.namespace!r}"
             )
             assert child.lock_ref <= parent.lock_ref, f"{child} locked more than {parent}"
+            assert child.hit_count <= parent.hit_count, f"{child} hit more than {parent}"
         if ps > 1:
             pages = child.value.view(-1, ps)  # [num_pages, page_size]
             offsets = torch.arange(ps, device=pages.device)
@@ -313,7 +358,7 @@ class RadixCache:
             more = "..." if len(node.key) > 8 else ""
             lines.append(
                 f"{'  ' * depth}[{node.namespace}] {head}{more} len={len(node.key)} "
-                f"lock_ref={node.lock_ref} t={node.last_access}"
+                f"lock_ref={node.lock_ref} t={node.last_access} hits={node.hit_count}"
             )
             stack.extend((c, depth + 1) for c in reversed(node.children.values()))
         return "\n".join(lines)
