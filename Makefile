@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[test]"
+	# the CPU attention kernel (C++), compiled once per machine; without a compiler the
+	# engine keeps its pure-torch path
+	$(PY) -m radixlm.kernels.cpu_paged || echo "CPU attention kernel not built: torch path"
 	touch $@
 
 install: $(VENV)/.installed

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.kernels import cpu_paged
 from radixlm.kernels.reference import length_groups
 
 PrefixGroups = list[tuple[int, list[int]]]
@@ -49,21 +50,45 @@ class _Padded:
 
 
 @dataclass
+class _Segments:
+    """Inputs of the CPU paged kernel (``cpu_paged``): segment s is rows
+    ``q_rows[q_indptr[s]:q_indptr[s+1]]`` over slots ``kv_indices[kv_indptr[s]:...]``."""
+
+    q_rows: torch.Tensor
+    q_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+
+    def attend(self, q, k_buf, v_buf, sm_scale):
+        return cpu_paged.paged_attention(q, k_buf, v_buf, self.q_rows, self.q_indptr,
+                                         self.kv_indptr, self.kv_indices, sm_scale)
+
+
+@dataclass
 class AttentionPlan:
-    """Index tensors of one forward's attention, shared by every layer."""
+    """Index tensors of one forward's attention, shared by every layer.
+
+    Decode on a CPU with the compiled kernel uses ``paged`` (K/V read in place: each
+    sequence past its shared prefix, then each group over its shared prefix, merged);
+    otherwise the padded passes gather K/V rows once per layer."""
 
     extend: bool
     shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
     padded: list[_Padded]  # each sequence past its shared prefix (all of it if none)
+    paged: tuple[_Segments, _Segments | None] | None = None  # (suffixes, groups)
 
     @classmethod
     def build(cls, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
               kv_elems_per_token: int, extend: bool,
-              prefix_groups: PrefixGroups | None = None) -> AttentionPlan:
+              prefix_groups: PrefixGroups | None = None,
+              paged_kernel: bool = False) -> AttentionPlan:
+        """``paged_kernel``: decode through ``cpu_paged`` (CPU, float32, kernel built)."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
         dev = kv_indices.device
         groups = prefix_groups or []
         check_prefix_groups(groups, kv, kv_indices)
+        if paged_kernel and not extend:
+            return cls(extend, None, [], _paged_decode(qo, kv, kv_indptr, kv_indices, groups))
         skip = [0] * (len(qo) - 1)
         rows, slots = [], []
         for length, members in groups:
@@ -103,6 +128,29 @@ def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.T
             raise ValueError(f"sequence {b} does not share its first {length} KV slots")
 
 
+def _paged_decode(qo, kv, kv_indptr, kv_indices, groups):
+    """Kernel segments for decode: one per sequence (past its group's shared prefix) and
+    one per group (its members' rows over the shared slots)."""
+    dev = kv_indices.device
+    n = len(qo) - 1
+    rows = torch.tensor(qo[:-1], device=dev)
+    ones = torch.arange(n + 1, device=dev)
+    if not groups:
+        return _Segments(rows, ones, kv_indptr, kv_indices), None
+    skip = [0] * n
+    for length, members in groups:
+        for b in members:
+            skip[b] = length
+    own = [kv_indices[kv[b] + skip[b]: kv[b + 1]] for b in range(n)]
+    own_indptr = torch.tensor([0] + [len(x) for x in own], device=dev).cumsum(0)
+    suffixes = _Segments(rows, ones, own_indptr, torch.cat(own))
+    g_rows = torch.tensor([qo[b] for _, members in groups for b in members], device=dev)
+    g_qptr = torch.tensor([0] + [len(m) for _, m in groups], device=dev).cumsum(0)
+    g_kvptr = torch.tensor([0] + [length for length, _ in groups], device=dev).cumsum(0)
+    g_slots = torch.cat([kv_indices[kv[m[0]]: kv[m[0]] + length] for length, m in groups])
+    return suffixes, _Segments(g_rows, g_qptr, g_kvptr, g_slots)
+
+
 def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:
     """All groups as one padded pass: group i's query rows over its shared slots."""
     dev = slots[0].device
@@ -138,6 +186,12 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
     """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend."""
+    if plan.paged is not None:
+        if not q.dtype == k_buf.dtype == torch.float32:
+            raise ValueError(f"the paged CPU kernel is float32 only, got {q.dtype} / "
+                             f"{k_buf.dtype}: build the plan with paged_kernel=False")
+        o = _paged_pass(plan.paged, q.contiguous(), k_buf, v_buf, sm_scale)
+        return o if out is None else out.copy_(o)
     n, hq, d = q.shape
     o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
@@ -159,6 +213,16 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         return o
     out.copy_(o)
     return out
+
+
+def _paged_pass(paged, q, k_buf, v_buf, sm_scale) -> torch.Tensor:
+    own, groups = paged
+    o, lse = own.attend(q, k_buf, v_buf, sm_scale)
+    if groups is not None:
+        o_g, lse_g = groups.attend(q, k_buf, v_buf, sm_scale)
+        rows = groups.q_rows
+        o[rows], _ = _merge(o_g[rows], lse_g[rows], o[rows], lse[rows])
+    return o
 
 
 def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:

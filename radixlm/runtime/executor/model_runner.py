@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
+from radixlm.kernels import cpu_paged
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.models import load_model
+from radixlm.runtime.executor.models.weights import (
+    config_differences,
+    copy_weights,
+    plan_load,
+)
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import ModelConfig
 
@@ -111,7 +121,13 @@ class ModelRunner:
             return None
         per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
         return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
-                                   prefix_groups=groups)
+                                   prefix_groups=groups, paged_kernel=self.paged_kernel)
+
+    @property
+    def paged_kernel(self) -> bool:
+        """Whether decode attention runs in the compiled CPU kernel (K/V read in place)."""
+        return (self.device.type == "cpu" and self.dtype == torch.float32
+                and cpu_paged.available())
 
     def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each
@@ -152,3 +168,37 @@ class ModelRunner:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges``."""
         fb = self.build_forward_batch(batch, req_to_token)
         return self.model(fb)
+
+    # --- weight updates (the scheduler calls these between steps) -------------------------
+    def check_weights(self, model_path: str) -> dict[str, torch.Tensor]:
+        """Check ``model_path`` against the served model from config.json and the
+        safetensors headers, reading no weights: ValueError naming what differs (a config
+        field, or missing / unexpected / misshapen tensors). Returns ``plan_load``'s targets."""
+        path = Path(model_path)
+        if not path.is_dir():
+            raise ValueError(f"model_path {model_path!r} is not a directory")
+        try:
+            new = ModelConfig.from_hf(path)
+            diffs = config_differences(self.model_config, new)
+            if diffs:
+                raise ValueError(f"the checkpoint in {model_path} has another shape than the "
+                                 f"served model: {'; '.join(diffs)}")
+            return plan_load(self.model, path)
+        except (OSError, KeyError, TypeError, json.JSONDecodeError, SafetensorError) as e:
+            raise ValueError(f"cannot read the checkpoint in {model_path}: {e!r}") from None
+
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Copy the weights of ``model_path`` into the existing parameters, after
+        ``check_weights`` (nothing is touched if it fails). A read error half-way reloads
+        the previous checkpoint and raises ValueError. The KV pool is not touched: the
+        caller must drop every cached KV computed by the old weights."""
+        targets = self.check_weights(model_path)
+        previous = self.model_config.model_dir
+        try:
+            copy_weights(targets, model_path)
+        except Exception as e:  # noqa: BLE001 - put the previous weights back, then report
+            logger.exception("loading %s failed half-way; reloading %s", model_path, previous)
+            copy_weights(plan_load(self.model, previous), previous)
+            raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
+                             f"previous weights ({previous}) were reloaded") from None
+        self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))

@@ -1,0 +1,103 @@
+"""The CPU paged-attention kernel (``csrc/paged_attention.cpp``): K and V read from the
+pool in place, no per-step gather.
+
+The C++ source is compiled once per machine with the system's C++ compiler against the
+installed torch (``make install`` does it; otherwise the first call does), cached under
+``~/.cache/radixlm/kernels/<hash of source, flags and torch version>/`` and loaded as the
+torch op ``torch.ops.radixlm_cpu.paged_attention``. Where no compiler is found or the
+build fails, ``available()`` is False and attention keeps the gathering torch path (the
+reason is logged once). ``RADIXLM_CPU_KERNEL=0`` turns the kernel off.
+
+    paged_attention(q [N,Hq,D], k_buf [S,Hkv,D], v_buf, q_rows [M], q_indptr [G+1],
+                    kv_indptr [G+1], kv_indices [nnz], sm_scale) -> (o [N,Hq,D], lse [N,Hq])
+
+Segment s: rows ``q_rows[q_indptr[s]:q_indptr[s+1]]`` attend to slots
+``kv_indices[kv_indptr[s]:kv_indptr[s+1]]``; float32 only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+# -ffast-math lets the compiler vectorise exp and the dot-product reductions; finite-math
+# stays off because -inf marks empty rows and the running max starts there
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp",
+         "-std=c++17", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> Path:
+    base = Path(os.environ.get("RADIXLM_CACHE", Path.home() / ".cache" / "radixlm"))
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()
+                         + torch.__version__.encode()).hexdigest()[:16]
+    return base / "kernels" / key
+
+
+def _compile(out: Path) -> None:
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    lib = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+           *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE),
+           f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cxx} failed:\n{proc.stderr[-2000:]}")
+
+
+def build() -> Path:
+    """The compiled library, built now if this machine has none (under a file lock, so
+    concurrent processes build it once)."""
+    d = _cache_dir()
+    so = d / "paged_attention.so"
+    if so.exists():
+        return so
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not so.exists():
+            tmp = d / f"paged_attention.{os.getpid()}.so"
+            logger.info("compiling the CPU attention kernel into %s", d)
+            _compile(tmp)
+            tmp.rename(so)
+    return so
+
+
+@cache
+def available() -> bool:
+    """Whether the kernel is loaded (compiling it on first use)."""
+    if os.environ.get("RADIXLM_CPU_KERNEL", "1") == "0":
+        return False
+    try:
+        torch.ops.load_library(str(build()))
+    except Exception as e:  # no compiler, or a failed build: keep the torch path
+        logger.warning("CPU attention kernel unavailable, using the gathering torch path: %s",
+                       e)
+        return False
+    return True
+
+
+def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale):
+    return torch.ops.radixlm_cpu.paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr,
+                                                 kv_indices, float(sm_scale))
+
+
+if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_paged`: build now (make install)
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(0 if available() else 1)
