@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
+RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
 
 
@@ -34,6 +36,9 @@ class ServerArgs:
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "share of free GPU memory for the KV pool (CUDA)"})
     disable_radix_cache: bool = False
+    radix_eviction_policy: str = field(default="lru", metadata={
+        "help": "lru|lfu: which radix-cache leaves are evicted first: least recently used, "
+                "or fewest hits (ties: least recently used)"})
     # scheduling
     chunked_prefill_size: int = field(default=2048, metadata={"help": "max tokens per forward "
                                       "(prefill chunks); -1 disables chunking"})
@@ -42,6 +47,20 @@ class ServerArgs:
     max_running_requests: int | None = None
     max_queued_requests: int | None = None
     schedule_policy: str = field(default="lpm", metadata={"help": "|".join(SCHEDULE_POLICIES)})
+    enable_priority_scheduling: bool = field(default=False, metadata={
+        "help": "order waiting requests by their priority first (higher values first), then "
+                "by --schedule-policy; a waiting request may preempt running ones"})
+    schedule_low_priority_values_first: bool = field(default=False, metadata={
+        "help": "with --enable-priority-scheduling, lower priority values run first"})
+    priority_scheduling_preemption_threshold: int = field(default=10, metadata={
+        "help": "how much more urgent a waiting request must be to preempt a running one"})
+    disable_priority_preemption: bool = field(default=False, metadata={
+        "help": "with --enable-priority-scheduling, never preempt running requests"})
+    default_priority_value: int | None = field(default=None, metadata={
+        "help": "priority of requests that give none (default: the least urgent)"})
+    abort_on_priority_when_disabled: bool = field(default=False, metadata={
+        "help": "without --enable-priority-scheduling, refuse (503) requests that set a "
+                "priority instead of ignoring it"})
     enable_mixed_chunk: bool = field(default=True, metadata={
         "help": "run prefill chunks and decode tokens in one forward"})
     disable_mixed_chunk: bool = False
@@ -82,6 +101,11 @@ class ServerArgs:
     max_logit_bias: int = field(default=1024, metadata={"help": "most logit_bias entries"})
     max_top_logprobs_num: int = field(default=64, metadata={
         "help": "largest top_logprobs_num (native) / logprobs (OpenAI completions)"})
+    tokenizer_metrics_allowed_custom_labels: tuple[str, ...] | None = field(
+        default=None, metadata={"help": "label names requests may set on the request metrics "
+                                "(custom_labels in /generate, the labels header on /v1)"})
+    tokenizer_metrics_custom_labels_header: str = field(default="x-custom-labels", metadata={
+        "help": "HTTP header of the OpenAI routes that carries custom labels as a JSON object"})
     watchdog_timeout: float = field(default=300.0, metadata={
         "help": "seconds the scheduler's loop may make no progress before the server fails "
                 "its requests and exits (SGLang's --watchdog-timeout)"})
@@ -106,6 +130,12 @@ class ServerArgs:
              f"dtype must be auto|float32|float16|bfloat16, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
              f"device must be auto|cpu|cuda, got {self.device!r}")
+        need(self.radix_eviction_policy in RADIX_EVICTION_POLICIES,
+             f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
+             f"priority and tlru are not supported), got {self.radix_eviction_policy!r}")
+        need(self.priority_scheduling_preemption_threshold >= 0,
+             "priority_scheduling_preemption_threshold must be >= 0, got "
+             f"{self.priority_scheduling_preemption_threshold}")
         need(self.grammar_backend in GRAMMAR_BACKENDS,
              f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         need(self.attention_backend in (None, "torch", "triton"),
@@ -129,6 +159,11 @@ class ServerArgs:
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("request_read_timeout", "watchdog_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        for name in self.tokenizer_metrics_allowed_custom_labels or ():
+            need(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
+                 and not name.startswith("__") and name != "finish_reason",
+                 f"tokenizer_metrics_allowed_custom_labels: {name!r} is not a usable "
+                 "Prometheus label name")
         need(self.tp_size == 1 and self.dp_size == 1,
              "tp_size and dp_size other than 1 are not supported")
 
@@ -158,13 +193,18 @@ class ServerArgs:
             if kind is bool:
                 parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
                 continue
+            if "tuple" in str(kind):  # a list of names
+                parser.add_argument(flag, nargs="+", type=str, default=f.default,
+                                    help=help_text)
+                continue
             base = _base_type(kind)
             parser.add_argument(flag, type=base, default=f.default,
                                 help=f"{help_text} (default: {f.default})".strip())
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def _base_type(kind: Any) -> type:

@@ -8,6 +8,7 @@ outputs are there, unless another caller is running it already.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -17,9 +18,16 @@ from typing import Any
 
 import msgspec
 import torch
+from pydantic import ValidationError
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.protocol import typed_sampling_params
+from radixlm.runtime.entrypoints.protocol import (
+    UpdateWeightFromDiskRequest,
+    describe,
+    refuse_options,
+    token_ids_for_item,
+    typed_sampling_params,
+)
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.managers.messages import (
@@ -28,10 +36,16 @@ from radixlm.runtime.managers.messages import (
     GenerateReqInput,
     GetInfoReq,
     ReqOutput,
+    UpdateWeightFromDiskOutput,
+    UpdateWeightFromDiskReq,
 )
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.scheduler import Scheduler
-from radixlm.runtime.managers.validation import cache_namespace, validate_request
+from radixlm.runtime.managers.validation import (
+    cache_namespace,
+    request_priority,
+    validate_request,
+)
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -57,6 +71,9 @@ class Engine:
         self._drive = threading.Lock()  # held by the thread running the scheduler loop
         self._stopped = False
         self._error: BaseException | None = None
+        self._versions: dict[str, str] = {}  # rid -> weight version of its latest output
+        self._update_replies: queue.Queue = queue.Queue()
+        self._update_lock = threading.Lock()  # one weight update at a time
 
     # --- driving the scheduler ------------------------------------------------------------
     # No background thread: whichever caller is waiting for outputs runs the scheduler
@@ -72,11 +89,15 @@ class Engine:
             return msgs
 
     def _send(self, obj: Any) -> None:
-        if isinstance(obj, list):
+        if isinstance(obj, UpdateWeightFromDiskOutput):
+            self._update_replies.put(obj)
+        elif isinstance(obj, list):
+            version = self.scheduler.weight_version  # sent before any update is applied
             with self._lock:
                 for out in obj:
                     q = self._streams.get(out.rid)
                     if q is not None:
+                        self._versions[out.rid] = version
                         q.put(out)
 
     def _turn(self) -> None:
@@ -126,7 +147,8 @@ class Engine:
     # --- requests ---------------------------------------------------------------------------
     def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
-                 rid: str | None, namespace: str | None = None
+                 rid: str | None, namespace: str | None = None,
+                 token_ids_logprob: list[int] | None = None
                  ) -> tuple[GenerateReqInput, SamplingParams]:
         if ids is None:
             if not isinstance(prompt, str):
@@ -137,9 +159,11 @@ class Engine:
                             ("logprob_start_len", logprob_start_len)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        validate_request(list(ids), params, self.scheduler.limits, top_logprobs_num)
+        validate_request(list(ids), params, self.scheduler.limits, top_logprobs_num,
+                         token_ids_logprob)
         msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
-                               return_logprob, logprob_start_len, top_logprobs_num, namespace)
+                               return_logprob, logprob_start_len, top_logprobs_num, namespace,
+                               token_ids_logprob=token_ids_logprob)
         return msg, params
 
     def _submit(self, msg: GenerateReqInput) -> queue.Queue:
@@ -167,6 +191,7 @@ class Engine:
         finally:
             with self._lock:
                 self._streams.pop(rid, None)
+                self._versions.pop(rid, None)
 
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
@@ -175,10 +200,18 @@ class Engine:
                  top_logprobs_num: int = 0, stream: bool = False,
                  rid: str | list[str] | None = None,
                  return_text_in_logprobs: bool = False, extra_key: str | None = None,
-                 cache_salt: str | None = None) -> Any:
+                 cache_salt: str | None = None,
+                 token_ids_logprob: list[int] | list[list[int]] | None = None,
+                 priority: int | None = None, **sglang_options: Any) -> Any:
         """SGLang's ``Engine.generate``: a dict for one prompt, a list for a batch;
         ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment.
-        ``extra_key`` / ``cache_salt``: requests share cached KV only with the same ones."""
+        ``extra_key`` / ``cache_salt``: requests share cached KV only with the same ones.
+        ``token_ids_logprob``: with return_logprob, the logprobs of these ids at each
+        position. ``priority``: with ``enable_priority_scheduling``, the request's place in
+        the queue (``validation.request_priority``). SGLang's other arguments
+        (``image_data``, ``lora_path``, ...) are accepted only at their defaults
+        (``protocol.refuse_options``)."""
+        refuse_options(sglang_options)
         batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
                                              and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt]
@@ -194,8 +227,11 @@ class Engine:
         namespace = cache_namespace(extra_key, cache_salt)
         prepared = [self._prepare(None if ids_list else prompts[i],
                                   ids_list[i] if ids_list else None, sps[i], *opts, rids[i],
-                                  namespace)
+                                  namespace, token_ids_for_item(token_ids_logprob, i, batch))
                     for i in range(n_items)]
+        resolved_priority = request_priority(priority, self.server_args)
+        for msg, _ in prepared:
+            msg.priority = resolved_priority
         if stream:
             if n_items != 1 or prepared[0][1].n != 1:
                 raise ValueError("stream=True takes one prompt and n=1")
@@ -225,6 +261,7 @@ class Engine:
         result = _Result(self.tokenizer, msg, params, text_in_logprobs)
         for out in self._outputs(msg.rid, q):
             result.add(out)
+            result.builder.weight_version = self._versions.get(msg.rid)
         return result.to_dict(time.monotonic() - t0)
 
     def _stream(self, msg: GenerateReqInput, params: SamplingParams,
@@ -236,6 +273,7 @@ class Engine:
         try:
             for out in self._outputs(msg.rid, q):
                 result.add(out)
+                result.builder.weight_version = self._versions.get(msg.rid)
                 finished = out.finished
                 yield result.chunk(time.monotonic() - t0)
         finally:
@@ -248,6 +286,34 @@ class Engine:
     # --- control ------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
         return self._call(FlushCacheReq()).success
+
+    def update_weights_from_disk(self, model_path: str | os.PathLike,
+                                 load_format: str | None = None,
+                                 abort_all_requests: bool = False,
+                                 weight_version: str | None = None,
+                                 **options: Any) -> tuple[bool, str, int]:
+        """SGLang's ``Engine.update_weights_from_disk``: ``(success, message,
+        num_paused_requests)``. Takes the route's fields (``options``: ``torch_empty_cache``,
+        ...); an unsupported one is a ValueError. Requests already submitted finish on the
+        old weights first (or are aborted: ``abort_all_requests``); later ones wait."""
+        fields = {"model_path": os.fspath(model_path), "load_format": load_format,
+                  "abort_all_requests": abort_all_requests, "weight_version": weight_version,
+                  **options}
+        try:
+            body = UpdateWeightFromDiskRequest.model_validate(fields)
+        except ValidationError as e:
+            raise ValueError(describe(e)[0]) from None
+        refused = body.refused()
+        if refused is not None:
+            raise ValueError(refused[1])
+        with self._update_lock:
+            self._check_alive()
+            self._inbox.put(UpdateWeightFromDiskReq(body.model_path, abort_all_requests,
+                                                    weight_version, body.torch_empty_cache))
+            out = self._next(self._update_replies)
+        if out.success:
+            self.model_path = body.model_path
+        return out.success, out.message, out.num_paused_requests
 
     def get_server_info(self) -> dict[str, Any]:
         info = self._call(GetInfoReq()).info
@@ -301,7 +367,8 @@ class _Result:
                  text_in_logprobs: bool) -> None:
         self.detok = RequestDetokenizer(tokenizer, make_register(msg.rid, params,
                                                                  text_in_logprobs))
-        self.builder = ResultBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num)
+        self.builder = ResultBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num,
+                                     msg.token_ids_logprob is not None)
 
     def add(self, out: ReqOutput) -> None:
         self.builder.add(self.detok.process(out))

@@ -30,10 +30,14 @@ from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
     install_error_handlers,
     json_response,
+    legacy_load,
+    load_api_keys,
     pick,
     read_model,
+    request_tenant,
     sse,
     sse_response,
+    v1_loads_response,
 )
 from radixlm.runtime.entrypoints.lifecycle import DrainingServer, scheduler_watchdog
 from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
@@ -42,9 +46,11 @@ from radixlm.runtime.entrypoints.protocol import (
     DetokenizeRequest,
     GenerateRequest,
     TokenizeRequest,
+    UpdateWeightFromDiskRequest,
     openapi_schema,
 )
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
+from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
@@ -59,8 +65,18 @@ def radixlm_version() -> str:
         return "0+unknown"
 
 STARTUP_TIMEOUT_S = 600.0
+FLUSH_RETRY_S = 0.05
+FLUSHED_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                "running or waiting requests, the operation will not be performed.)\n")
 HEALTH_TIMEOUT_S = 20.0
 SECRETS = ("api_key",)  # ServerArgs fields never shown in a response
+
+
+def _token_ids_logprob(body: GenerateRequest, i: int, batch: bool) -> list[int] | None:
+    try:
+        return body.token_ids_for(i, batch)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="token_ids_logprob") from None
 
 
 # --- native (SGLang) routes ----------------------------------------------------------------
@@ -78,9 +94,12 @@ class NativeRoutes:
             ("/server_info", self.server_info, ["GET"]),
             ("/flush_cache", self.flush_cache, ["POST", "GET"]),
             ("/abort_request", self.abort_request, ["POST"]),
+            ("/update_weights_from_disk", self.update_weights_from_disk, ["POST"]),
             ("/tokenize", self.tokenize, ["POST"]),
             ("/detokenize", self.detokenize, ["POST"]),
             ("/metrics", self.metrics, ["GET"]),
+            ("/get_load", self.get_load, ["GET"]),  # what sglang-router polls
+            ("/v1/loads", self.v1_loads, ["GET"]),  # SGLang 0.5's form
         ]:
             app.add_api_route(path, fn, methods=methods)
 
@@ -113,7 +132,10 @@ class NativeRoutes:
                 pick(body, "top_logprobs_num", i, batch, 0),
                 body.return_text_in_logprobs,
                 self.tm.namespace(pick(body, "extra_key", i, batch, None),
-                                  pick(body, "cache_salt", i, batch, None)),
+                                  pick(body, "cache_salt", i, batch, None),
+                                  request_tenant(request)),
+                _token_ids_logprob(body, i, batch), body.custom_labels, body.log_metrics,
+                priority=body.priority,
             ))
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
@@ -124,12 +146,16 @@ class NativeRoutes:
         )
         latency = time.monotonic() - t0
         results = [b.to_dict(latency) for b in builders]
+        if body.return_prompt_token_ids:  # SGLang's top-level key
+            for r, s in zip(results, states):
+                r["prompt_token_ids"] = list(s.msg.input_ids)
         return json_response(results if many else results[0])
 
     async def _stream(self, states: list[Any], many: bool, t0: float) -> AsyncIterator[bytes]:
         builders = [self.tm.new_builder(s) for s in states]
         async for i, out in self.tm.merged_outputs(states):
             builders[i].add(out)
+            builders[i].weight_version = states[i].weight_version
             chunk = builders[i].chunk(time.monotonic() - t0, cumulative=True)
             if many:
                 chunk["index"] = i
@@ -168,6 +194,7 @@ class NativeRoutes:
                 "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
                 "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
                 "eos_token": getattr(self.tm.tokenizer, "eos_token", None),
+                "weight_version": self.tm.weight_version,
             }
         )
 
@@ -184,21 +211,40 @@ class NativeRoutes:
             }
         )
 
-    async def flush_cache(self) -> Response:
-        out = await self.tm.flush_cache()
-        return json_response(
-            {"success": out.success, "message": out.message}, 200 if out.success else 400
-        )
+    async def flush_cache(self, request: Request) -> Response:
+        """SGLang's shape: plain text, 200 or 400; ``?timeout=S`` waits up to S seconds for
+        the running and queued requests to finish first."""
+        deadline = time.monotonic() + _flush_timeout(request.query_params.get("timeout"))
+        while not (out := await self.tm.flush_cache()).success and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_RETRY_S)
+        if out.success:
+            return Response(FLUSHED_TEXT, 200, media_type="text/plain")
+        return Response(out.message or "Flush cache failed.\n", 400, media_type="text/plain")
 
     async def abort_request(self, request: Request) -> Response:
+        """SGLang's shape: an empty 200; a rid aborts every request whose rid starts with
+        it. Neither rid nor abort_all is a 400 (SGLang ignores it)."""
         body = await read_model(request, AbortRequest)
         if body.abort_all:
             self.tm.abort_all()
-        elif body.rid is not None:
-            self.tm.abort(body.rid)
+        elif body.rid:
+            self.tm.abort_prefix(body.rid)
         else:
-            raise ApiError(400, "give rid (a string) or abort_all: true", param="rid")
-        return json_response({"success": True})
+            raise ApiError(400, "give rid (a non-empty string) or abort_all: true", param="rid")
+        return Response(status_code=200)
+
+    async def update_weights_from_disk(self, request: Request) -> Response:
+        """SGLang's route: ``{success, message, num_paused_requests}``, 200 or 400."""
+        body = await read_model(request, UpdateWeightFromDiskRequest)
+        refused = body.refused()
+        if refused is not None:
+            raise ApiError(400, refused[1], param=refused[0])
+        out = await self.tm.update_weights_from_disk(UpdateWeightFromDiskReq(
+            body.model_path, body.abort_all_requests, body.weight_version,
+            body.torch_empty_cache))
+        content = {"success": out.success, "message": out.message,
+                   "num_paused_requests": out.num_paused_requests}
+        return json_response(content, 200 if out.success else 400)
 
     async def tokenize(self, request: Request) -> Response:
         body = await read_model(request, TokenizeRequest)
@@ -223,9 +269,29 @@ class NativeRoutes:
             raise ApiError(400, f"tokens must be in [0, {vocab})", param="tokens")
         return json_response({"text": self.tm.tokenizer.decode(body.tokens)})
 
+    async def get_load(self) -> Response:
+        return json_response(legacy_load(await self.tm.get_info()))
+
+    async def v1_loads(self, request: Request) -> Response:
+        device = self.tm.model_info.get("device")
+        return v1_loads_response(await self.tm.get_info(), request.query_params,
+                                 radixlm_version(), None if device == "cpu" else device)
+
     async def metrics(self) -> Response:
         data = self.tm.metrics.render(await self.tm.get_info())
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _flush_timeout(raw: str | None) -> float:
+    """``/flush_cache?timeout=`` (SGLang's query parameter): seconds >= 0."""
+    try:
+        value = 0.0 if raw is None else float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0.0 <= value < float("inf")):
+        raise ApiError(400, f"timeout must be a finite number >= 0, got {raw!r}",
+                       param="timeout")
+    return value
 
 
 def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | None],
@@ -245,7 +311,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
 
     app.openapi = openapi  # type: ignore[method-assign]
     bounded = BodyLimitMiddleware(app, args.max_request_bytes, args.request_read_timeout)
-    return ApiKeyMiddleware(bounded, args.api_key) if args.api_key else bounded
+    return ApiKeyMiddleware(bounded, load_api_keys(args.api_key)) if args.api_key else bounded
 
 
 async def _serve(
@@ -308,6 +374,8 @@ async def _serve(
 def launch_server(args: ServerArgs) -> int:
     """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
     when the watchdog found the scheduler stuck."""
+    if args.api_key:
+        load_api_keys(args.api_key)  # a bad key file stops the server before it starts
     model_path = resolve_model_path(args.model_path)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     children = ChildProcesses()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
@@ -39,9 +39,118 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+# --- what SGLang 0.5 accepts and radixlm refuses ---------------------------------------------
+# Field -> (values that mean "not used", why radixlm lacks it). A field holding one of its
+# neutral values (SGLang's default, or null) is dropped before parsing, so clients that
+# send defaults explicitly (SGLang's own frontend does) work; any other value is a 400
+# that names the field and gives the reason. ``tests/.../test_sglang_parity.py`` reads
+# SGLang's source and fails when one of its fields is in neither this table nor a model.
+_MEDIA = "radixlm serves text-only models: no image, video or audio input"
+_EMBEDS = "radixlm takes text or token ids, not embeddings"
+_DISAGG = "radixlm has no prefill/decode disaggregation"
+_SESSION = ("radixlm has no sessions; a repeated prefix is reused through the radix cache "
+            "without one")
+_REASONING = "radixlm has no reasoning-model controls"
+_SGLANG_INTERNAL = "internal to SGLang's server, not a request field"
+_OFF: tuple[Any, ...] = (None, False)
+
+REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "session_id": ((None,), _SESSION),
+    "session_params": ((None,), _SESSION),
+    "input_embeds": ((None,), _EMBEDS),
+    "positional_embed_overrides": ((None,), _EMBEDS),
+    **{name: ((None,), _MEDIA) for name in (
+        "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
+        "video_config", "modalities", "max_dynamic_patch", "min_dynamic_patch",
+        "image_max_dynamic_patch", "video_max_dynamic_patch", "images_config",
+        "mm_processor_kwargs", "need_wait_for_mm_inputs", "num_items_assigned",
+        "encoder_urls")},
+    "use_audio_in_video": (_OFF, _MEDIA),
+    "return_bytes": (_OFF, "radixlm does not generate images"),
+    "watermark": ((None,), "radixlm does not watermark its output"),
+    "return_sampling_mask": (_OFF, "radixlm returns logprobs of the model's distribution, "
+                                   "not of the sampling support"),
+    "sampling_logprobs_mode": ((None,), "radixlm returns logprobs of the model's "
+                                        "distribution, not of the sampling support"),
+    **{name: (_OFF, "radixlm returns top logprobs nested, [logprob, token_id, text] "
+                    "per entry, not as flat arrays") for name in (
+        "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
+        "return_flat_raw_top_logprobs_b64")},
+    "return_hidden_states": (_OFF, "radixlm does not return hidden states"),
+    "return_routed_experts": (_OFF, "radixlm's models are dense: there are no experts"),
+    "routed_experts_start_len": ((None, 0), "radixlm's models are dense: there are no "
+                                           "experts"),
+    "return_indexer_topk": (_OFF, "radixlm has no sparse-attention indexer"),
+    "return_entropy": (_OFF, "radixlm does not compute output entropies; use "
+                             "top_logprobs_num"),
+    "lora_path": ((None,), "radixlm does not serve LoRA adapters"),
+    "lora_id": ((None,), "radixlm does not serve LoRA adapters"),
+    "custom_logit_processor": ((None,), "radixlm does not run custom logit processors "
+                                        "(serialized code from the client)"),
+    **{name: ((None,), _DISAGG) for name in (
+        "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+        "decode_tp_size", "disagg_prefill_dp_rank")},
+    "routed_dp_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
+                                  "only rank 0 exists"),
+    "data_parallel_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
+                                      "only rank 0 exists"),
+    "routing_key": ((None,), "radixlm has no routing-key schedule policy"),
+    "conversation_id": ((None,), "radixlm has no request tracing"),
+    "external_trace_header": ((None,), "radixlm has no request tracing"),
+    "background": (_OFF, "radixlm has no background responses (OpenAI Responses API)"),
+    "require_reasoning": (_OFF, _REASONING),
+    "max_thinking_tokens": ((None,), _REASONING),
+    "multi_item_delimiter_indices": ((None,), "radixlm has no multi-item scoring"),
+    "token_indices_to_pool": ((None,), "radixlm has no multi-item scoring"),
+    "kv_hints": ((None,), "radixlm has no hierarchical KV cache (HiCache)"),
+    "http_worker_ipc": ((None,), _SGLANG_INTERNAL),
+    "received_time": ((None,), _SGLANG_INTERNAL),
+}
+
+_SAMPLING_INTERNAL = "internal to SGLang's SamplingParams, not a request field"
+REFUSED_SAMPLING_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "beam_width": ((None, 1), "radixlm has no beam search; n gives independent samples"),
+    "structural_tag": ((None, ""), "radixlm's grammars are regex, json_schema and ebnf; "
+                                   "it has no structural tags"),
+    "stream_interval": ((None, 1), "radixlm streams every scheduler step"),
+    "custom_params": ((None,), "custom_params feed custom logit processors, which radixlm "
+                               "does not run"),
+    "watermark": ((None,), "radixlm does not watermark its output"),
+    "stop_strs": ((None,), _SAMPLING_INTERNAL),
+    "stop_regex_strs": ((None,), _SAMPLING_INTERNAL),
+    "stop_str_max_len": ((None, 0), _SAMPLING_INTERNAL),
+    "stop_regex_max_len": ((None, 0), _SAMPLING_INTERNAL),
+    "is_normalized": (_OFF, _SAMPLING_INTERNAL),
+    "ebnf_full_assistant": (_OFF, _SAMPLING_INTERNAL),
+}
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``neutral`` with the same JSON type (``0`` is not ``false``)."""
+    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
+
+
+def drop_neutral(data: Any, table: dict[str, tuple[tuple[Any, ...], str]]) -> Any:
+    """``data`` without the refused fields that hold a neutral value."""
+    if not isinstance(data, dict):
+        return data
+    return {k: v for k, v in data.items() if k not in table or not _neutral(v, table[k][0])}
+
+
+def refusal(name: str) -> str | None:
+    """Why radixlm refuses SGLang's field ``name`` (None: not a refused field)."""
+    found = REFUSED_REQUEST_FIELDS.get(name) or REFUSED_SAMPLING_FIELDS.get(name)
+    return None if found is None else found[1]
+
+
 # --- native (SGLang) ---------------------------------------------------------------------------
 class SamplingParamsIn(_Strict):
     """SGLang's ``sampling_params``; ranges are checked by ``SamplingParams.verify``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral(cls, data: Any) -> Any:
+        return drop_neutral(data, REFUSED_SAMPLING_FIELDS)
 
     max_new_tokens: Count | None = None
     min_new_tokens: Count | None = None
@@ -93,7 +202,8 @@ def _per_item(kind: Any) -> Any:
 
 
 class GenerateRequest(_Strict):
-    """SGLang's ``/generate`` body: one prompt or a batch (lists of text or of id lists)."""
+    """SGLang's ``/generate`` body: one prompt or a batch (lists of text or of id lists).
+    SGLang's other fields are in ``REFUSED_REQUEST_FIELDS``."""
 
     text: StrOrList | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
@@ -102,16 +212,93 @@ class GenerateRequest(_Strict):
     return_logprob: _per_item(bool) = None
     logprob_start_len: _per_item(Int64) = None
     top_logprobs_num: _per_item(Count) = None
+    # logprobs of these ids at every position (with return_logprob): a list for one
+    # prompt, a list of lists (one per item) for a batch
+    token_ids_logprob: list[TokenId] | list[list[TokenId] | None] | None = None
     return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
     stream: bool = False
     # cache namespaces: requests share cached KV only with the same ones (SGLang / vLLM)
     extra_key: _per_item(str) = None
     cache_salt: _per_item(str) = None
+    priority: int | None = None  # scheduling priority (--enable-priority-scheduling)
+    # Prometheus labels of this request's metrics (--tokenizer-metrics-allowed-custom-labels)
+    custom_labels: dict[str, str] | None = None
+    log_metrics: bool = True  # false: left out of the request metrics (health checks)
+    no_logs: bool = False  # radixlm never logs a request's text or tokens anyway
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral(cls, data: Any) -> Any:
+        return drop_neutral(data, REFUSED_REQUEST_FIELDS)
+
+    def token_ids_for(self, i: int, batch: bool) -> list[int] | None:
+        return token_ids_for_item(self.token_ids_logprob, i, batch)
+
+
+def token_ids_for_item(ids: Any, i: int, batch: bool) -> list[int] | None:
+    """Item ``i``'s ``token_ids_logprob`` (SGLang: one flat list is shared by a batch's
+    items, a list of lists gives one per item); ValueError for a bad shape."""
+    if ids is None or not isinstance(ids, list) or not ids or not isinstance(ids[0], list):
+        return ids
+    if not batch:
+        raise ValueError("token_ids_logprob is a list of lists but the request is not a "
+                         "batch; give one list of token ids")
+    if i >= len(ids):
+        raise ValueError(f"token_ids_logprob has {len(ids)} lists, fewer than the batch")
+    return ids[i]
+
+
+def refuse_options(options: dict[str, Any]) -> None:
+    """``Engine.generate``'s keyword arguments beyond radixlm's: SGLang's refused fields
+    at a neutral value pass; other values are a ValueError saying why; unknown names are
+    a TypeError, as for any Python function."""
+    for name, value in options.items():
+        if name not in REFUSED_REQUEST_FIELDS:
+            raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
+        neutral, why = REFUSED_REQUEST_FIELDS[name]
+        if not _neutral(value, neutral):
+            raise ValueError(f"{name} is not supported: {why}")
 
 
 class AbortRequest(_Strict):
     rid: str | None = None
     abort_all: bool = False
+
+
+class UpdateWeightFromDiskRequest(_Strict):
+    """SGLang's ``UpdateWeightFromDiskReqInput`` (``/update_weights_from_disk``, and the
+    Engine's method). Options radixlm cannot honour are refused by ``refused``."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False  # radixlm captures no CUDA graph: nothing to redo
+    token_step: Int64 = 0
+    flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        """``(field, why)`` for the first option radixlm does not support, else None."""
+        for name, ok, why in (
+            ("load_format", self.load_format in (None, "auto", "safetensors"),
+             "radixlm loads safetensors checkpoints only ('auto' or 'safetensors')"),
+            ("is_async", not self.is_async, "radixlm applies an update between two steps"),
+            ("keep_pause", not self.keep_pause, "radixlm has no paused state to keep"),
+            ("token_step", self.token_step == 0,
+             "radixlm does not track trainer steps; use weight_version"),
+            ("flush_cache", self.flush_cache,
+             "KV computed by other weights is never reused, so the cache is always flushed"),
+            ("manifest", self.manifest is None, "radixlm reads tensor metadata from the "
+                                                "safetensors headers"),
+        ):
+            if not ok:
+                return name, f"{name}: {why}"
+        return None
 
 
 class TokenizeRequest(_Strict):
@@ -150,6 +337,7 @@ class OpenAISampling(_Lenient):
     # extras (SGLang / vLLM)
     cache_salt: str | None = None
     extra_key: str | None = None
+    priority: int | None = None  # scheduling priority (--enable-priority-scheduling)
     repetition_penalty: Finite | None = None
     top_k: Int64 | None = None
     min_p: Finite | None = None
@@ -208,6 +396,7 @@ _MODEL_NAMES = {"SamplingParamsIn", "StreamOptions", "ContentPart", "ChatMessage
 ROUTE_MODELS: dict[str, type[BaseModel]] = {
     "/generate": GenerateRequest,
     "/abort_request": AbortRequest,
+    "/update_weights_from_disk": UpdateWeightFromDiskRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
     "/v1/completions": CompletionRequest,
@@ -250,6 +439,8 @@ def _problem(path: tuple[Any, ...], errs: list[dict[str, Any]]) -> str:
         problem = f"Input should be {forms}"
     else:
         problem = e["msg"]
+    if e["type"] == "extra_forbidden" and path and refusal(str(path[-1])):
+        return f"{loc} is not supported: {refusal(str(path[-1]))}"
     if "input" in e and e["type"] not in ("missing", "extra_forbidden"):
         problem += f", got {_short(e['input'])}"
     return f"{loc}: {problem}" if loc else problem

@@ -39,6 +39,8 @@ class SampleOutput:
     # [B] float32, chosen token under log_softmax(raw logits); None when no row asked
     logprobs: torch.Tensor | None
     top_logprobs: TopLogprobs | None  # None when no row asked for any
+    # per row: logprobs of the row's token_ids_logprob ids (None for rows without)
+    token_ids_logprobs: list[list[float] | None] | None = None
 
 
 @dataclass
@@ -70,6 +72,7 @@ class SamplingBatchInfo:
     min_tokens_stop_ids: list[list[int]]  # eos + stop_token_ids, per row
     top_logprobs_nums: list[int]
     need_logprobs: bool = True  # False: no row returns logprobs, skip the log_softmax
+    token_ids_logprobs: list[list[int] | None] | None = None  # SGLang's token_ids_logprob
     repetition_penalties: torch.Tensor | None = None  # [B, 1]
     frequency_penalties: torch.Tensor | None = None  # [B, 1]
     presence_penalties: torch.Tensor | None = None  # [B, 1]
@@ -94,6 +97,7 @@ class SamplingBatchInfo:
         eos_token_ids: Sequence[int] = (),
         top_logprobs_nums: Sequence[int] | None = None,
         need_logprobs: bool = True,
+        token_ids_logprobs: Sequence[list[int] | None] | None = None,
         token_bitmask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
@@ -128,7 +132,9 @@ class SamplingBatchInfo:
                 list(eos_token_ids) + list(p.stop_token_ids or []) for p in params
             ],
             top_logprobs_nums=list(top_logprobs_nums or [0] * len(params)),
-            need_logprobs=need_logprobs or any(top_logprobs_nums or []),
+            need_logprobs=need_logprobs or any(top_logprobs_nums or [])
+            or any(ids is not None for ids in token_ids_logprobs or []),
+            token_ids_logprobs=list(token_ids_logprobs) if token_ids_logprobs else None,
             token_bitmask=token_bitmask,
             generator=generator,
         )
@@ -309,8 +315,10 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
             next_ids = torch.where(info.is_greedy, processed.argmax(dim=-1), next_ids)
     if not info.need_logprobs:  # a full-vocabulary log_softmax per row, only when asked
         return SampleOutput(next_token_ids=next_ids, logprobs=None, top_logprobs=None)
-    logprobs, top = compute_logprobs(logits, next_ids, info.top_logprobs_nums)
-    return SampleOutput(next_token_ids=next_ids, logprobs=logprobs, top_logprobs=top)
+    logprobs, top, asked = logprobs_of(logits, next_ids, info.top_logprobs_nums,
+                                       info.token_ids_logprobs)
+    return SampleOutput(next_token_ids=next_ids, logprobs=logprobs, top_logprobs=top,
+                        token_ids_logprobs=asked)
 
 
 def compute_logprobs(
@@ -318,14 +326,32 @@ def compute_logprobs(
 ) -> tuple[torch.Tensor, TopLogprobs | None]:
     """Logprob of ``token_ids[i]`` under log_softmax(logits[i]), and the top
     ``top_k_nums[i]`` (logprob, id) of each row when any row asks for them."""
+    chosen, top, _ = logprobs_of(logits, token_ids, top_k_nums)
+    return chosen, top
+
+
+def logprobs_of(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    top_k_nums: Sequence[int] | None = None,
+    asked_ids: Sequence[list[int] | None] | None = None,
+) -> tuple[torch.Tensor, TopLogprobs | None, list[list[float] | None] | None]:
+    """``compute_logprobs`` from one log_softmax, plus the logprobs of ``asked_ids[i]``
+    (SGLang's ``token_ids_logprob``, in the order given) for the rows that ask."""
     max_k = max(top_k_nums, default=0) if top_k_nums else 0
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # cheaper than logsumexp on CPU
-    if max_k == 0:
-        return logprobs.gather(-1, token_ids[:, None]).squeeze(-1), None
-    values, ids = logprobs.topk(min(max_k, logits.shape[-1]), dim=-1)
-    values_list, ids_list = values.tolist(), ids.tolist()
-    top = [(v[:k], i[:k]) for v, i, k in zip(values_list, ids_list, top_k_nums, strict=True)]
-    return logprobs.gather(-1, token_ids[:, None]).squeeze(-1), top
+    chosen = logprobs.gather(-1, token_ids[:, None]).squeeze(-1)
+    top = None
+    if max_k > 0:
+        values, ids = logprobs.topk(min(max_k, logits.shape[-1]), dim=-1)
+        values_list, ids_list = values.tolist(), ids.tolist()
+        top = [(v[:k], i[:k]) for v, i, k in zip(values_list, ids_list, top_k_nums,
+                                                   strict=True)]
+    asked = None
+    if asked_ids is not None and any(ids is not None for ids in asked_ids):
+        asked = [None if ids is None else logprobs[row, ids].tolist()
+                 for row, ids in enumerate(asked_ids)]
+    return chosen, top, asked
 
 
 def _column(values: list[float]) -> torch.Tensor:

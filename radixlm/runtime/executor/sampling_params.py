@@ -50,6 +50,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
 
     def __post_init__(self) -> None:
+        for kind in GRAMMAR_FIELDS:  # SGLang: an empty grammar means none, not "nothing"
+            if getattr(self, kind) == "":
+                setattr(self, kind, None)
         if isinstance(self.stop_regex, str):
             self.stop_regex = [self.stop_regex]
         elif isinstance(self.stop_regex, (list, tuple)):

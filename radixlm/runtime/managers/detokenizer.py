@@ -77,13 +77,19 @@ class IncrementalDetokenizer:
             self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
 
     def final_text(self, matched_stop: Any = None) -> str:
-        """The whole output text, trimmed at the matched stop string (unless no_stop_trim).
-        A stop_regex match is not trimmed: the pattern is not the text it matched."""
-        text = self._decode(self.ids)
-        if matched_stop in self.stop and not self.no_stop_trim:
+        """The whole output text, trimmed as SGLang's detokenizer trims it: a matched
+        string (a stop string, or a stop_regex pattern found literally in the text) is cut
+        off, or kept with what follows it dropped under no_stop_trim; a matched stop
+        token id (stop_token_ids, EOS) is left out unless no_stop_trim."""
+        ids = self.ids
+        if (isinstance(matched_stop, int) and not isinstance(matched_stop, bool)
+                and not self.no_stop_trim and ids and ids[-1] == matched_stop):
+            ids = ids[:-1]
+        text = self._decode(ids)
+        if isinstance(matched_stop, str):
             cut = text.find(matched_stop)
             if cut >= 0:
-                text = text[:cut]
+                text = text[: cut + len(matched_stop)] if self.no_stop_trim else text[:cut]
         return text
 
     def delta(self) -> str:
@@ -155,6 +161,10 @@ class RequestDetokenizer:
         if out.input_token_logprobs is not None:
             res.input_token_logprobs = [self._entry(lp, t) for lp, t in out.input_token_logprobs]
             res.input_top_logprobs = [self._top(t) for t in out.input_top_logprobs or []]
+        if out.output_token_ids_logprobs is not None:
+            res.output_token_ids_logprobs = [self._top(t) for t in out.output_token_ids_logprobs]
+        if out.input_token_ids_logprobs is not None:
+            res.input_token_ids_logprobs = [self._top(t) for t in out.input_token_ids_logprobs]
         return res
 
     def _entry(self, lp: float | None, tok: int) -> Any:

@@ -22,11 +22,14 @@ class GenerateReqInput(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     namespace: str | None = None
     return_text_in_logprobs: bool = False  # read by the detokenizer, not the scheduler
+    priority: int = 0  # resolved by validation.request_priority; ordered by the policy
+    token_ids_logprob: list[int] | None = None  # logprobs of these ids at each position
 
 
 class AbortReq(msgspec.Struct, tag=True):
     rid: str
-    message: str = "aborted"
+    message: str | None = None  # None: SGLang's reasons ("Aborted", "Abort in waiting queue")
+    abort_all: bool = False  # every queued and running request (``rid`` is ignored)
 
 
 class FlushCacheReq(msgspec.Struct, tag=True):
@@ -35,6 +38,23 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 class GetInfoReq(msgspec.Struct, tag=True):
     check_invariants: bool = False  # also assert the KV accounting (idle scheduler only)
+
+
+class UpdateWeightFromDiskReq(msgspec.Struct, tag=True):
+    """SGLang's ``UpdateWeightFromDiskReqInput``, the fields radixlm acts on; the scheduler
+    applies it between steps once the requests ahead of it are done (or aborted)."""
+
+    model_path: str
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    torch_empty_cache: bool = False  # return the allocator's cached blocks after loading
+
+
+class UpdateWeightFromDiskOutput(msgspec.Struct, tag=True):
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+    weight_version: str = ""  # the version served after this reply
 
 
 class InfoOutput(msgspec.Struct, tag=True):
@@ -61,6 +81,9 @@ class ReqOutput(msgspec.Struct, tag=True):
     # sent once, with the first output of a request that asked for prompt logprobs
     input_token_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # token_ids_logprob: (logprob, id) of each asked id, per position, shaped as the tops
+    output_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -111,6 +134,8 @@ class TextOutput(msgspec.Struct, tag=True):
     output_top_logprobs: list[list[LogprobEntry] | None] | None = None
     input_token_logprobs: list[LogprobEntry] | None = None
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    output_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
+    input_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -131,7 +156,8 @@ class SchedulerReady(msgspec.Struct, tag=True):
 
 Message = (
     GenerateReqInput | AbortReq | FlushCacheReq | GetInfoReq | InfoOutput | FlushCacheOutput
-    | BatchOutput | RegisterReqs | TextBatch | SchedulerReady
+    | UpdateWeightFromDiskReq | UpdateWeightFromDiskOutput | BatchOutput | RegisterReqs
+    | TextBatch | SchedulerReady
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -10,7 +10,7 @@ import torch
 
 from radixlm.runtime.constrained import allocate_token_bitmask
 from radixlm.runtime.constrained.jump_forward import canonical_jump
-from radixlm.runtime.executor.sampling import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
@@ -92,15 +92,20 @@ class OutputProcessor:
         if first_pos == 0 and req.logprob_start_len == 0 and not req.input_token_logprobs:
             req.input_token_logprobs.append((None, prompt[0]))
             req.input_top_logprobs.append(None)
+            req.input_token_ids_logprobs.append(None)
         if rows.shape[0] == 0:
             return
         targets = prompt[first_pos + 1: first_pos + 1 + rows.shape[0]]
         ids = torch.tensor(targets, device=rows.device)
         k = req.top_logprobs_num
-        lps, top = compute_logprobs(rows, ids, [k] * len(targets) if k else None)
+        asked = req.token_ids_logprob
+        lps, top, asked_lps = logprobs_of(rows, ids, [k] * len(targets) if k else None,
+                                          None if asked is None else [asked] * len(targets))
         req.input_token_logprobs.extend(zip(lps.tolist(), targets))
         req.input_top_logprobs.extend(
             [list(zip(v, i)) for v, i in top] if top else [None] * len(targets))
+        req.input_token_ids_logprobs.extend(
+            [_pairs(v, asked) for v in asked_lps] if asked_lps else [None] * len(targets))
 
     def _sampling_info(self, reqs: list[Req], device: torch.device) -> SamplingBatchInfo:
         """The batch's sampling state: the last step's, advanced by one token, while the
@@ -119,6 +124,7 @@ class OutputProcessor:
             prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
             eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
             need_logprobs=any(r.return_logprob for r in reqs),
+            token_ids_logprobs=[r.token_ids_logprob for r in reqs],
             token_bitmask=bitmask, generator=self.generator, device=device)
 
     def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo, next_ids: torch.Tensor,
@@ -149,7 +155,10 @@ class OutputProcessor:
             if out.top_logprobs is not None and req.top_logprobs_num:
                 v, t = out.top_logprobs[i]
                 top = [list(zip(v, t))]
-            outs.append(self._output(req, new_ids, [(lps[i], tok)], top))
+            asked = None
+            if out.token_ids_logprobs is not None and req.token_ids_logprob is not None:
+                asked = [_pairs(out.token_ids_logprobs[i], req.token_ids_logprob)]
+            outs.append(self._output(req, new_ids, [(lps[i], tok)], top, asked))
             if req.finished:
                 self.s.cache.release(req, cache=True)
         self._keep_info(reqs, info, out.next_token_ids, ids, grew)
@@ -246,7 +255,8 @@ class OutputProcessor:
     def finish(self, req: Req, reason: dict[str, Any], release: bool) -> ReqOutput:
         req.finish_reason = reason
         out = self._output(req, [], [] if req.return_logprob else None,
-                           [] if req.top_logprobs_num else None)
+                           [] if req.top_logprobs_num else None,
+                           [] if req.token_ids_logprob is not None else None)
         if release and req.req_pool_idx is not None:
             self.s.cache.release(req, cache=True)
         return out
@@ -257,17 +267,22 @@ class OutputProcessor:
         return ReqOutput(rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens,
                          cached_tokens=0, completion_tokens=0, finish_reason=reason)
 
-    def _output(self, req: Req, new_ids: list[int], lps: list | None, top: list | None
-                ) -> ReqOutput:
+    def _output(self, req: Req, new_ids: list[int], lps: list | None, top: list | None,
+                asked: list | None = None) -> ReqOutput:
+        """``asked``: per new token, the (logprob, id) pairs of ``token_ids_logprob``."""
+        wants_ids = req.token_ids_logprob is not None
         out = ReqOutput(
             rid=req.rid, new_token_ids=new_ids, prompt_tokens=req.prompt_len,
             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
             finish_reason=req.finish_reason,
             output_token_logprobs=lps if req.return_logprob else None,
-            output_top_logprobs=top if req.top_logprobs_num else None)
+            output_top_logprobs=top if req.top_logprobs_num else None,
+            output_token_ids_logprobs=(asked or []) if wants_ids else None)
         if req.wants_input_logprobs and req.kv_len >= req.prompt_len:
             out.input_token_logprobs = req.input_token_logprobs
             out.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
+            if wants_ids:
+                out.input_token_ids_logprobs = req.input_token_ids_logprobs
             req.input_logprobs_sent = True
         return out
 
@@ -277,3 +292,8 @@ class OutputProcessor:
     def take_pending(self) -> list[ReqOutput]:
         out, self._pending = self._pending, []
         return out
+
+
+def _pairs(values: list[float], ids: list[int]) -> list[tuple[float, int]] | None:
+    """(logprob, id) per asked id; None for an empty list, as SGLang shows one."""
+    return list(zip(values, ids)) or None

@@ -14,10 +14,16 @@ from radixlm.runtime.managers.messages import TextOutput
 class ResultBuilder:
     """Accumulates text, ids and logprob entries ``[logprob, token_id, text|None]``."""
 
-    def __init__(self, rid: str, return_logprob: bool, top_logprobs_num: int) -> None:
+    def __init__(self, rid: str, return_logprob: bool, top_logprobs_num: int,
+                 token_ids_logprob: bool = False) -> None:
         self.rid = rid
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
+        # SGLang's token_ids_logprob: shaped as the top logprobs, one list per position
+        self.token_ids_logprob = token_ids_logprob and return_logprob
+        self.output_ids_lps: list = []
+        self.new_ids_lps: list = []
+        self.input_ids_lps: list | None = None
         self.last: TextOutput | None = None
         self.text = ""
         self.output_ids: list[int] = []
@@ -27,6 +33,7 @@ class ResultBuilder:
         self.input_top: list | None = None
         self.new_lps: list = []
         self.new_top: list = []
+        self.weight_version: str | None = None  # set by the owner (SGLang's meta_info field)
 
     def add(self, out: TextOutput) -> None:
         self.last = out
@@ -39,6 +46,10 @@ class ResultBuilder:
         if out.input_token_logprobs is not None:
             self.input_lps = [list(e) for e in out.input_token_logprobs]
             self.input_top = [_entries(t) for t in out.input_top_logprobs or []]
+        self.new_ids_lps = [_entries(t) for t in out.output_token_ids_logprobs or []]
+        self.output_ids_lps += self.new_ids_lps
+        if out.input_token_ids_logprobs is not None:
+            self.input_ids_lps = [_entries(t) for t in out.input_token_ids_logprobs]
 
     @property
     def finished(self) -> bool:
@@ -55,6 +66,8 @@ class ResultBuilder:
             "finish_reason": out.finish_reason,
             "e2e_latency": latency,
         }
+        if self.weight_version is not None:
+            meta["weight_version"] = self.weight_version
         if self.return_logprob:
             meta["output_token_logprobs"] = self.new_lps if incremental else self.output_lps
             meta["output_token_logprobs_length"] = len(self.output_lps)
@@ -63,6 +76,10 @@ class ResultBuilder:
             meta["input_token_logprobs"] = self.input_lps
             if self.top_logprobs_num:
                 meta["input_top_logprobs"] = self.input_top
+            if self.token_ids_logprob:
+                meta["input_token_ids_logprobs"] = self.input_ids_lps
+                meta["output_token_ids_logprobs"] = (
+                    self.new_ids_lps if incremental else self.output_ids_lps)
         return meta
 
     def to_dict(self, latency: float) -> dict[str, Any]:

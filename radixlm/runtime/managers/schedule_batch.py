@@ -34,6 +34,7 @@ class Req:
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         namespace: str | None = None,
+        token_ids_logprob: list[int] | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -45,7 +46,10 @@ class Req:
         self.logprob_start_len = (
             min(logprob_start_len, len(input_ids) - 1) if return_logprob else -1)
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
+        # SGLang: logprobs of these ids at each position, with return_logprob only
+        self.token_ids_logprob = token_ids_logprob if return_logprob else None
         self.namespace = namespace
+        self.priority = 0  # with --enable-priority-scheduling: set from the request
         self.output_ids: list[int] = []
         self.finish_reason: dict[str, Any] | None = None
         self.arrival_time = time.monotonic()
@@ -61,6 +65,7 @@ class Req:
         # prompt logprobs gathered across prefill chunks; sent with the first output
         self.input_token_logprobs: list[tuple[float | None, int]] = []
         self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.input_token_ids_logprobs: list[list[tuple[float, int]] | None] = []
         self.input_logprobs_sent = False
         self.grammar: Any = None  # a constrained-decoding matcher, when the request has one
         self.grammar_future: Any = None  # its compilation, while the request waits for it
@@ -121,6 +126,7 @@ class Req:
         self.num_retractions += 1
         if not self.input_logprobs_sent:
             self.input_token_logprobs, self.input_top_logprobs = [], []
+            self.input_token_ids_logprobs = []
 
     def __repr__(self) -> str:
         return (f"Req(rid={self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, "

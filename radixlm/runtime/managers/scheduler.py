@@ -27,16 +27,28 @@ from radixlm.runtime.managers.messages import (
     GetInfoReq,
     InfoOutput,
     ReqOutput,
+    UpdateWeightFromDiskOutput,
+    UpdateWeightFromDiskReq,
 )
 from radixlm.runtime.managers.output_processor import OutputProcessor
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
-from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy
-from radixlm.runtime.managers.validation import RequestLimits, validate_request
+from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
+from radixlm.runtime.managers.validation import (
+    MAX_NAMESPACE_LABELS,
+    RequestLimits,
+    namespace_label,
+    validate_request,
+)
 
 logger = logging.getLogger(__name__)
 
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 DEFAULT_MAX_RUNNING_REQUESTS = 256
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
+# SGLang's finish reasons of an abort: FINISH_ABORT() for a running request, the tokenizer
+# manager's for a queued one
+ABORT_RUNNING = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+ABORT_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
 
 
 class Scheduler:
@@ -50,10 +62,16 @@ class Scheduler:
             DEFAULT_MAX_RUNNING_REQUESTS, max(pool // 8, 1))
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
                                   self.context_len, args.disable_radix_cache,
-                                  self.model_runner.device)
+                                  self.model_runner.device, args.radix_eviction_policy)
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
-        self.policy = SchedulePolicy(args.schedule_policy, self.cache)
+        priority_sign = (None if not args.enable_priority_scheduling
+                         else 1 if args.schedule_low_priority_values_first else -1)
+        self.policy = SchedulePolicy(args.schedule_policy, self.cache, priority_sign)
+        self.priority_preemption = (args.enable_priority_scheduling
+                                    and not args.disable_priority_preemption)
+        # namespace label -> [prompt tokens, cached tokens] admitted (namespace_label)
+        self.namespace_stats: dict[str, list[int]] = {}
         self.outputs = OutputProcessor(self, tokenizer)
         self.grammar_compiler = GrammarCompiler(
             create_grammar_backend(args.grammar_backend, tokenizer, self.model_config.vocab_size,
@@ -64,9 +82,14 @@ class Scheduler:
         self.running: list[Req] = []  # requests that decode
         self.chunked_req: Req | None = None  # at most one request in the middle of prefill
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.weight_version = DEFAULT_WEIGHT_VERSION
+        # a weight update waits for the requests ahead of it; later ones are held until then
+        self.weight_update: UpdateWeightFromDiskReq | None = None
+        self.held: list[GenerateReqInput] = []
         self.stats: dict[str, float] = dict.fromkeys(
             ("prompt_tokens", "cached_tokens", "generation_tokens", "num_preemptions",
-             "forward_steps", "decode_steps", "jump_forward_tokens"), 0)
+             "forward_steps", "decode_steps", "jump_forward_tokens",
+             "num_priority_preemptions"), 0)
         self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
 
@@ -74,10 +97,15 @@ class Scheduler:
     def handle(self, msg: Any) -> Any:
         """Apply one input message; returns a reply for request/response messages."""
         if isinstance(msg, GenerateReqInput):
-            self.add_request(msg)
+            if self.weight_update is not None:
+                self.held.append(msg)  # it runs on the new weights
+            else:
+                self.add_request(msg)
             return None
         if isinstance(msg, AbortReq):
-            return self.abort(msg.rid, msg.message)
+            return self.abort_all() if msg.abort_all else self.abort(msg.rid, msg.message)
+        if isinstance(msg, UpdateWeightFromDiskReq):
+            return self.request_weight_update(msg)
         if isinstance(msg, FlushCacheReq):
             ok = self.is_idle() and self.cache.flush()
             return FlushCacheOutput(ok, "" if ok else "requests are running; cache not flushed")
@@ -97,8 +125,10 @@ class Scheduler:
         try:
             params = SamplingParams.from_dict(msg.sampling_params)
             req = Req(msg.rid, list(msg.input_ids), params, msg.return_logprob,
-                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace)
+                      msg.logprob_start_len, msg.top_logprobs_num, msg.namespace,
+                      msg.token_ids_logprob)
             self.check_request(req)
+            req.priority = msg.priority
         except Exception as e:  # noqa: BLE001 - a bad request fails alone, the loop goes on
             logger.warning("request %s refused by the scheduler: %r", msg.rid, e)
             reason = {"type": "abort", "message": f"invalid request: {e}", "status_code": 400}
@@ -114,15 +144,22 @@ class Scheduler:
     def check_request(self, req: Req) -> None:
         """What the scheduler relies on; raises ValueError (the front end checked it too)."""
         validate_request(req.origin_input_ids, req.sampling_params, self.limits,
-                         req.top_logprobs_num)
+                         req.top_logprobs_num, req.token_ids_logprob)
 
-    def abort(self, rid: str, message: str = "aborted") -> None:
-        """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree)."""
-        reason = {"type": "abort", "message": message}
+    def abort(self, rid: str, message: str | None = None) -> None:
+        """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree).
+        Without ``message`` the finish reason is SGLang's."""
+        held = next((m for m in self.held if m.rid == rid), None)
+        if held is not None:
+            self.held.remove(held)
+            reason = {"type": "abort", "message": message or ABORT_WAITING["message"]}
+            self.outputs.emit_later(self.outputs.refuse(rid, len(held.input_ids), reason))
+            return None
         for queue in (self.waiting, self.grammar_waiting):
             req = next((r for r in queue if r.rid == rid), None)
             if req is not None:
                 queue.remove(req)
+                reason = {**ABORT_WAITING, "message": message or ABORT_WAITING["message"]}
                 self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
                 return None
         for req in [*self.running, *([self.chunked_req] if self.chunked_req else [])]:
@@ -131,9 +168,64 @@ class Scheduler:
                     self.chunked_req = None
                 else:
                     self.running.remove(req)
+                reason = {**ABORT_RUNNING, "message": message or ABORT_RUNNING["message"]}
                 self.outputs.emit_later(self.outputs.finish(req, reason, release=True))
                 return None
         return None
+
+    def abort_all(self) -> None:
+        """SGLang's ``abort_all``: every queued and running request (not those held for a
+        weight update: they came after it)."""
+        queued = [*self.waiting, *self.grammar_waiting]
+        active = [*self.running, *([self.chunked_req] if self.chunked_req else [])]
+        self.waiting, self.grammar_waiting, self.running, self.chunked_req = [], [], [], None
+        for req in queued:
+            self.outputs.emit_later(self.outputs.finish(req, dict(ABORT_WAITING), False))
+        for req in active:
+            self.outputs.emit_later(self.outputs.finish(req, dict(ABORT_RUNNING), True))
+
+    # --- weight updates -----------------------------------------------------------------
+    def request_weight_update(self, msg: UpdateWeightFromDiskReq
+                              ) -> UpdateWeightFromDiskOutput | None:
+        """Check the checkpoint now (headers only; a bad one is refused before anything
+        waits), then apply it in ``run_once`` once the requests ahead of it are done, or
+        at once after aborting them (``abort_all_requests``). None: the reply comes then."""
+        if self.weight_update is not None:
+            return self._update_reply(False, "another weight update is in progress")
+        try:
+            self.model_runner.check_weights(msg.model_path)
+        except ValueError as e:
+            return self._update_reply(False, f"Failed to update weights: {e}")
+        self.weight_update = msg
+        if msg.abort_all_requests:
+            self.abort_all()
+        return None
+
+    def _apply_weight_update(self) -> UpdateWeightFromDiskOutput:
+        """Between steps, with no request holding KV: load, then drop every cached KV
+        (it was computed by the old weights), then admit the requests held meanwhile."""
+        msg, self.weight_update = self.weight_update, None
+        assert msg is not None and not self.cache.running, "weight update with KV in use"
+        try:
+            self.model_runner.update_weights_from_disk(msg.model_path)
+            ok, message = True, "Succeeded to update model weights."
+            if msg.weight_version is not None:
+                self.weight_version = msg.weight_version
+                message += f" Weight version updated to {msg.weight_version}."
+        except ValueError as e:
+            ok, message = False, f"Failed to update weights: {e}"
+        self.cache.flush()  # also after a failure: the weights may have been reloaded
+        if msg.torch_empty_cache and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.model_config = self.model_runner.model_config
+        held, self.held = self.held, []
+        for m in held:
+            self.add_request(m)
+        logger.info("weight update from %s: %s", msg.model_path, message)
+        return self._update_reply(ok, message)
+
+    def _update_reply(self, ok: bool, message: str) -> UpdateWeightFromDiskOutput:
+        return UpdateWeightFromDiskOutput(ok, message, 0, self.weight_version)
 
     # --- one step ---------------------------------------------------------------------
     def is_idle(self) -> bool:
@@ -213,15 +305,60 @@ class Scheduler:
     def _admit_waiting(self, adder: PrefillAdder) -> None:
         admitted: set[str] = set()
         for req in self.policy.order(self.waiting):
-            running = len(self.running) + len(adder.reqs) + (self.chunked_req is not None)
-            if running >= self.max_running_requests or not adder.add(req):
+            if not self._fits(req, adder) and not self._preempt_for(req, adder):
                 break
             admitted.add(req.rid)
             self.stats["prompt_tokens"] += req.seq_len
             self.stats["cached_tokens"] += req.prefix_len
+            self._count_namespace(req)
             if adder.full():
                 break
         self.waiting = [r for r in self.waiting if r.rid not in admitted]
+
+    def _fits(self, req: Req, adder: PrefillAdder) -> bool:
+        """Admit ``req`` into this prefill if a running slot and its memory are free."""
+        running = len(self.running) + len(adder.reqs) + (self.chunked_req is not None)
+        return running < self.max_running_requests and adder.add(req)
+
+    def _preempt_for(self, req: Req, adder: PrefillAdder) -> bool:
+        """Priority preemption (SGLang): retract running requests less urgent than ``req``
+        by more than the threshold, least urgent first, if that makes room for it; then
+        admit it. Nothing is retracted when even all of them would not make room."""
+        if not self.priority_preemption or adder.full():
+            return False
+        victims = self.policy.preemption_victims(
+            req, self.running, self.args.priority_scheduling_preemption_threshold)
+        short = adder.estimated_cost(req) - adder.rem_total()
+        rows = (len(self.running) + len(adder.reqs) + (self.chunked_req is not None) + 1
+                - self.max_running_requests)
+        chosen: list[Req] = []
+        for victim in victims:
+            if short <= 0 and rows <= 0:
+                break
+            chosen.append(victim)
+            short -= (victim.alloc_len - victim.prefix_len
+                      + decode_reserve(victim, self.new_token_ratio))
+            rows -= 1
+        if not chosen or short > 0 or rows > 0:
+            return False
+        for victim in chosen:
+            self.running.remove(victim)
+            adder.unreserve(victim)
+            self.cache.release(victim, cache=True)  # its KV stays in the tree, evictable
+            victim.on_retracted()
+            self.waiting.append(victim)
+            self.stats["num_priority_preemptions"] += 1
+            logger.info("request %s (priority %d) preempted by %s (priority %d)", victim.rid,
+                        victim.priority, req.rid, req.priority)
+        return self._fits(req, adder)
+
+    def _count_namespace(self, req: Req) -> None:
+        label = namespace_label(req.namespace)
+        if label not in self.namespace_stats and len(self.namespace_stats) >= MAX_NAMESPACE_LABELS:
+            label = "other"
+        counts = self.namespace_stats.setdefault(label, [0, 0])
+        counts[0] += req.seq_len
+        counts[1] += req.prefix_len
 
     def _prepare_decode(self) -> list[Req]:
         """KV slots for the next token(s) of every running request (more than one after a
@@ -292,12 +429,16 @@ class Scheduler:
             "max_running_requests": self.max_running_requests,
             "num_running_reqs": len(self.running) + (self.chunked_req is not None),
             "num_waiting_reqs": len(self.waiting) + len(self.grammar_waiting),
+            "num_waiting_tokens": sum(r.seq_len for r in (*self.waiting, *self.grammar_waiting)),
             "token_usage": self.token_usage(),
             "used_tokens": self.cache.used_size(),
             "free_tokens": self.cache.allocator.available_size(),
             "evictable_tokens": self.cache.tree.evictable_size(),
             "protected_tokens": self.cache.tree.protected_size(),
             "cache_hit_rate": self.cache_hit_rate(),
+            "namespace_cache": {k: {"prompt_tokens": p, "cached_tokens": c}
+                                for k, (p, c) in self.namespace_stats.items()},
+            "weight_version": self.weight_version,
             **{k: int(v) for k, v in self.stats.items()},
         }
 
@@ -330,6 +471,8 @@ class Scheduler:
         outs = self.outputs.take_pending() + outs
         if outs:
             send(outs)
+        if self.weight_update is not None and self.is_idle():
+            send(self._apply_weight_update())
         if busy and self.is_idle():  # a KV leak shows here, not hours later
             self.check_idle_invariants(deep=False)
         elif self.grammar_waiting and not (self.waiting or self.running):

@@ -33,13 +33,17 @@ from radixlm.runtime.managers.messages import (
     SchedulerReady,
     TextBatch,
     TextOutput,
+    UpdateWeightFromDiskOutput,
+    UpdateWeightFromDiskReq,
     decode,
     encode,
 )
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.validation import (
+    PriorityRefused,
     RequestLimits,
     cache_namespace,
+    request_priority,
     validate_request,
 )
 from radixlm.runtime.metrics import ServerMetrics
@@ -86,6 +90,8 @@ class ReqState:
     created: float = field(default_factory=time.monotonic)
     last_token_time: float | None = None
     finished: bool = False
+    labels: tuple[str, ...] | None = ()  # custom metric label values; None: no metrics
+    weight_version: str = ""  # of the weights that computed its latest output
 
 
 @dataclass
@@ -94,6 +100,7 @@ class Prepared:
 
     msg: GenerateReqInput
     params: SamplingParams
+    labels: tuple[str, ...] | None = ()  # see ReqState.labels
 
 
 class TokenizerManager:
@@ -103,7 +110,7 @@ class TokenizerManager:
         self.args = args
         self.model_path = model_path
         self.tokenizer = tokenizer
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(args.tokenizer_metrics_allowed_custom_labels or ())
         self._push_ctx = zmq.Context()
         self._push = self._push_ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -116,7 +123,10 @@ class TokenizerManager:
         self._waiters: dict[type, collections.deque] = {
             InfoOutput: collections.deque(),
             FlushCacheOutput: collections.deque(),
+            UpdateWeightFromDiskOutput: collections.deque(),
         }
+        self.weight_version = ""  # the scheduler's, known once it is ready
+        self._update_lock = asyncio.Lock()  # one weight update at a time
         self.server_info: dict[str, Any] = {}  # the scheduler's info at startup
         self.model_info: dict[str, Any] = {}
         self.draining = False
@@ -136,6 +146,7 @@ class TokenizerManager:
                 msg = decode(await self._pull.recv())
                 if isinstance(msg, SchedulerReady):
                     self.server_info, self.model_info = msg.info, msg.model_info
+                    self.weight_version = msg.info.get("weight_version", "")
                     self.limits = RequestLimits.from_args(
                         self.args, msg.info["context_length"], msg.model_info["vocab_size"],
                         msg.info["max_total_num_tokens"])
@@ -151,6 +162,8 @@ class TokenizerManager:
             if isinstance(msg, TextBatch):
                 self._dispatch(msg)
             elif type(msg) in self._waiters:
+                if isinstance(msg, UpdateWeightFromDiskOutput):  # before any later output
+                    self.weight_version = msg.weight_version
                 waiters = self._waiters[type(msg)]
                 while waiters:
                     fut = waiters.popleft()
@@ -165,16 +178,23 @@ class TokenizerManager:
             state = self.states.get(out.rid)
             if state is None:
                 continue
-            if out.new_token_ids:
-                if state.last_token_time is None:
-                    self.metrics.on_first_token(now - state.created)
-                else:
-                    self.metrics.on_tokens(now - state.last_token_time, len(out.new_token_ids))
-                state.last_token_time = now
+            state.weight_version = self.weight_version  # replies arrive in the loop's order
+            self._observe(state, out, now)
             if out.finished:
                 state.finished = True
-                self.metrics.on_finish(out.finish_reason, now - state.created)
             state.queue.put_nowait(out)
+
+    def _observe(self, state: ReqState, out: TextOutput, now: float) -> None:
+        """Request metrics, with the request's custom labels (unless log_metrics=false)."""
+        labels = state.labels
+        if out.new_token_ids:
+            last, state.last_token_time = state.last_token_time, now
+            if labels is not None and last is None:
+                self.metrics.on_first_token(now - state.created, labels)
+            elif labels is not None:
+                self.metrics.on_tokens(now - last, len(out.new_token_ids), labels)
+        if out.finished and labels is not None:
+            self.metrics.on_finish(out.finish_reason, now - state.created, labels)
 
     def close(self) -> None:
         if self._loop_task is not None:
@@ -204,13 +224,22 @@ class TokenizerManager:
         top_logprobs_num: int = 0,
         text_in_logprobs: bool = False,
         namespace: str | None = None,
+        token_ids_logprob: list[int] | None = None,
+        custom_labels: dict[str, str] | None = None,
+        log_metrics: bool = True,
+        priority: int | None = None,
     ) -> Prepared:
         """Validate one request whose types were checked at the edge (400 on bad input:
         ranges, vocabulary, context, the server's caps); nothing is sent yet."""
         assert self.limits is not None, "prepare() before the scheduler was ready"
         try:
             params = SamplingParams.from_dict(sampling_params)
-            validate_request(input_ids, params, self.limits, top_logprobs_num)
+            validate_request(input_ids, params, self.limits, top_logprobs_num,
+                             token_ids_logprob)
+            self.metrics.check_labels(custom_labels)
+            resolved_priority = request_priority(priority, self.args)
+        except PriorityRefused as e:
+            raise ApiError(503, str(e), "service_unavailable", param="priority") from None
         except ValueError as e:
             code = "context_length_exceeded" if "context length" in str(e) else None
             raise ApiError(400, str(e), code=code) from None
@@ -223,14 +252,19 @@ class TokenizerManager:
             top_logprobs_num,
             namespace=namespace,
             return_text_in_logprobs=bool(text_in_logprobs),
+            token_ids_logprob=token_ids_logprob,
+            priority=resolved_priority,
         )
-        return Prepared(msg, params)
+        labels = self.metrics.label_values(custom_labels) if log_metrics else None
+        return Prepared(msg, params, labels)
 
     @staticmethod
-    def namespace(extra_key: str | None, cache_salt: str | None) -> str | None:
-        """The cache namespace of a request (400 on a bad key)."""
+    def namespace(extra_key: str | None, cache_salt: str | None,
+                  tenant: str | None = None) -> str | None:
+        """The cache namespace of a request (400 on a bad key); ``tenant`` comes from the
+        request's API key (``http_utils.request_tenant``), never from its body."""
         try:
-            return cache_namespace(extra_key, cache_salt)
+            return cache_namespace(extra_key, cache_salt, tenant)
         except ValueError as e:
             raise ApiError(400, str(e), param="cache_salt") from None
 
@@ -255,10 +289,12 @@ class TokenizerManager:
         once, so the samples share its KV. Every message is encoded before any state is
         registered, so a request that cannot be sent leaves nothing behind."""
         subs: list[GenerateReqInput] = []
+        labels: list[tuple[str, ...] | None] = []
         for p in items:
             n = p.params.n
             subs += [p.msg] if n == 1 else [
                 msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
+            labels += [p.labels] * n
         self.check_capacity(len(subs))
         if len({m.rid for m in subs}) != len(subs) or any(m.rid in self.states for m in subs):
             raise ApiError(400, "rid is already in use", param="rid")
@@ -272,7 +308,7 @@ class TokenizerManager:
                     )
                     async for _ in self.outputs(self._send_req(warm, self._encode(warm))):
                         pass
-        return [self._send_req(m, data) for m, data in zip(subs, wire)]
+        return [self._send_req(m, data, lab) for m, data, lab in zip(subs, wire, labels)]
 
     @staticmethod
     def _encode(msg: GenerateReqInput) -> bytes:
@@ -281,8 +317,9 @@ class TokenizerManager:
         except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as e:
             raise ApiError(400, f"the request cannot be encoded: {e}") from None
 
-    def _send_req(self, msg: GenerateReqInput, data: bytes) -> ReqState:
-        state = ReqState(msg)
+    def _send_req(self, msg: GenerateReqInput, data: bytes,
+                  labels: tuple[str, ...] | None = ()) -> ReqState:
+        state = ReqState(msg, labels=labels)
         self._push.send(data)
         self.states[msg.rid] = state
         return state
@@ -333,20 +370,27 @@ class TokenizerManager:
 
     @staticmethod
     def new_builder(state: ReqState) -> ResultBuilder:
-        return ResultBuilder(state.msg.rid, state.msg.return_logprob, state.msg.top_logprobs_num)
+        return ResultBuilder(state.msg.rid, state.msg.return_logprob, state.msg.top_logprobs_num,
+                             state.msg.token_ids_logprob is not None)
 
     async def collect(self, state: ReqState) -> ResultBuilder:
         builder = self.new_builder(state)
         async for out in self.outputs(state):
             builder.add(out)
+            builder.weight_version = state.weight_version
         return builder
 
     def abort(self, rid: str) -> None:
         self._push.send(encode(AbortReq(rid)))
 
+    def abort_prefix(self, rid: str) -> None:
+        """SGLang's ``/abort_request`` with a rid: every request whose rid starts with it
+        (the ``n`` samples ``rid-0``, ``rid-1``, ... of one request too)."""
+        for known in [r for r in self.states if r.startswith(rid)] or [rid]:
+            self.abort(known)
+
     def abort_all(self) -> None:
-        for rid in list(self.states):
-            self.abort(rid)
+        self._push.send(encode(AbortReq("", abort_all=True)))
 
     def fail_all(self, status: int, message: str) -> None:
         """End every in-flight request with an error (the scheduler is not answering)."""
@@ -356,14 +400,26 @@ class TokenizerManager:
                                               finish_reason=reason))
 
     # --- control ------------------------------------------------------------------------------
-    async def _call(self, msg: Any, reply_type: type) -> Any:
+    async def _call(self, msg: Any, reply_type: type,
+                    timeout: float | None = CONTROL_TIMEOUT_S) -> Any:
         fut = asyncio.get_running_loop().create_future()
         self._waiters[reply_type].append(fut)
         self._push.send(encode(msg))
-        return await asyncio.wait_for(fut, CONTROL_TIMEOUT_S)
+        return await asyncio.wait_for(fut, timeout)
 
     async def get_info(self) -> dict[str, Any]:
         return (await self._call(GetInfoReq(), InfoOutput)).info
 
     async def flush_cache(self) -> FlushCacheOutput:
         return await self._call(FlushCacheReq(), FlushCacheOutput)
+
+    async def update_weights_from_disk(self, msg: UpdateWeightFromDiskReq
+                                       ) -> UpdateWeightFromDiskOutput:
+        """One update at a time. No timeout: without ``abort_all_requests`` the scheduler
+        answers once the requests ahead of the update are done (the watchdog covers a
+        stuck scheduler)."""
+        async with self._update_lock:
+            out = await self._call(msg, UpdateWeightFromDiskOutput, timeout=None)
+        if out.success:
+            self.model_path = msg.model_path
+        return out

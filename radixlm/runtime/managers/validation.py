@@ -36,7 +36,8 @@ class RequestLimits:
 
 
 def validate_request(input_ids: list[int], params: SamplingParams, limits: RequestLimits,
-                     top_logprobs_num: int = 0) -> None:
+                     top_logprobs_num: int = 0,
+                     token_ids_logprob: list[int] | None = None) -> None:
     if not input_ids:
         raise ValueError("the prompt is empty: text or input_ids must hold at least one token")
     vocab = limits.vocab_size
@@ -51,6 +52,7 @@ def validate_request(input_ids: list[int], params: SamplingParams, limits: Reque
                          "prompt.")
     params.verify(vocab, context_len)
     _check_caps(params, limits, top_logprobs_num)
+    _check_token_ids_logprob(token_ids_logprob, limits)
     if n + params.max_new_tokens > context_len:
         raise ValueError(f"max_new_tokens is too large: {params.max_new_tokens}. This model's "
                          f"maximum context length is {context_len} tokens and your request "
@@ -92,13 +94,33 @@ def _check_caps(params: SamplingParams, limits: RequestLimits, top_logprobs_num:
         "--max-top-logprobs-num")
 
 
+def _check_token_ids_logprob(ids: list[int] | None, limits: RequestLimits) -> None:
+    """SGLang's ``token_ids_logprob``: a flat list of ids in the vocabulary; radixlm caps
+    its length as it caps ``top_logprobs_num`` (each costs a value at every position)."""
+    if ids is None:
+        return
+    if not isinstance(ids, list):
+        raise ValueError(f"token_ids_logprob must be a list of token ids, got {ids!r}")
+    for t in ids:
+        if isinstance(t, bool) or not (isinstance(t, int) and 0 <= t < limits.vocab_size):
+            raise ValueError(f"token_ids_logprob holds {t!r}, outside the vocabulary "
+                             f"[0, {limits.vocab_size})")
+    if len(ids) > limits.max_top_logprobs:
+        raise ValueError(f"token_ids_logprob has {len(ids)} ids, over the server's limit of "
+                         f"{limits.max_top_logprobs} (--max-top-logprobs-num)")
+
+
 MAX_CACHE_KEY_CHARS = 256
+TENANT_PREFIX = "tenant="  # extra_key / cache_salt parts start "extra_key=" / "cache_salt="
 
 
-def cache_namespace(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
+def cache_namespace(extra_key: str | None = None, cache_salt: str | None = None,
+                    tenant: str | None = None) -> str | None:
     """The radix-cache namespace of a request: requests share cached KV only within one.
-    ``extra_key`` is SGLang's name, ``cache_salt`` vLLM's; either or both may be given."""
-    parts = []
+    ``extra_key`` is SGLang's name, ``cache_salt`` vLLM's; either or both may be given.
+    ``tenant`` (from the API key, never from the body) always leads a tenant's namespace,
+    so no ``extra_key`` / ``cache_salt`` reaches another tenant's, or an untenanted one."""
+    parts = [] if tenant is None else [f"{TENANT_PREFIX}{tenant}"]
     for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
         if value is None:
             continue
@@ -108,3 +130,45 @@ def cache_namespace(extra_key: str | None = None, cache_salt: str | None = None)
             raise ValueError(f"{name} has {len(value)} characters (limit {MAX_CACHE_KEY_CHARS})")
         parts.append(f"{name}={value}")
     return "\x1f".join(parts) if parts else None
+
+
+MAX_NAMESPACE_LABELS = 64  # tenants shown one by one in metrics; the rest are "other"
+
+
+def namespace_label(namespace: str | None) -> str:
+    """A metrics label for ``namespace`` that never shows a key or salt: the tenant's name,
+    ``default`` (no namespace) or ``salted`` (extra_key / cache_salt without a tenant)."""
+    if namespace is None:
+        return "default"
+    if namespace.startswith(TENANT_PREFIX):
+        return "tenant:" + namespace[len(TENANT_PREFIX):].split("\x1f", 1)[0]
+    return "salted"
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class PriorityRefused(ValueError):
+    """A request set ``priority`` on a server without priority scheduling that was started
+    with ``--abort-on-priority-when-disabled`` (SGLang answers 503)."""
+
+
+def request_priority(priority: int | None, args: ServerArgs) -> int:
+    """The priority the scheduler orders a request by (SGLang's rules): without
+    ``--enable-priority-scheduling`` a given priority is ignored (0) or refused
+    (``PriorityRefused``); with it, a missing one is ``--default-priority-value``, else the
+    least urgent value. ValueError if it is not a signed 64-bit integer."""
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not INT64_MIN <= priority <= INT64_MAX):
+        raise ValueError(f"priority must be a signed 64-bit integer between {INT64_MIN} and "
+                         f"{INT64_MAX}, got {priority!r}")
+    if not args.enable_priority_scheduling:
+        if priority is not None and args.abort_on_priority_when_disabled:
+            raise PriorityRefused("Using priority is disabled for this server. Please send a "
+                                  "new request without a priority.")
+        return 0
+    if priority is None:
+        priority = args.default_priority_value
+    if priority is None:
+        return INT64_MAX if args.schedule_low_priority_values_first else INT64_MIN
+    return priority
