@@ -26,8 +26,11 @@ from radixlm.frontend_dsl import (
     gen_string,
     get_default_backend,
     get_server_info,
+    global_config,
     greedy_token_selection,
+    image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -37,6 +40,7 @@ from radixlm.frontend_dsl import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine import Engine
@@ -64,8 +68,11 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
+    "image",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",
@@ -75,5 +82,6 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]
 __version__ = "0.1.0"

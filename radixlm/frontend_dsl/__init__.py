@@ -9,13 +9,16 @@ from radixlm.frontend_dsl.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
+    separate_reasoning,
     system,
     system_begin,
     system_end,
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixlm.frontend_dsl.backends import (
     Backend,
@@ -30,6 +33,7 @@ from radixlm.frontend_dsl.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from radixlm.frontend_dsl.global_config import global_config
 from radixlm.frontend_dsl.program import (
     ProgramBatchError,
     SglFunction,
@@ -60,8 +64,11 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
+    "image",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",
@@ -71,4 +78,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

@@ -5,6 +5,8 @@ Names and arguments follow SGLang's frontend so programs run with ``import radix
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 from radixlm.frontend_dsl.choices import ChoicesSamplingMethod, token_length_normalized
@@ -17,9 +19,13 @@ from radixlm.frontend_dsl.ir import (
     RoleEnd,
     SamplingArgs,
     Select,
+    SeparateReasoning,
+    flatten,
+    reasoning_var_name,
     to_expr,
 )
-from radixlm.frontend_dsl.program import resolve_backend
+from radixlm.frontend_dsl.program import get_default_backend, resolve_backend
+from radixlm.frontend_dsl.reasoning import reasoning_format
 
 
 def gen(
@@ -29,13 +35,13 @@ def gen(
     n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
     min_p: float | None = None,
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
-    repetition_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
@@ -47,20 +53,26 @@ def gen(
     regex: str | None = None,
     json_schema: str | dict | None = None,
     ebnf: str | None = None,
-    stop_regex: str | list[str] | None = None,
+    repetition_penalty: float | None = None,
 ) -> Expr:
-    """Generate text into variable ``name``. Unset arguments take the defaults given to
-    ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
-    str) constrains the text with a regex; ``ebnf`` with a GBNF grammar."""
-    if choices is not None:
+    """Generate text into variable ``name`` (SGLang's parameters, in SGLang's order, then
+    radixlm's ``ebnf`` and ``repetition_penalty``). Unset arguments take the defaults given
+    to ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
+    str) constrains the text with a regex (and, as in SGLang, wins over ``regex``)."""
+    if choices:
         return select(name, choices, temperature or 0.0, choices_method or token_length_normalized)
-    given = [x for x in (regex, json_schema, ebnf, dtype) if x is not None]
-    if len(given) > 1:
-        raise ValueError("gen() takes at most one of regex, json_schema, ebnf and dtype")
+    if regex is not None:
+        re.compile(regex)  # as SGLang: a bad pattern fails here, as re.error
     dtype_name = None
     if dtype is not None:
+        if regex is not None:
+            warnings.warn(
+                f"gen({name!r}) has both dtype and regex; only dtype is used", stacklevel=2
+            )
         regex = dtype_to_regex(dtype)
         dtype_name = dtype if isinstance(dtype, str) else dtype.__name__
+    if sum(x is not None for x in (regex, json_schema, ebnf)) > 1:
+        raise ValueError("gen() takes at most one of regex (or dtype), json_schema and ebnf")
     args = SamplingArgs(
         max_new_tokens=max_tokens,
         min_new_tokens=min_tokens,
@@ -87,12 +99,50 @@ def gen(
     return Gen(name, args, dtype_name)
 
 
-def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
-    return gen(name, max_tokens=max_tokens, dtype=int, **kwargs)
+def gen_int(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> Expr:
+    """``gen(..., dtype=int)`` (SGLang's positional order)."""
+    return gen(**locals(), dtype=int)
 
 
-def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
-    return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
+def gen_string(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> Expr:
+    """``gen(..., dtype=str)``: a double-quoted string (SGLang's positional order)."""
+    return gen(**locals(), dtype=str)
 
 
 def select(
@@ -107,6 +157,34 @@ def select(
     if not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select() choices must be non-empty strings, got {choices!r}")
     return Select(name, list(choices), temperature, choices_method)
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    """``expr`` (a named gen or select, or a list of them), then split each one's text into
+    its reasoning (variable ``<name>_reasoning_content``) and its answer (the variable and
+    the program's text keep only the answer). ``model_type`` is SGLang's reasoning-parser
+    name (``deepseek-r1``, ``qwen3``, ...)."""
+    reasoning_format(model_type)  # an unknown model type fails here, not mid-program
+    if expr is None:
+        return ExprList([])
+    sources = [e.name for e in flatten(expr) if isinstance(e, (Gen, Select))]
+    for source in sources:
+        reasoning_var_name(source)
+    return ExprList([to_expr(expr), *(SeparateReasoning(n, model_type) for n in sources)])
+
+
+def image(expr: Any) -> Expr:
+    """SGLang's ``sgl.image``: refused, radixlm serves text-only models."""
+    raise NotImplementedError(
+        "sgl.image(): radixlm serves text-only models; images are not supported"
+    )
+
+
+def video(path: str, num_frames: int) -> Expr:
+    """SGLang's ``sgl.video``: refused, radixlm serves text-only models."""
+    raise NotImplementedError(
+        "sgl.video(): radixlm serves text-only models; video is not supported"
+    )
 
 
 def _role(role: str, expr: Any) -> Expr:
@@ -152,9 +230,14 @@ def assistant_end() -> Expr:
 
 
 def flush_cache(backend: Any = None) -> bool:
-    """Empty the runtime's prefix cache."""
+    """Empty the runtime's prefix cache; False when there is no backend (as SGLang)."""
+    if backend is None and get_default_backend() is None:
+        return False
     return resolve_backend(backend).flush_cache()
 
 
-def get_server_info(backend: Any = None) -> dict[str, Any]:
+def get_server_info(backend: Any = None) -> dict[str, Any] | None:
+    """The server's ``/server_info``; None when there is no backend (as SGLang)."""
+    if backend is None and get_default_backend() is None:
+        return None
     return resolve_backend(backend).get_server_info()

@@ -29,20 +29,43 @@ from radixlm.frontend_dsl.ir import (
     RoleEnd,
     SamplingArgs,
     Select,
+    SeparateReasoning,
     Variable,
     VarScopeBegin,
     VarScopeEnd,
     flatten,
 )
+from radixlm.frontend_dsl.reasoning import split_reasoning
 
 _END = object()
 _ids = itertools.count()
+_NUMBER_STOPS = (" ", "\n")  # SGLang ends int/float gens at the first space or newline
 _LOGPROB_ARGS = (
     "return_logprob",
     "logprob_start_len",
     "top_logprobs_num",
     "return_text_in_logprobs",
 )
+
+
+# keys of a streamed chunk's meta_info that hold only that chunk's part (SGLang 0.5)
+INCREMENTAL_META_KEYS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)
+
+
+def merge_stream_meta(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
+    """``later`` with the incremental lists of ``earlier`` in front: the meta_info of two
+    consecutive streamed chunks as if they were one."""
+    if not earlier:
+        return later
+    merged = dict(later)
+    for key in INCREMENTAL_META_KEYS:
+        if key in earlier or key in later:
+            merged[key] = list(earlier.get(key) or []) + list(later.get(key) or [])
+    return merged
 
 
 class StreamExecutor:
@@ -68,6 +91,7 @@ class StreamExecutor:
         self.messages_: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
+        self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self.var_events: dict[str, threading.Event] = {}
         self.cur_role: str | None = None
         self.cur_role_begin_pos = 0
@@ -97,13 +121,15 @@ class StreamExecutor:
             if self.ended:
                 raise RuntimeError("the program has ended; its state takes no more expressions")
             for e in exprs:
-                name = e.name if isinstance(e, (Gen, Select, VarScopeEnd)) else None
+                named = (Gen, Select, VarScopeEnd, SeparateReasoning)
+                name = e.name if isinstance(e, named) else None
                 if name is not None:
                     self.var_events.setdefault(name, threading.Event()).clear()
-            self.pending += len(exprs)
+            if self.thread is not None:
+                self.pending += len(exprs)
         for e in exprs:
             if self.thread is None:
-                self._execute(e)  # tracing: inline, errors propagate to the caller
+                self._execute(e)  # run(use_thread=False), tracing: errors reach the caller
             else:
                 self.queue.put(e)
 
@@ -252,6 +278,8 @@ class StreamExecutor:
             self.backend.cache_prefix(self.prompt())
         elif isinstance(expr, ConcatenateAndAppend):
             self._append("".join(expr.texts))
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr)
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")
 
@@ -284,7 +312,7 @@ class StreamExecutor:
             raise ValueError(
                 f"{role}_end() without a matching {role}_begin() (open role: {self.cur_role})"
             )
-        content = self.text_[self.cur_role_begin_pos :]
+        content = self.text_[self.cur_role_begin_pos :].lstrip()
         self.messages_.append({"role": role, "content": content})
         self._append(self.chat_template.suffix(role))
         self.cur_role = None
@@ -294,10 +322,13 @@ class StreamExecutor:
         if args.n not in (None, 1):
             raise ValueError(f"gen() takes n=1 (got n={args.n}); use s.fork(n) for samples")
         params = args.to_sampling_params()
-        if self.cur_role == "assistant" and self.chat_template.stop_str:
+        extra_stops = list(self.chat_template.stop_str)  # as SGLang: every gen, any role
+        if expr.dtype in ("int", "float"):
+            extra_stops += _NUMBER_STOPS
+        if extra_stops:
             stop = params.get("stop") or []
             stop = [stop] if isinstance(stop, str) else list(stop)
-            params["stop"] = stop + [s for s in self.chat_template.stop_str if s not in stop]
+            params["stop"] = stop + [s for s in extra_stops if s not in stop]
         logprob_args = {k: getattr(args, k) for k in _LOGPROB_ARGS if getattr(args, k) is not None}
         prompt = self.prompt()
         self.inflight_rid = prompt.rid
@@ -319,16 +350,21 @@ class StreamExecutor:
             return text, meta
         pieces: list[str] = []
         meta: dict[str, Any] = {}
+        if name is not None:
+            with self.cond:
+                self.stream_chunks[name] = []
         chunks = self.backend.generate_stream(prompt, params, logprob_args)
         try:
             for piece, chunk_meta in chunks:
                 if self.error is not None:
                     break
-                meta = chunk_meta
+                meta = merge_stream_meta(meta, chunk_meta)
                 pieces.append(piece)
                 with self.cond:
                     if name is not None:
                         self.variables[name] = "".join(pieces)
+                        self.meta_info[name] = chunk_meta
+                        self.stream_chunks.setdefault(name, []).append((piece, chunk_meta))
                     self.text_ += piece
                     self.version += 1
                     self.cond.notify_all()
@@ -345,3 +381,15 @@ class StreamExecutor:
         self._append(decision.decision)
         if expr.name is not None:
             self.set_var(expr.name, decision.decision, decision.meta_info)
+
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        """Keep the answer in the source variable and the text; the reasoning in its own
+        variable. The source's text is the end of the program's text when this runs."""
+        text = str(self.variables[expr.source])
+        reasoning, answer = split_reasoning(text, expr.model_type)
+        with self.cond:
+            if self.text_.endswith(text):
+                self.text_ = self.text_[: len(self.text_) - len(text)] + answer
+                self.version += 1
+        self.set_var(expr.source, answer)
+        self.set_var(expr.name, reasoning)

@@ -136,6 +136,25 @@ class Variable(Expr):
 
 
 @dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """Split the text of variable ``source`` into reasoning (kept in ``name``,
+    ``<source>_reasoning_content``) and the answer (left in ``source`` and the text)."""
+
+    source: str
+    model_type: str
+
+    @property
+    def name(self) -> str:
+        return reasoning_var_name(self.source)
+
+
+def reasoning_var_name(source: str | None) -> str:
+    if not source:
+        raise ValueError("separate_reasoning() needs a named gen or select: gen('answer')")
+    return f"{source}_reasoning_content"
+
+
+@dataclass(eq=False)
 class CommitLazy(Expr):
     """Send the text so far to the backend to cache its KV (before a fork)."""
 

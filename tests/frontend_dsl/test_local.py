@@ -134,7 +134,9 @@ def test_select_rejects_bad_choices():
 
 
 # --- sampling arguments -----------------------------------------------------------------------
-def test_gen_arguments_defaults_and_assistant_stop(engine):
+def test_gen_arguments_defaults_and_template_stops(engine):
+    """As SGLang: every gen stops at the chat template's stop strings (any role), and
+    int/float gens also at a space or newline."""
     spy = SpyBackend(engine)
 
     @sgl.function
@@ -147,10 +149,11 @@ def test_gen_arguments_defaults_and_assistant_stop(engine):
     prog.run(backend=spy, max_new_tokens=5, temperature=0.0, top_p=0.9)
     a, b, n, w, j = spy.calls
     assert a["max_new_tokens"] == 3 and a["top_k"] == 5 and a["min_p"] == 0.1
-    assert a["stop"] == "\n" and a["temperature"] == 0.0 and a["top_p"] == 0.9
+    assert a["stop"] == ["\n", "<|im_end|>"] and a["temperature"] == 0.0 and a["top_p"] == 0.9
     assert b["max_new_tokens"] == 5 and b["ignore_eos"] is True
-    assert b["frequency_penalty"] == 0.5 and "<|im_end|>" in b["stop"]
+    assert b["frequency_penalty"] == 0.5 and b["stop"] == ["<|im_end|>"]
     assert n["regex"] == dtype_to_regex(int) and w["regex"] == dtype_to_regex(str)
+    assert n["stop"] == ["<|im_end|>", " ", "\n"] and w["stop"] == ["<|im_end|>"]
     assert j["json_schema"] == {"type": "object"}
 
 
@@ -168,8 +171,10 @@ def test_gen_with_an_ebnf_grammar(backend):
 
 
 def test_gen_rejects_conflicting_constraints():
+    with pytest.warns(UserWarning, match="only dtype is used"):
+        assert sgl.gen("x", regex="a+", dtype=int).args.regex == dtype_to_regex(int)
     with pytest.raises(ValueError, match="at most one"):
-        sgl.gen("x", regex="a+", dtype=int)
+        sgl.gen("x", json_schema="{}", dtype=int)
     with pytest.raises(ValueError, match="at most one"):
         sgl.gen("x", regex="a+", ebnf='root ::= "a"')
     with pytest.raises(ValueError, match="unsupported dtype"):
@@ -311,11 +316,11 @@ def test_no_backend_and_bad_backend():
 
     previous = sgl.get_default_backend()
     try:
-        program._default_backend[0] = None
+        program.global_config.default_backend = None
         with pytest.raises(RuntimeError, match="set_default_backend"):
             prog.run()
     finally:
-        program._default_backend[0] = previous
+        program.global_config.default_backend = previous
     with pytest.raises(TypeError, match="not a backend"):
         sgl.set_default_backend(object())
 
@@ -332,7 +337,7 @@ def test_engine_is_a_backend(engine):
         assert sgl.get_server_info()["cache_hit_rate"] >= 0
         assert sgl.flush_cache()
     finally:
-        program._default_backend[0] = previous
+        program.global_config.default_backend = previous
 
 
 def test_cache_prefix_prompt(engine, backend):

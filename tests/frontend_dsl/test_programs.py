@@ -131,7 +131,7 @@ def test_roles_and_messages(backend):
     msgs = state.messages()
     assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
     assert msgs[1]["content"] == "What is a radix tree?"
-    assert msgs[2]["content"] == state["answer"]
+    assert msgs[2]["content"] == state["answer"].lstrip()  # SGLang strips a message's left
     tpl = backend.get_chat_template()
     assert state.text().startswith(tpl.prefix("system") + "You answer briefly.")
     assert state.text().endswith(state["answer"] + tpl.suffix("assistant"))

@@ -16,6 +16,7 @@ from typing import Any
 
 from radixlm.frontend_dsl.chat_template import ChatTemplate
 from radixlm.frontend_dsl.choices import ChoicesDecision, ChoicesSamplingMethod, Entries
+from radixlm.frontend_dsl.global_config import global_config
 
 
 class BackendError(RuntimeError):
@@ -80,6 +81,16 @@ class Backend(ABC):
         return None
 
 
+def _with_detokenize_options(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The sampling params with ``global_config``'s detokenizer options, as SGLang's
+    frontend sends them with every generation."""
+    return {
+        "skip_special_tokens": global_config.skip_special_tokens_in_output,
+        "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
+        **sampling_params,
+    }
+
+
 class NativeBackend(Backend):
     """A backend whose requests are SGLang ``/generate`` payloads."""
 
@@ -96,7 +107,7 @@ class NativeBackend(Backend):
     def generate(self, prompt, sampling_params, logprob_args):
         payload = {
             "text": prompt.text,
-            "sampling_params": sampling_params,
+            "sampling_params": _with_detokenize_options(sampling_params),
             "rid": prompt.rid,
             **logprob_args,
         }
@@ -106,7 +117,7 @@ class NativeBackend(Backend):
     def generate_stream(self, prompt, sampling_params, logprob_args):
         payload = {
             "text": prompt.text,
-            "sampling_params": sampling_params,
+            "sampling_params": _with_detokenize_options(sampling_params),
             "rid": prompt.rid,
             "stream": True,
             **logprob_args,
@@ -114,7 +125,10 @@ class NativeBackend(Backend):
         for chunk in self.request_stream(payload, prompt.timeout):
             yield chunk["text"], chunk["meta_info"]
 
-    def cache_prefix(self, prompt: Prompt) -> None:
+    def cache_prefix(self, prompt: Prompt | str) -> None:
+        """Cache the KV of a prompt (or of a string, SGLang's ``cache_prefix(prefix_str)``)."""
+        if isinstance(prompt, str):
+            prompt = Prompt(prompt)
         if prompt.text:
             self.request(
                 {"text": prompt.text, "sampling_params": {"max_new_tokens": 0}}, prompt.timeout

@@ -35,19 +35,24 @@ class RuntimeEndpoint(NativeBackend):
         self,
         base_url: str,
         api_key: str | None = None,
-        chat_template: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
+        """SGLang's arguments: ``verify`` is TLS verification (a CA bundle path, or False);
+        ``chat_template_name`` picks a named template (``chatml``, ``default``, ...)
+        instead of the model's own. ``timeout`` (radixlm's) bounds each HTTP call."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(
             base_url=self.base_url,
             headers=headers,
             timeout=timeout,
+            verify=True if verify is None else verify,
             limits=httpx.Limits(max_connections=256),
         )
         self.timeout = timeout
-        self._chat_template_name = chat_template
+        self._chat_template_name = chat_template_name
         self._chat_template: ChatTemplate | None = None
         self._model_info: dict[str, Any] | None = None
 
@@ -107,6 +112,9 @@ class RuntimeEndpoint(NativeBackend):
             self._model_info = self._call("GET", "/get_model_info")
         return self._model_info
 
+    def get_model_name(self) -> str:
+        return self.get_model_info()["model_path"]
+
     def get_chat_template(self) -> ChatTemplate:
         if self._chat_template is None:
             source = None
@@ -130,11 +138,12 @@ class RuntimeEndpoint(NativeBackend):
             logger.debug("abort of %s failed", rid, exc_info=True)
 
     def flush_cache(self) -> bool:
+        """True when the server flushed (SGLang answers in plain text, 200 or 400)."""
         try:
-            self._call("POST", "/flush_cache")
-        except BackendError:
+            resp = self.client.post("/flush_cache", timeout=self._timeout(None))
+        except httpx.HTTPError:
             return False
-        return True
+        return resp.status_code == 200
 
     def get_server_info(self) -> dict[str, Any]:
         return self._call("GET", "/get_server_info")
@@ -173,7 +182,8 @@ class Runtime(RuntimeEndpoint):
         port: int | None = None,
         host: str = "127.0.0.1",
         api_key: str | None = None,
-        startup_timeout: float = 300.0,
+        launch_timeout: float = 300.0,
+        log_level: str = "error",
         **server_args: Any,
     ) -> None:
         self.port = port or free_port()
@@ -191,13 +201,13 @@ class Runtime(RuntimeEndpoint):
             cmd += ["--model-path", model_path]
         if api_key:
             cmd += ["--api-key", api_key]
-        cmd += _flags(server_args)
+        cmd += ["--log-level", log_level, *_flags(server_args)]
         # a file, not a pipe: a chatty server must never block on a full pipe buffer
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         super().__init__(self.url, api_key=api_key)
         try:
-            self._wait_healthy(startup_timeout)
+            self._wait_healthy(launch_timeout)
         except BaseException:
             self.shutdown()
             raise
