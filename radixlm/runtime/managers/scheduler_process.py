@@ -83,7 +83,7 @@ class SchedulerIO:
     def _note_admitted(self) -> None:
         if not self.arrivals:
             return
-        waiting = {r.rid for r in self.scheduler.waiting}
+        waiting = {r.rid for r in self.scheduler.waiting} | {m.rid for m in self.scheduler.held}
         for rid in [r for r in self.arrivals if r not in waiting]:
             self.queue_times.append(max(self.last_recv - self.arrivals.pop(rid), 0.0))
 

@@ -157,9 +157,9 @@ def test_side_routes(server, engine):
     text = _post(server, "/detokenize", {"tokens": toks["tokens"]}).json()["text"]
     assert text == "hello world"
     _wait_idle(server)
-    assert _post(server, "/flush_cache", {}).json()["success"] is True
+    assert _post(server, "/flush_cache", {}).status_code == 200  # SGLang: a text body
     assert _info(server)["evictable_tokens"] == 0
-    assert _post(server, "/abort_request", {"rid": "nobody"}).json()["success"] is True
+    assert _post(server, "/abort_request", {"rid": "nobody"}).status_code == 200
 
 
 # --- OpenAI API ---------------------------------------------------------------------------------

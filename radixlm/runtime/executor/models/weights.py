@@ -2,7 +2,9 @@
 
 The model says where each checkpoint tensor goes (``checkpoint_layout``: the same name,
 or rows of a fused q/k/v or gate/up parameter); tensors the engine recomputes (RoPE
-tables) are skipped.
+tables) are skipped. Every shape is checked from the safetensors headers before any
+parameter is written, so a checkpoint that does not fit leaves the model as it was
+(startup, and ``/update_weights_from_disk`` through ``config_differences``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +52,20 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
-    """Copy every checkpoint tensor into the same-named parameter (casting to its dtype
-    and device). Raises ValueError naming missing, unexpected or misshapen tensors.
+def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every checkpoint tensor, read from the safetensors headers only."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """checkpoint name -> the parameter (or rows of one) it is copied into, after checking
+    every tensor's presence and shape from the headers; no weight is read or touched.
+    Raises ValueError naming missing, unexpected and misshapen tensors.
 
     A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
     ``model.embed_tokens.weight``) is expected once, under its first name.
@@ -58,9 +73,10 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
     layout = model.checkpoint_layout()  # checkpoint name -> (parameter, rows)
-    loaded: set[str] = set()
+    targets: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    for name, tensor in iter_safetensors(model_dir):
+    misshapen: list[str] = []
+    for name, shape in checkpoint_shapes(model_dir).items():
         if name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
         if name not in layout:
@@ -68,21 +84,50 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
             continue
         param_name, rows = layout[name]
         target = params[param_name] if rows is None else params[param_name][rows]
-        if target.shape != tensor.shape:
-            raise ValueError(
-                f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(target.shape)} (in {model_dir})"
-            )
-        with torch.no_grad():
-            target.copy_(tensor)
-        loaded.add(name)
-    missing = sorted(layout.keys() - loaded)
-    if missing or unexpected:
+        if tuple(target.shape) != shape:
+            misshapen.append(f"{name} {shape} (expected {tuple(target.shape)})")
+        targets[name] = target
+    missing = sorted(layout.keys() - targets.keys())
+    if missing or unexpected or misshapen:
         raise ValueError(
             f"checkpoint in {model_dir} does not match the model: "
-            f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}"
+            f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}, "
+            f"tensors of another shape {_short(misshapen)}"
         )
-    logger.info("loaded %d tensors from %s", len(loaded), model_dir)
+    return targets
+
+
+def copy_weights(targets: dict[str, torch.Tensor], model_dir: str | Path) -> None:
+    """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor at a time,
+    casting to each parameter's dtype and device: peak extra memory is one tensor."""
+    with torch.no_grad():
+        for name, tensor in iter_safetensors(model_dir):
+            target = targets.get(name)
+            if target is not None:
+                target.copy_(tensor)
+    logger.info("loaded %d tensors from %s", len(targets), model_dir)
+
+
+def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+    """Check the whole checkpoint against the model (``plan_load``: shapes, missing and
+    unexpected tensors), then copy it in. Nothing is copied if anything differs."""
+    copy_weights(plan_load(model, model_dir), model_dir)
+
+
+# ModelConfig fields a checkpoint swapped in at runtime must share with the served one:
+# they fix parameter shapes, the KV pool's layout, RoPE tables and stop tokens.
+SWAP_FIELDS = (
+    "architectures", "hidden_size", "num_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "rms_norm_eps",
+    "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
+    "attention_bias", "qkv_bias", "mlp_bias", "sliding_window", "eos_token_ids",
+)
+
+
+def config_differences(served: ModelConfig, new: ModelConfig) -> list[str]:
+    """``field: served -> new`` for every SWAP_FIELDS entry that differs."""
+    return [f"{f}: {getattr(served, f)!r} -> {getattr(new, f)!r}" for f in SWAP_FIELDS
+            if getattr(served, f) != getattr(new, f)]
 
 
 def _short(names: list[str], limit: int = 8) -> str:
