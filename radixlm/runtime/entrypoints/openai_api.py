@@ -17,6 +17,7 @@ from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
     json_response,
     read_model,
+    request_tenant,
     sse_response,
 )
 from radixlm.runtime.entrypoints.openai_jobs import ChatJob, CompletionJob
@@ -26,6 +27,7 @@ from radixlm.runtime.entrypoints.protocol import (
     CompletionRequest,
     OpenAISampling,
     ResponseFormat,
+    custom_labels_from_header,
 )
 from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
 
@@ -125,6 +127,13 @@ class OpenAIRoutes:
             return [list(prompt)]
         return [list(p) for p in prompt]
 
+    def _custom_labels(self, request: Request) -> dict[str, Any] | None:
+        """SGLang's custom metric labels header (a JSON object), allowed names only."""
+        args = self.tm.args
+        return custom_labels_from_header(
+            request.headers.get(args.tokenizer_metrics_custom_labels_header),
+            self.tm.metrics.custom_labels)
+
     async def completions(self, request: Request) -> Response:
         body = await read_model(request, CompletionRequest)
         self.check_model(body.model)
@@ -142,7 +151,10 @@ class OpenAIRoutes:
                 logprob_start_len=0 if body.echo and logprobs is not None else -1,
                 top_logprobs_num=logprobs or 0,
                 text_in_logprobs=True,
-                namespace=self.tm.namespace(body.extra_key, body.cache_salt),
+                namespace=self.tm.namespace(body.extra_key, body.cache_salt,
+                                            request_tenant(request)),
+                priority=body.priority,
+                custom_labels=self._custom_labels(request),
             )
             for ids in prompts
         ]
@@ -208,7 +220,9 @@ class OpenAIRoutes:
         self._response_format(body.response_format, sp)
         item = self.tm.prepare(
             ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
-            text_in_logprobs=True, namespace=self.tm.namespace(body.extra_key, body.cache_salt),
+            text_in_logprobs=True, priority=body.priority,
+            namespace=self.tm.namespace(body.extra_key, body.cache_salt, request_tenant(request)),
+            custom_labels=self._custom_labels(request),
         )
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])

@@ -12,6 +12,7 @@ these models (``openapi_schema``).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -247,6 +248,22 @@ def token_ids_for_item(ids: Any, i: int, batch: bool) -> list[int] | None:
     if i >= len(ids):
         raise ValueError(f"token_ids_logprob has {len(ids)} lists, fewer than the batch")
     return ids[i]
+
+
+def custom_labels_from_header(value: str | None, allowed: tuple[str, ...]
+                              ) -> dict[str, Any] | None:
+    """SGLang's OpenAI routes take custom labels from a header holding a JSON object
+    (``--tokenizer-metrics-custom-labels-header``); names the server does not allow, and a
+    header that is not a JSON object, are ignored as SGLang ignores them."""
+    if not value or not allowed:
+        return None
+    try:
+        labels = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(labels, dict):
+        return None
+    return {k: v for k, v in labels.items() if k in allowed} or None
 
 
 def refuse_options(options: dict[str, Any]) -> None:

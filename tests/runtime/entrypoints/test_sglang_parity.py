@@ -278,6 +278,17 @@ def test_custom_labels_on_metrics(server):
     assert ttft[(("app", ""), ("team", "red"))] >= 1
 
 
+def test_custom_labels_header_on_openai_routes(server):
+    """SGLang's OpenAI routes read the labels from a header; names the server does not
+    allow are dropped, as SGLang drops them."""
+    headers = {"x-custom-labels": '{"team": "oai", "tenant": "dropped"}'}
+    r = httpx.post(server.url + "/v1/completions", headers=headers, timeout=120,
+                   json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    key = (("app", ""), ("finish_reason", "length"), ("team", "oai"))
+    assert _samples(server, "radixlm:request_success_total")[key] >= 1
+
+
 def test_log_metrics_false_is_not_counted(server):
     labels = {"team": "quiet"}
     body = {"text": PROMPT, "sampling_params": GREEDY, "custom_labels": labels}
