@@ -226,7 +226,9 @@ class GenerateRequest(_Strict):
     # Prometheus labels of this request's metrics (--tokenizer-metrics-allowed-custom-labels)
     custom_labels: dict[str, str] | None = None
     log_metrics: bool = True  # false: left out of the request metrics (health checks)
-    no_logs: bool = False  # radixlm never logs a request's text or tokens anyway
+    # accepted as is: radixlm logs no prompt or output, only rids and why a request was
+    # refused (which may quote the bad parameter, e.g. a grammar that did not compile)
+    no_logs: bool = False
 
     @model_validator(mode="before")
     @classmethod
