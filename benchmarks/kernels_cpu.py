@@ -8,6 +8,13 @@ Compares, for decode and extend batches (float32, Hq=4, Hkv=2, D=32 and 64):
   grouped  what ``radixlm.kernels.reference`` does: sequences of similar length in
            cache-sized padded groups, one SDPA call per group (GQA via enable_gqa)
 Lengths: ``eq`` all sequences the same, ``var`` uniform between ctx/100 and ctx.
+
+    python benchmarks/kernels_cpu.py --paged
+
+The engine's two CPU paths at the small preset's head shape (Hq=12, Hkv=4, D=64), through
+``AttentionPlan``: ``padded`` (K/V rows gathered per layer, torch's fused attention) and
+``paged`` (the compiled kernel reading the pool in place, ``kernels/cpu_paged``), for
+decode and for extend chunks of ``new`` tokens over ``ctx`` cached ones.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels import reference
+from radixlm.kernels import cpu_paged, reference
+from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
 
 def loop_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale):
@@ -132,13 +140,61 @@ def run(cases: list[tuple[str, int, int, int]], budget_s: float) -> None:
                 print(f"{kind:7} {d:3} {batch:3} {ctx:5} {new:4} {lens:4} {cells}   {best}")
 
 
+def paged_case(batch: int, ctx: int, new: int, gen: torch.Generator):
+    """``batch`` sequences of ``ctx`` cached + ``new`` tokens in shuffled slots; the new
+    tokens' K/V already in the pool (as the model stores them before attention)."""
+    hq, hkv, d = 12, 4, 64
+    n = batch * (ctx + new)
+    k_buf, v_buf = torch.randn(n + 64, hkv, d), torch.randn(n + 64, hkv, d)
+    slots = torch.randperm(n + 64, generator=gen)[:n].view(batch, ctx + new)
+    kv_indices, new_slots = slots[:, :ctx].reshape(-1), slots[:, ctx:].reshape(-1)
+    q = torch.randn(batch * new, hq, d, generator=gen)
+    qo = torch.arange(batch + 1) * new
+    extend = new > 1 or ctx == 0
+    if not extend:  # decode: the new token is the last of each sequence's KV
+        kv_indices, new_slots = slots.reshape(-1), None
+    kv_indptr = torch.arange(batch + 1) * (ctx + (0 if extend else new))
+    plans = {name: AttentionPlan.build(qo, kv_indptr, kv_indices, hkv * d, extend=extend,
+                                       paged_kernel=paged, new_slots=new_slots)
+             for name, paged in (("padded", False), ("paged", True))}
+    k = k_buf[new_slots] if extend else None
+    v = v_buf[new_slots] if extend else None
+    return plans, (q, k, v, k_buf, v_buf, d**-0.5)
+
+
+def run_paged(budget_s: float) -> None:
+    if not cpu_paged.available():
+        raise SystemExit("the CPU kernel is not built (no C++ compiler?)")
+    gen = torch.Generator().manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+          "Hq=12 Hkv=4 D=64; ms, min of runs")
+    print("| B | ctx | new | padded (ms) | paged (ms) | padded / paged |")
+    print("|---|---|---|---|---|---|")
+    cases = [(32, 128, 1), (32, 512, 1), (8, 2048, 1), (1, 4096, 1), (8, 512, 8),
+             (8, 512, 64), (4, 512, 256), (2, 512, 512), (4, 0, 256)]
+    for batch, ctx, new in cases:
+        plans, args = paged_case(batch, ctx, new, gen)
+        ref = planned_attention(plans["padded"], *args)
+        torch.testing.assert_close(planned_attention(plans["paged"], *args), ref,
+                                   rtol=1e-4, atol=1e-4)
+        t = {name: time_ms(lambda p=plan: planned_attention(p, *args), (), budget_s)
+             for name, plan in plans.items()}
+        print(f"| {batch} | {ctx} | {new} | {t['padded']:.2f} | {t['paged']:.2f} | "
+              f"{t['padded'] / t['paged']:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--paged", action="store_true",
+                        help="the engine's padded vs paged (compiled kernel) CPU paths")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.paged:
+        run_paged(0.05 if args.quick else 0.3)
+        return
     decode = [("decode", b, c, 1) for b in (1, 8, 32) for c in (64, 512, 2048)]
     # extend: prefill chunks over a cached prefix (ctx), and a mixed batch of 1-token rows
     extend = [("extend", b, c, n) for b, c, n in ((1, 0, 256), (1, 512, 256), (4, 256, 64))]

@@ -9,10 +9,12 @@ build fails, ``available()`` is False and attention keeps the gathering torch pa
 reason is logged once). ``RADIXLM_CPU_KERNEL=0`` turns the kernel off.
 
     paged_attention(q [N,Hq,D], k_buf [S,Hkv,D], v_buf, q_rows [M], q_indptr [G+1],
-                    kv_indptr [G+1], kv_indices [nnz], sm_scale) -> (o [N,Hq,D], lse [N,Hq])
+                    kv_indptr [G+1], kv_indices [nnz], sm_scale, causal=False)
+        -> (o [N,Hq,D], lse [N,Hq])
 
 Segment s: rows ``q_rows[q_indptr[s]:q_indptr[s+1]]`` attend to slots
-``kv_indices[kv_indptr[s]:kv_indptr[s+1]]``; float32 only.
+``kv_indices[kv_indptr[s]:kv_indptr[s+1]]`` (with ``causal``, row i of n sees the first
+``n_keys - n + i + 1``); float32 only.
 """
 
 from __future__ import annotations
@@ -93,9 +95,10 @@ def available() -> bool:
     return True
 
 
-def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale):
+def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,
+                    causal=False):
     return torch.ops.radixlm_cpu.paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr,
-                                                 kv_indices, float(sm_scale))
+                                                 kv_indices, float(sm_scale), bool(causal))
 
 
 if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_paged`: build now (make install)

@@ -58,19 +58,31 @@ class _Segments:
     q_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
+    causal: bool = False  # extend: the keys end with the segment's own new tokens
 
     def attend(self, q, k_buf, v_buf, sm_scale):
         return cpu_paged.paged_attention(q, k_buf, v_buf, self.q_rows, self.q_indptr,
-                                         self.kv_indptr, self.kv_indices, sm_scale)
+                                         self.kv_indptr, self.kv_indices, sm_scale,
+                                         self.causal)
+
+
+# Extend segments of at most this many new tokens go through the kernel (their K/V read
+# in place, new tokens from the pool where store_kv just put them); longer ones through
+# the padded passes, where torch's fused attention does the matmuls faster than the
+# kernel's per-key loop (`benchmarks/kernels_cpu.py --paged`: the kernel is ahead at 64
+# new tokens over a 512-token prefix, behind at 256).
+KERNEL_MAX_EXTEND_ROWS = 128
 
 
 @dataclass
 class AttentionPlan:
     """Index tensors of one forward's attention, shared by every layer.
 
-    Decode on a CPU with the compiled kernel uses ``paged`` (K/V read in place: each
-    sequence past its shared prefix, then each group over its shared prefix, merged);
-    otherwise the padded passes gather K/V rows once per layer."""
+    On a CPU with the compiled kernel (``paged_kernel``), ``paged`` reads K/V in place:
+    in decode every sequence (past its shared prefix, then each group over its shared
+    prefix, merged); in extend without groups the sequences of at most
+    ``KERNEL_MAX_EXTEND_ROWS`` new tokens, causally. The padded passes gather K/V rows
+    once per layer for the rest."""
 
     extend: bool
     shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
@@ -81,14 +93,23 @@ class AttentionPlan:
     def build(cls, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
               kv_elems_per_token: int, extend: bool,
               prefix_groups: PrefixGroups | None = None,
-              paged_kernel: bool = False) -> AttentionPlan:
-        """``paged_kernel``: decode through ``cpu_paged`` (CPU, float32, kernel built)."""
+              paged_kernel: bool = False,
+              new_slots: torch.Tensor | None = None) -> AttentionPlan:
+        """``paged_kernel``: attention through ``cpu_paged`` (CPU, float32, kernel built)
+        where it pays; in extend it needs ``new_slots``, the pool slots of the new tokens
+        (``out_cache_loc``), stored before attention."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
         dev = kv_indices.device
         groups = prefix_groups or []
         check_prefix_groups(groups, kv, kv_indices)
         if paged_kernel and not extend:
             return cls(extend, None, [], _paged_decode(qo, kv, kv_indptr, kv_indices, groups))
+        q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
+        paged, rest = None, list(range(len(q_lens)))
+        if paged_kernel and extend and not groups and new_slots is not None:
+            small = [b for b in rest if q_lens[b] <= KERNEL_MAX_EXTEND_ROWS]
+            rest = [b for b in rest if q_lens[b] > KERNEL_MAX_EXTEND_ROWS]
+            paged = (_paged_extend(small, qo, kv, kv_indices, new_slots), None) if small else None
         skip = [0] * (len(qo) - 1)
         rows, slots = [], []
         for length, members in groups:
@@ -97,15 +118,16 @@ class AttentionPlan:
             rows.append(torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(dev))
             slots.append(kv_indices[kv[members[0]]: kv[members[0]] + length])
         shared = _plan_groups(rows, slots) if groups else None
-        q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
         kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
         padded = []
-        for g in length_groups(q_lens, kv_lens, kv_elems_per_token):
+        for sub in length_groups([q_lens[b] for b in rest], [kv_lens[b] for b in rest],
+                                 kv_elems_per_token):
+            g = [rest[i] for i in sub]
             p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
                              [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
             p.needs_lse = any(skip[b] for b in g)
             padded.append(p)
-        return cls(extend, shared, padded)
+        return cls(extend, shared, padded, paged)
 
 
 def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.Tensor) -> None:
@@ -151,6 +173,16 @@ def _paged_decode(qo, kv, kv_indptr, kv_indices, groups):
     return suffixes, _Segments(g_rows, g_qptr, g_kvptr, g_slots)
 
 
+def _paged_extend(seqs, qo, kv, kv_indices, new_slots) -> _Segments:
+    """Causal kernel segments: each sequence's rows over its prefix and new-token slots."""
+    dev = kv_indices.device
+    rows = torch.cat([torch.arange(qo[b], qo[b + 1], device=dev) for b in seqs])
+    q_indptr = torch.tensor([0] + [qo[b + 1] - qo[b] for b in seqs], device=dev).cumsum(0)
+    keys = [torch.cat((kv_indices[kv[b]: kv[b + 1]], new_slots[qo[b]: qo[b + 1]])) for b in seqs]
+    kv_indptr = torch.tensor([0] + [len(x) for x in keys], device=dev).cumsum(0)
+    return _Segments(rows, q_indptr, kv_indptr, torch.cat(keys), causal=True)
+
+
 def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:
     """All groups as one padded pass: group i's query rows over its shared slots."""
     dev = slots[0].device
@@ -186,15 +218,15 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
     """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend."""
-    if plan.paged is not None:
+    n, hq, d = q.shape
+    if plan.paged is not None:  # its rows, and every row's lse (-inf where not its own)
         if not q.dtype == k_buf.dtype == torch.float32:
             raise ValueError(f"the paged CPU kernel is float32 only, got {q.dtype} / "
                              f"{k_buf.dtype}: build the plan with paged_kernel=False")
-        o = _paged_pass(plan.paged, q.contiguous(), k_buf, v_buf, sm_scale)
-        return o if out is None else out.copy_(o)
-    n, hq, d = q.shape
-    o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
-    lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
+        o, lse = _paged_pass(plan.paged, q.contiguous(), k_buf, v_buf, sm_scale)
+    else:
+        o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
     for p in plan.padded:
         kn, vn = (k, v) if plan.extend else (None, None)
         if p.needs_lse:
@@ -215,14 +247,14 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
     return out
 
 
-def _paged_pass(paged, q, k_buf, v_buf, sm_scale) -> torch.Tensor:
+def _paged_pass(paged, q, k_buf, v_buf, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
     own, groups = paged
     o, lse = own.attend(q, k_buf, v_buf, sm_scale)
     if groups is not None:
         o_g, lse_g = groups.attend(q, k_buf, v_buf, sm_scale)
         rows = groups.q_rows
-        o[rows], _ = _merge(o_g[rows], lse_g[rows], o[rows], lse[rows])
-    return o
+        o[rows], lse[rows] = _merge(o_g[rows], lse_g[rows], o[rows], lse[rows])
+    return o, lse
 
 
 def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:

@@ -133,3 +133,49 @@ def test_float32_only():
     with pytest.raises(ValueError, match="float32"):
         kernels.decode_attention(q.bfloat16(), kb.bfloat16(), vb.bfloat16(), kvp, kvi, 0.2,
                                  backend="torch", plan=plan)
+
+
+def _extend_batch(seed, prefix_lens, q_lens, hq, hkv, d):
+    """Each sequence: its prefix in the pool, then its new tokens, whose K/V are stored in
+    the pool (at new_slots) before attention, as the model does."""
+    q, kb, vb, _, slots = _paged_batch(seed, [p + n for p, n in zip(prefix_lens, q_lens)], 4,
+                                       hq, hkv, d)
+    seqs = slots.split([p + n for p, n in zip(prefix_lens, q_lens)])
+    kvi = torch.cat([s[:p] for s, p in zip(seqs, prefix_lens)])
+    new_slots = torch.cat([s[p:] for s, p in zip(seqs, prefix_lens)])
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(seed))
+    kvp = torch.tensor([0] + prefix_lens).cumsum(0)
+    qo = torch.tensor([0] + q_lens).cumsum(0)
+    return q, kb[new_slots], vb[new_slots], kb, vb, qo, kvp, kvi, new_slots
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads", [(4, 4), (12, 4), (8, 1)])
+@pytest.mark.parametrize("max_rows", [3, 256])  # 3: long segments take the padded passes
+def test_extend_matches_f64(heads, max_rows, monkeypatch):
+    from radixlm.kernels import shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "KERNEL_MAX_EXTEND_ROWS", max_rows)
+    hq, hkv = heads
+    prefix_lens, q_lens = [0, 5, 70, 0, 130, 1], [1, 3, 9, 17, 2, 65]
+    q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(3, prefix_lens, q_lens, hq, hkv, 32)
+    plan = AttentionPlan.build(qo, kvp, kvi, hkv * 32, extend=True, paged_kernel=True,
+                               new_slots=new_slots)
+    in_kernel = sum(n <= max_rows for n in q_lens)
+    assert len(plan.paged[0].q_indptr) - 1 == in_kernel
+    out = torch.full_like(q, float("nan"))
+    kernels.extend_attention(q, k, v, kb, vb, qo, kvp, kvi, 0.19, backend="torch", out=out,
+                             plan=plan)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    ref = reference.extend_attention(q.double(), k.double(), v.double(), kb.double(),
+                                     vb.double(), qo, kvp, kvi, 0.19)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@needs_kernel
+def test_extend_with_groups_keeps_the_padded_passes():
+    q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(4, [8, 8], [2, 3], 4, 2, 16)
+    kvi[8:] = kvi[:8]
+    plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
+                               new_slots=new_slots, prefix_groups=[(8, [0, 1])])
+    assert plan.paged is None and plan.shared is not None

@@ -1,7 +1,9 @@
 // Paged attention on the CPU, reading K and V from the pool in place.
 //
-// Segment s: query rows q_rows[q_indptr[s] : q_indptr[s+1]] attend, with no mask, to the
-// keys at slots kv_indices[kv_indptr[s] : kv_indptr[s+1]] of k_buf / v_buf. Decode is one
+// Segment s: query rows q_rows[q_indptr[s] : q_indptr[s+1]] attend to the keys at slots
+// kv_indices[kv_indptr[s] : kv_indptr[s+1]] of k_buf / v_buf: all of them, or, with
+// causal, row i of n the first n_keys - n + i + 1 (extend: the prefix, then the new tokens,
+// whose K/V are stored in the pool before attention). Decode is one
 // segment per sequence (its one query row over its whole KV); a shared-prefix group is one
 // segment (all its members' rows over the shared slots). A row is in at most one segment.
 //
@@ -146,25 +148,31 @@ struct Task {
   const int64_t* slots;    // this segment's key slots
   int64_t n_rows, n_keys, hq, hkv, grp, d, h;
   float scale;
+  bool causal;  // row i of n sees the first n_keys - n + i + 1 keys (its own is the last)
 };
 
 // The online softmax over one block of keys, for all r_count rows of a task.
-void block_update(const Task& t, const int64_t* slots, int64_t nb, const float* const* qr,
+// Keys [b0, b0 + nb) of the segment.
+void block_update(const Task& t, int64_t b0, int64_t nb, const float* const* qr,
                   int64_t r_count, float* scores, float* m, float* l, float* acc) {
+  const int64_t* slots = t.slots + b0;
   for (int64_t j = 0; j < nb; ++j) {
     if (j + kAhead < nb) prefetch_row(t.k + (slots[j + kAhead] * t.hkv + t.h) * t.d, t.d);
     score_key(qr, r_count, t.k + (slots[j] * t.hkv + t.h) * t.d, t.d, t.scale, scores + j);
   }
   for (int64_t r = 0; r < r_count; ++r) {
     float* s = scores + r * kBlock;
+    // keys of this block the row sees: all, or up to its own position when causal
+    const int64_t seen = t.causal
+        ? std::clamp<int64_t>(t.n_keys - t.n_rows + r / t.grp + 1 - b0, 0, nb) : nb;
     float bm = kNegInf;
-    for (int64_t j = 0; j < nb; ++j) bm = std::max(bm, s[j]);
+    for (int64_t j = 0; j < seen; ++j) bm = std::max(bm, s[j]);
     const float new_m = std::max(m[r], bm);
     const float alpha = m[r] == kNegInf ? 0.f : std::exp(m[r] - new_m);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < nb; ++j) {
-      s[j] = exp_neg(s[j] - new_m);
+      s[j] = j < seen ? exp_neg(s[j] - new_m) : 0.f;
       sum += s[j];
     }
     l[r] = l[r] * alpha + sum;
@@ -196,7 +204,7 @@ void run_task(Task t, int64_t h0, int64_t h1, float* o, float* lse) {
     const int64_t nb = std::min(kBlock, t.n_keys - b);
     for (int64_t h = 0; h < nh; ++h) {
       t.h = h0 + h;
-      block_update(t, t.slots + b, nb, qr.data() + h * r_count, r_count, scores.data(),
+      block_update(t, b, nb, qr.data() + h * r_count, r_count, scores.data(),
                    m.data() + h * r_count, l.data() + h * r_count,
                    acc.data() + h * r_count * t.d);
     }
@@ -217,7 +225,7 @@ void run_task(Task t, int64_t h0, int64_t h1, float* o, float* lse) {
 std::tuple<at::Tensor, at::Tensor> paged_attention(
     const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
     const at::Tensor& q_rows, const at::Tensor& q_indptr, const at::Tensor& kv_indptr,
-    const at::Tensor& kv_indices, double sm_scale) {
+    const at::Tensor& kv_indices, double sm_scale, bool causal) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf: 3-D");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_buf.scalar_type() == at::kFloat &&
                   v_buf.scalar_type() == at::kFloat, "float32 only");
@@ -237,7 +245,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   const int64_t* ki = kv_indptr.data_ptr<int64_t>();
   Task base{q.data_ptr<float>(), k_buf.data_ptr<float>(), v_buf.data_ptr<float>(),
             q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
-            hq / hkv, d, 0, static_cast<float>(sm_scale)};
+            hq / hkv, d, 0, static_cast<float>(sm_scale), causal};
   float* op = o.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   // a task is a whole segment (all KV heads) when there are segments enough to keep every
@@ -262,7 +270,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
 
 TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor q_rows, Tensor q_indptr, "
-        "Tensor kv_indptr, Tensor kv_indices, float sm_scale) -> (Tensor, Tensor)");
+        "Tensor kv_indptr, Tensor kv_indices, float sm_scale, bool causal) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -116,12 +116,14 @@ class ModelRunner:
             layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
         )
 
-    def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups) -> AttentionPlan | None:
+    def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups,
+              new_slots=None) -> AttentionPlan | None:
         if not self.uses_torch_attention:
             return None
         per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
         return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
-                                   prefix_groups=groups, paged_kernel=self.paged_kernel)
+                                   prefix_groups=groups, paged_kernel=self.paged_kernel,
+                                   new_slots=new_slots)
 
     @property
     def paged_kernel(self) -> bool:
@@ -148,18 +150,20 @@ class ModelRunner:
         qo_t = torch.tensor(qo_indptr, dtype=torch.int64, device=dev)
         kv_t = torch.tensor(kv_indptr, dtype=torch.int64, device=dev)
         kv_indices = torch.cat(kv_slices)
+        out_cache_loc = torch.cat(locs)
         return ForwardBatch(
             mode=ForwardMode.EXTEND,
             input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
             positions=torch.cat(positions).to(dev),
-            out_cache_loc=torch.cat(locs),
+            out_cache_loc=out_cache_loc,
             qo_indptr=qo_t,
             kv_indptr=kv_t,
             kv_indices=kv_indices,
             logits_indices=torch.cat(logits_rows).to(dev),
             kv_pool=self.kv_pool,
             attention_backend=self.attention_backend,
-            attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups),
+            attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups,
+                                      out_cache_loc),
             layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
         )
 

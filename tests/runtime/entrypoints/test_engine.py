@@ -83,6 +83,19 @@ def test_greedy_matches_transformers_batched(arch_case, make_engine, config):
         assert eng.get_server_info()["num_preemptions"] > 0, "the pool was meant to retract"
 
 
+@pytest.mark.parametrize("config", ["default", "chunk8"])
+def test_greedy_matches_transformers_without_the_cpu_kernel(arch_case, make_engine, config,
+                                                           monkeypatch):
+    # the padded torch passes that gather K/V (the path where the kernel cannot be built)
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+    monkeypatch.setattr(ModelRunner, "paged_kernel", property(lambda self: False))
+    path, prompts, expected = arch_case
+    eng = make_engine(model_path=path, **CONFIGS[config])
+    assert not eng.scheduler.model_runner.paged_kernel
+    _check(eng.generate(input_ids=prompts, sampling_params=_greedy()), expected)
+
+
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs", "lof"])
 def test_policies_and_arrivals_while_decoding(arch_case, make_engine, policy):
     """Requests join while others decode (from other threads, at different times)."""
