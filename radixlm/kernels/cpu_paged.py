@@ -34,10 +34,13 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-# -ffast-math lets the compiler vectorise exp and the dot-product reductions; finite-math
-# stays off because -inf marks empty rows and the running max starts there
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp",
-         "-std=c++17", "-shared", "-fPIC"]
+# Reassociation lets the compiler vectorise the reductions. Not -ffast-math: linking with
+# it adds crtfastmath.o, which turns on flush-to-zero for the whole process when the
+# library loads (Python's own float arithmetic would change); and finite-math must stay
+# off because -inf marks empty rows and the running max starts there.
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp", "-std=c++17", "-shared",
+         "-fPIC"]
 
 
 def _cache_dir() -> Path:

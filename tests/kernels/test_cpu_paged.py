@@ -179,3 +179,12 @@ def test_extend_with_groups_keeps_the_padded_passes():
     plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
                                new_slots=new_slots, prefix_groups=[(8, [0, 1])])
     assert plan.paged is None and plan.shared is not None
+
+
+@needs_kernel
+def test_loading_the_kernel_leaves_the_process_floating_point_mode_alone():
+    # a library linked with -ffast-math turns on flush-to-zero for the whole process
+    # (hypothesis, numpy and Python floats would then lose subnormals)
+    tiny, one = 5e-324, 1.0
+    assert tiny * one == 5e-324
+    assert torch.tensor([1e-40]).mul(1.0).item() != 0.0
