@@ -1,14 +1,19 @@
 """HTTP helpers shared by the native routes (http_server.py) and OpenAI's (openai_api.py):
 JSON bodies, responses, server-sent events, client-disconnect handling, the API-key
-middleware and the error handlers (every error in OpenAI's shape)."""
+middleware (one key, or a file of tenants' keys) and the error handlers (every error in
+OpenAI's shape)."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import datetime
+import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -112,13 +117,118 @@ def pick(body: Any, key: str, i: int, batch: bool, default: Any) -> Any:
     return value
 
 
+# --- load reports (sglang-router polls /get_load) -----------------------------------------
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+
+
+def legacy_load(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """SGLang's ``/get_load``: one entry per data-parallel rank (radixlm has one);
+    ``num_tokens`` (what sglang-router balances on) is the KV tokens in use plus the
+    tokens of waiting requests."""
+    return [{
+        "dp_rank": 0,
+        "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
+        "num_waiting_reqs": info["num_waiting_reqs"],
+        "num_tokens": info["used_tokens"] + info["num_waiting_tokens"],
+        "num_pending_tokens": info["num_waiting_tokens"],
+        "ts_tic": time.perf_counter(),
+    }]
+
+
+def v1_loads_response(info: dict[str, Any], query: Mapping[str, str], version: str,
+                      accelerator: str | None) -> Response:
+    """SGLang 0.5's ``/v1/loads`` (query: ``dp_rank``, ``include``, ``format=json|
+    prometheus``): the core fields radixlm measures; the optional sections (memory, spec,
+    lora, disagg, queues) have nothing to report here, so they are left out as SGLang
+    leaves out a section it lacks."""
+    include, fmt, rank = query.get("include"), query.get("format"), query.get("dp_rank")
+    sections = {s.strip() for s in include.split(",")} if include else {"all"}
+    if not sections <= LOAD_SECTIONS:
+        raise ApiError(400, f"Invalid include sections: {sorted(sections - LOAD_SECTIONS)}. "
+                       f"Valid options: {sorted(LOAD_SECTIONS)}", param="include")
+    if rank is not None and rank != "0":
+        raise ApiError(400, f"dp_rank {rank!r} does not exist (this server has only rank 0)",
+                       param="dp_rank")
+    if fmt not in (None, "json", "prometheus"):
+        raise ApiError(400, f"format must be json or prometheus, got {fmt!r}", param="format")
+    loads = _core_load(info)
+    if fmt == "prometheus":
+        lines = []
+        for key, value in loads[0].items():
+            if key != "dp_rank":
+                lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
+        return Response("\n".join(lines) + "\n",
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+    return json_response({
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "version": version, "accelerator": accelerator, "num_accelerators": 1, "loads": loads,
+    })
+
+
+def _core_load(info: dict[str, Any]) -> list[dict[str, Any]]:
+    used, waiting = info["used_tokens"], info["num_waiting_tokens"]
+    return [{
+        "timestamp": time.time(), "dp_rank": 0,
+        "num_running_reqs": info["num_running_reqs"],
+        "num_waiting_reqs": info["num_waiting_reqs"],
+        "num_used_tokens": used, "num_total_tokens": used + waiting,
+        "num_active_tokens": used + waiting,
+        "max_total_num_tokens": info["max_total_num_tokens"],
+        "max_running_requests": info["max_running_requests"],
+        "token_usage": info["token_usage"], "cache_hit_rate": info["cache_hit_rate"],
+    }]
+
+
+# --- API keys and tenants ----------------------------------------------------------------
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def load_api_keys(api_key: str) -> dict[bytes, str | None]:
+    """``--api-key``: one key (tenant ``None``), or the path of a file of ``key tenant``
+    lines (``#`` comments and blank lines allowed) whose keys each name their tenant.
+    Returns ``{sha256(key): tenant}``; ValueError names the line of a bad file."""
+    if not os.path.isfile(api_key):
+        return {_digest(api_key.encode()): None}
+    keys: dict[bytes, str | None] = {}
+    with open(api_key, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            where = f"{api_key}:{lineno}"
+            if len(fields) != 2:
+                raise ValueError(f"{where}: want 'key tenant', got {len(fields)} fields")
+            key, tenant = fields
+            if not TENANT_NAME.fullmatch(tenant):
+                raise ValueError(f"{where}: tenant names are 1-64 of [A-Za-z0-9_.-], "
+                                 f"got {tenant!r}")
+            digest = _digest(key.encode())
+            if digest in keys:
+                raise ValueError(f"{where}: this key is listed twice")
+            keys[digest] = tenant
+    if not keys:
+        raise ValueError(f"{api_key}: no 'key tenant' lines")
+    return keys
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+def request_tenant(request: Request) -> str | None:
+    """The tenant whose key authenticated ``request`` (None: no tenants)."""
+    return request.scope.get("state", {}).get("tenant")
+
+
 # --- middleware and errors ---------------------------------------------------------------
 class ApiKeyMiddleware:
-    """401 unless ``Authorization: Bearer <key>`` (or ``X-API-Key``) matches."""
+    """401 unless ``Authorization: Bearer <key>`` (or ``X-API-Key``) is one of ``keys``
+    (``load_api_keys``); the key's tenant goes to the request's state (``request_tenant``).
+    Keys are compared as SHA-256 digests, so the lookup time says nothing about a key."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: dict[bytes, str | None]) -> None:
         self.app = app
-        self.api_key = api_key.encode()
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
@@ -127,7 +237,8 @@ class ApiKeyMiddleware:
             scheme, _, token = auth.partition(b" ")
             key = (token.strip() if scheme.lower() == b"bearer"  # RFC 9110: any case
                    else headers.get(b"x-api-key", b""))
-            if not hmac.compare_digest(key, self.api_key):
+            digest = _digest(key)
+            if digest not in self.keys:
                 err = ApiError(
                     401,
                     "invalid or missing API key (send Authorization: Bearer <key>)",
@@ -135,6 +246,7 @@ class ApiKeyMiddleware:
                 )
                 await json_response(err.body(), 401)(scope, receive, send)
                 return
+            scope.setdefault("state", {})["tenant"] = self.keys[digest]
         await self.app(scope, receive, send)
 
 

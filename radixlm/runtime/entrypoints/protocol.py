@@ -226,6 +226,7 @@ class GenerateRequest(_Strict):
     # Prometheus labels of this request's metrics (--tokenizer-metrics-allowed-custom-labels)
     custom_labels: dict[str, str] | None = None
     log_metrics: bool = True  # false: left out of the request metrics (health checks)
+    model: str | None = None  # sglang-router sends it (null); SGLang's /generate ignores it
     # accepted as is: radixlm logs no prompt or output, only rids and why a request was
     # refused (which may quote the bad parameter, e.g. a grammar that did not compile)
     no_logs: bool = False

@@ -27,14 +27,17 @@ def _ceil_to(n: int, page: int) -> int:
 
 class CacheManager:
     def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
-                 disable_radix_cache: bool, device: torch.device) -> None:
+                 disable_radix_cache: bool, device: torch.device,
+                 eviction_policy: str = "lru") -> None:
         self.page_size = page_size
         self.pool_size = pool_size
         self.allocator = PagedAllocator(pool_size, page_size, device=device)
         self.req_to_token_pool = ReqToTokenPool(
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
-        self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache)
+        self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
+                               eviction_policy=eviction_policy)
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
+        self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
 
     # --- sizes ------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -112,7 +115,9 @@ class CacheManager:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         ids = req.fill_ids[: req.kv_len]
         aligned = req.kv_len - req.kv_len % self.page_size
-        p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace)
+        p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
+                             counted_len=self.inserted.get(req.rid, 0))
+        self.inserted[req.rid] = aligned
         # our copies of what the tree already had are duplicates
         self._free_range(row, req.prefix_len, min(p, aligned))
         m = self.tree.match_prefix(ids[:aligned], namespace=req.namespace)
@@ -128,7 +133,8 @@ class CacheManager:
         if cache and req.kv_len > 0:
             ids = req.fill_ids[: req.kv_len]
             aligned = req.kv_len - req.kv_len % self.page_size
-            p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace)
+            p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
+                                 counted_len=self.inserted.get(req.rid, 0))
             self._free_range(row, req.prefix_len, min(p, aligned))
             self._free_range(row, aligned, req.alloc_len)
         else:
@@ -136,6 +142,7 @@ class CacheManager:
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         del self.running[req.rid]
+        self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
         req.prefix_len = req.kv_len = req.alloc_len = 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 from radixlm.radix_cache.radix_tree import RadixCache, TreeNode
@@ -20,28 +21,51 @@ CLIP_MAX_NEW_TOKENS = 4096
 class SchedulePolicy:
     """Orders the waiting queue: ``lpm`` (longest cached prefix first), ``dfs-weight``
     (depth-first over the tree, heaviest subtrees first, so requests sharing a prefix run
-    together), ``fcfs`` (arrival order) or ``lof`` (longest output first)."""
+    together), ``fcfs`` (arrival order) or ``lof`` (longest output first).
 
-    def __init__(self, policy: str, cache: CacheManager) -> None:
+    With priority scheduling (``priority_sign`` not None) requests are ordered by priority
+    first and by the policy among equals: ``priority_sign`` is -1 when higher values are
+    more urgent (SGLang's default), 1 with ``--schedule-low-priority-values-first``."""
+
+    def __init__(self, policy: str, cache: CacheManager, priority_sign: int | None = None
+                 ) -> None:
+        assert priority_sign in (None, 1, -1), f"priority_sign {priority_sign}"
         self.policy = policy
         self.cache = cache
+        self.priority_sign = priority_sign
+
+    def urgency(self, req: Req) -> int:
+        """Sort key of ``req``'s priority: smaller runs first (0 without priorities)."""
+        return 0 if self.priority_sign is None else req.priority * self.priority_sign
+
+    def preemption_victims(self, req: Req, running: list[Req], threshold: int) -> list[Req]:
+        """The running requests ``req`` may preempt, least urgent (then newest) first: those
+        less urgent than it by more than ``threshold`` (SGLang's rule)."""
+        mine = self.urgency(req)
+        ranked = sorted(running, key=lambda r: (-self.urgency(r), -r.arrival_time))
+        return list(itertools.takewhile(lambda r: self.urgency(r) - mine > threshold, ranked))
 
     def order(self, waiting: list[Req]) -> list[Req]:
+        ordered, prefix = self._order_by_policy(waiting)
+        if self.priority_sign is not None:
+            ordered.sort(key=self.urgency)  # stable: the policy's order among equals
+        return ordered if prefix is None else self._defer_in_batch_duplicates(ordered, prefix)
+
+    def _order_by_policy(self, waiting: list[Req]) -> tuple[list[Req], dict[str, int] | None]:
+        """The policy's order, and the cached prefix lengths when it looked them up."""
         policy = self.policy
         if policy in ("lpm", "dfs-weight") and (
             len(waiting) > PREFIX_POLICY_QUEUE_LIMIT or self.cache.tree.disable
         ):
             policy = "fcfs"
         if policy == "fcfs":
-            return list(waiting)
+            return list(waiting), None
         if policy == "lof":
-            return sorted(waiting, key=lambda r: -r.sampling_params.max_new_tokens)
+            return sorted(waiting, key=lambda r: -r.sampling_params.max_new_tokens), None
         prefix = {r.rid: self.cache.match(r) for r in waiting}
         if policy == "lpm":
-            ordered = sorted(waiting, key=lambda r: -prefix[r.rid])
-        else:
-            ordered = self._dfs_weight(waiting)
-        return self._defer_in_batch_duplicates(ordered, prefix)
+            return sorted(waiting, key=lambda r: -prefix[r.rid]), prefix
+        return self._dfs_weight(waiting), prefix
 
     @staticmethod
     def _defer_in_batch_duplicates(ordered: list[Req], prefix: dict[str, int]) -> list[Req]:
@@ -109,6 +133,16 @@ class PrefillAdder:
     def rem_total(self) -> int:
         return self.cache.available_size() - self.reserved
 
+    def estimated_cost(self, req: Req) -> int:
+        """KV tokens admitting ``req`` is expected to take: its uncached prompt, the decode
+        tokens it may still produce, and a page of rounding."""
+        est_extend = req.seq_len - self.cache.match(req)
+        return est_extend + decode_reserve(req, self.new_token_ratio) + self.cache.page_size
+
+    def unreserve(self, req: Req) -> None:
+        """A running request left the batch (preempted): its decode reserve is free."""
+        self.reserved -= decode_reserve(req, self.new_token_ratio)
+
     def add_chunked(self, req: Req) -> None:
         """Continue the prefill of an admitted request whose prompt was cut last step."""
         self._extend(req, req.seq_len - req.kv_len, admitted=True)
@@ -124,9 +158,7 @@ class PrefillAdder:
         if self.full():
             return False
         first = not self.has_running and not self.reqs
-        est_extend = req.seq_len - self.cache.match(req)
-        est_cost = est_extend + decode_reserve(req, self.new_token_ratio) + self.cache.page_size
-        if not first and est_cost > self.rem_total():
+        if not first and self.estimated_cost(req) > self.rem_total():
             return False
         if not self.cache.admit(req):  # no free request row
             return False
