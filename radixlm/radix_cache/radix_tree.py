@@ -290,8 +290,8 @@ class RadixCache:
         """Raise ``AssertionError`` naming the first broken invariant of the tree.
 
         Checks parent pointers, child keys, key/value lengths, page alignment, path locking
-        (a child's ``lock_ref`` and ``hit_count`` <= its parent's), namespaces, the size counters, that no
-        slot is held twice and that no held slot is free in the allocator.
+        (a child's ``lock_ref`` and ``hit_count`` <= its parent's), namespaces, the size
+        counters, that no slot is held twice and that no held slot is free in the allocator.
         """
         root = self.root
         assert root.parent is None and not root.key and root.value.numel() == 0, f"root {root}"
