@@ -4,7 +4,9 @@
     python benchmarks/gpu_smoke.py --preset small --dtype bfloat16 --against transformers
 
 Default: the built-in tiny model in float32 on the CPU (torch kernels) and on the GPU
-(Triton kernels, TF32 off). ``--against transformers``: transformers' own forward on the
+(Triton kernels, TF32 off; decode replayed from CUDA graphs, and once more with
+``--disable-cuda-graph``, which must give the same tokens; the decode rate of both is
+printed). ``--against transformers``: transformers' own forward on the
 GPU in the same dtype is the reference. 16 greedy tokens per prompt, PASS/FAIL per
 prompt. Sums in a different order can flip a near-tie, so the run passes if at least
 ``--min-match`` of the prompts match exactly (90%; bfloat16 rounds more: 75% there); exits
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -40,11 +43,32 @@ SAMPLING = {"max_new_tokens": 16, "temperature": 0}
 MIN_MATCH = 0.9
 
 
-def generate(model: str, device: str, backend: str, dtype: str) -> list[list[int]]:
+def generate(model: str, device: str, backend: str, dtype: str,
+             **kw) -> tuple[list[list[int]], float]:
+    """Greedy ids per prompt, and the decode rate (tokens/s) of a second, timed run."""
     with radixlm.Engine(model_path=model, device=device, attention_backend=backend,
-                        dtype=dtype) as eng:
+                        dtype=dtype, **kw) as eng:
         outs = eng.generate(PROMPTS, SAMPLING)
-    return [list(out["output_ids"]) for out in outs]
+        t0 = time.perf_counter()
+        timed = eng.generate(PROMPTS * 4, {**SAMPLING, "max_new_tokens": 64,
+                                           "ignore_eos": True})
+        rate = sum(len(o["output_ids"]) for o in timed) / (time.perf_counter() - t0)
+    return [list(out["output_ids"]) for out in outs], rate
+
+
+def compare(label: str, ref: list[list[int]], got: list[list[int]]) -> int:
+    matched = 0
+    for i, (prompt, want, out) in enumerate(zip(PROMPTS, ref, got, strict=True)):
+        if want == out:
+            matched += 1
+            print(f"PASS {i:2} {prompt!r}")
+            continue
+        first = next((j for j, (a, b) in enumerate(zip(want, out, strict=False)) if a != b),
+                     None)
+        first = min(len(want), len(out)) if first is None else first
+        print(f"FAIL {i:2} {prompt!r}: first difference at token {first}\n"
+              f"     {label} {want}\n     gpu {out}")
+    return matched
 
 
 def generate_hf(model: str, dtype: str) -> list[list[int]]:
@@ -74,22 +98,19 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     model = resolve_model(args.model_path, args.preset)
     min_match = args.min_match or (MIN_MATCH if args.dtype == "float32" else 0.75)
-    ref = (generate(model, "cpu", "torch", args.dtype) if args.against == "cpu"
+    ref = (generate(model, "cpu", "torch", args.dtype)[0] if args.against == "cpu"
            else generate_hf(model, args.dtype))
-    gpu = generate(model, "cuda", "triton", args.dtype)
-    matched = 0
-    for i, (prompt, want, got) in enumerate(zip(PROMPTS, ref, gpu, strict=True)):
-        if want == got:
-            matched += 1
-            print(f"PASS {i:2} {prompt!r}")
-            continue
-        first = next((j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
-        first = min(len(want), len(got)) if first is None else first
-        print(f"FAIL {i:2} {prompt!r}: first difference at token {first}\n"
-              f"     {args.against} {want}\n     gpu {got}")
-    ok = matched >= min_match * len(PROMPTS)
+    gpu, rate = generate(model, "cuda", "triton", args.dtype)  # decode from CUDA graphs
+    eager, eager_rate = generate(model, "cuda", "triton", args.dtype, disable_cuda_graph=True)
+    need = min_match * len(PROMPTS)
+    matched = compare(args.against, ref, gpu)
+    same = compare("eager", eager, gpu)
+    ok = matched >= need and same >= need
     print(f"{model} {args.dtype}, against {args.against}: {matched}/{len(PROMPTS)} prompts "
-          f"identical (need {min_match:.0%}): {'PASS' if ok else 'FAIL'}")
+          f"identical; CUDA graphs against eager: {same}/{len(PROMPTS)} (need "
+          f"{min_match:.0%}): {'PASS' if ok else 'FAIL'}")
+    print(f"decode, 48 requests x 64 tokens: CUDA graphs {rate:.0f} tok/s, eager "
+          f"{eager_rate:.0f} tok/s ({rate / eager_rate:.2f}x)")
     return 0 if ok else 1
 
 

@@ -66,6 +66,11 @@ class ServerArgs:
     disable_mixed_chunk: bool = False
     attention_backend: str | None = field(default=None, metadata={"help": "torch|triton "
                                           "(default: triton on CUDA, torch on CPU)"})
+    cuda_graph_max_bs: int | None = field(default=None, metadata={
+        "help": "largest decode batch replayed from a CUDA graph (CUDA with the Triton "
+                "path; default 160, fewer when the pool cannot hold that many requests)"})
+    disable_cuda_graph: bool = field(default=False, metadata={
+        "help": "run every decode forward eagerly (no CUDA graph capture at startup)"})
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
@@ -111,6 +116,20 @@ class ServerArgs:
                 "its requests and exits (SGLang's --watchdog-timeout)"})
     # logging
     log_level: str = "info"
+    log_requests: bool = field(default=False, metadata={
+        "help": "log every finished request to the console, one JSON line each, with as much "
+                "as --log-requests-level says (SGLang's flag)"})
+    log_requests_level: int = field(default=2, metadata={
+        "help": "0: metadata; 1: and sampling params; 2: and the prompt up to 2048 "
+                "characters; 3: and the prompt up to --log-requests-max-chars (SGLang's levels)"})
+    log_requests_file: str | None = field(default=None, metadata={
+        "help": "append one JSON line per finished request to this file (prompt, namespace, "
+                "token counts, finish reason, latencies): the input of radixlm prefix-report"})
+    log_requests_max_chars: int = field(default=16384, metadata={
+        "help": "longest prompt (characters; token ids when there is no text) a request log "
+                "record keeps; longer ones are cut and marked"})
+    enable_metrics: bool = field(default=False, metadata={
+        "help": "SGLang's flag, accepted for its command lines: radixlm always serves /metrics"})
     decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
     tp_size: int = field(default=1, metadata={"help": "tensor parallel size (only 1)"})
     dp_size: int = field(default=1, metadata={"help": "data parallel size (only 1)"})
@@ -152,11 +171,17 @@ class ServerArgs:
              f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         need(self.context_length is None or self.context_length >= 2,
              f"context_length must be >= 2, got {self.context_length}")
+        need(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1,
+             f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         need(self.cpu_threads is None or self.cpu_threads >= 1,
              f"cpu_threads must be >= 1, got {self.cpu_threads}")
         for name in ("max_request_bytes", "max_n", "max_stop_sequences", "max_stop_length",
                      "max_logit_bias", "max_top_logprobs_num"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(self.log_requests_level in (0, 1, 2, 3),
+             f"log_requests_level must be 0, 1, 2 or 3, got {self.log_requests_level}")
+        need(self.log_requests_max_chars >= 1,
+             f"log_requests_max_chars must be >= 1, got {self.log_requests_max_chars}")
         for name in ("request_read_timeout", "watchdog_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         for name in self.tokenizer_metrics_allowed_custom_labels or ():

@@ -297,7 +297,8 @@ class UpdateWeightFromDiskRequest(_Strict):
     is_async: bool = False
     torch_empty_cache: bool = False
     keep_pause: bool = False
-    recapture_cuda_graph: bool = False  # radixlm captures no CUDA graph: nothing to redo
+    # weights are copied into the captured parameters in place: the graphs stay valid
+    recapture_cuda_graph: bool = False
     token_step: Int64 = 0
     flush_cache: bool = True
     manifest: dict[str, Any] | None = None

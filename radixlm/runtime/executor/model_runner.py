@@ -16,6 +16,7 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.models import load_model
 from radixlm.runtime.executor.models.weights import (
@@ -54,8 +55,11 @@ class ModelRunner:
         self.model = load_model(self.model_config, model_path, self.device)
         self.pool_size = self._pool_size(args)
         cfg = self.model_config
-        self.kv_pool = KVPool(self.pool_size, cfg.num_layers, cfg.num_key_value_heads,
+        # one slot more than the allocator hands out: padding rows of CUDA-graph replays
+        # write and read only that one (cuda_graph_runner.py)
+        self.kv_pool = KVPool(self.pool_size + 1, cfg.num_layers, cfg.num_key_value_heads,
                               cfg.head_dim, self.dtype, self.device)
+        self.graph_runner = self._capture_cuda_graphs(args)
 
     @property
     def uses_torch_attention(self) -> bool:
@@ -171,7 +175,23 @@ class ModelRunner:
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges``."""
         fb = self.build_forward_batch(batch, req_to_token)
+        if batch.is_decode and self.graph_runner is not None:
+            nnz = sum(batch.prefix_lens) + len(batch)
+            if self.graph_runner.can_run(len(batch), nnz):
+                return self.graph_runner.replay(fb, nnz)
         return self.model(fb)
+
+    def _capture_cuda_graphs(self, args: ServerArgs,
+                             graph_factory=None) -> CudaGraphRunner | None:
+        """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
+        if (args.disable_cuda_graph or self.uses_torch_attention
+                or (self.device.type != "cuda" and graph_factory is None)):
+            return None
+        max_bs = min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, self.pool_size)
+        with torch.inference_mode():
+            return CudaGraphRunner(self.model, self.kv_pool, self.attention_backend, max_bs,
+                                   self.model_config.context_length, self.pool_size,
+                                   self.device, graph_factory)
 
     # --- weight updates (the scheduler calls these between steps) -------------------------
     def check_weights(self, model_path: str) -> dict[str, torch.Tensor]:
