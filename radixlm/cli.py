@@ -1,4 +1,5 @@
-"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve`` (see --help)."""
+"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve``, ``bench serve`` (see
+--help)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import logging
 import sys
 
+from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http_server import launch_server
@@ -47,6 +49,10 @@ def _serve(args: argparse.Namespace) -> int:
     return launch_server(ServerArgs.from_cli_args(args))
 
 
+def _bench(args: argparse.Namespace) -> int:
+    return bench_serve.run_cli(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("make-tiny-model", help="write the built-in tiny model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    bench = sub.add_parser("bench", help="benchmarks against a running server")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    bench_serve.add_cli_args(bench_sub.add_parser(
+        "serve", help="load generator: throughput, TTFT/TPOT/ITL/E2E percentiles, goodput",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
     )
-    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve}
+    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve, "bench": _bench}
     return handlers[args.command](args)
 
 
