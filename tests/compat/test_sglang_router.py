@@ -146,6 +146,11 @@ def test_router_routes_native_and_openai(router, workers):
     assert chat.status_code == 200, chat.text
     body = chat.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 6
+    # no model named: the router fills in "unknown", which the worker takes as no name
+    chat = httpx.post(router + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4, "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["completion_tokens"] == 4
 
 
 def test_router_reads_worker_loads(router, workers):

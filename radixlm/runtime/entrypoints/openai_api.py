@@ -70,7 +70,8 @@ class OpenAIRoutes:
         self.router.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
 
     def check_model(self, model: str | None) -> None:
-        known = {self.served_model_name, self.tm.model_path, "default"}
+        # "unknown": what sglang-router puts in a request that named no model
+        known = {self.served_model_name, self.tm.model_path, "default", "unknown"}
         if model is not None and model not in known:
             raise ApiError(
                 404,
@@ -158,6 +159,11 @@ class OpenAIRoutes:
             )
             for ids in prompts
         ]
+        texts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+        for item, text in zip(items, texts):
+            item.origin = self.tm.log_origin("/v1/completions",
+                                             text if isinstance(text, str) else None,
+                                             request_tenant(request), bool(body.stream))
         job = CompletionJob(self, items, body.echo, body)
         states = await self.tm.submit(items)
         if body.stream:
@@ -168,13 +174,18 @@ class OpenAIRoutes:
         return json_response(job.response(builders))
 
     # --- /v1/chat/completions -------------------------------------------------------------------
-    async def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+    @staticmethod
+    def _conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
         conv = []
         for m in messages:
             content = m.content or ""
             if isinstance(content, list):  # content parts (text only; checked at the edge)
                 content = "".join(part.text for part in content)
             conv.append({"role": m.role, "content": content})
+        return conv
+
+    async def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        conv = self._conversation(messages)
         try:
             text = self.tm.tokenizer.apply_chat_template(
                 conv, tokenize=False, add_generation_prompt=True
@@ -224,6 +235,9 @@ class OpenAIRoutes:
             namespace=self.tm.namespace(body.extra_key, body.cache_salt, request_tenant(request)),
             custom_labels=self._custom_labels(request),
         )
+        item.origin = self.tm.log_origin(
+            "/v1/chat/completions", self._conversation(body.messages), request_tenant(request),
+            bool(body.stream))
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])
         if body.stream:
