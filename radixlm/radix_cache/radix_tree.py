@@ -14,6 +14,10 @@ Eviction (``eviction_policy``, SGLang's ``--radix-eviction-policy``): ``lru`` fr
 least recently matched leaves first; ``lfu`` the leaves with the fewest hits first, ties by
 recency. A hit is one request whose tokens covered the node, counted when the request's
 tokens are inserted (``insert(..., counted_len=)`` keeps a request from counting twice).
+
+Events (``events=KVEventRecorder``, see ``kv_events.py``): a new leaf records BlockStored
+(its pages' chained hashes, kept on the node), an evicted leaf BlockRemoved, ``reset``
+AllBlocksCleared; a split divides a node's hashes and records nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.radix_cache.allocator import PagedAllocator
+from radixlm.radix_cache.kv_events import KVEventRecorder, chain_hashes
 
 
 @dataclass(eq=False)
@@ -40,6 +45,7 @@ class TreeNode:
     lock_ref: int = 0
     last_access: int = 0
     hit_count: int = 0
+    block_hashes: list[int] = field(default_factory=list)  # one per page, with events only
 
     def __repr__(self) -> str:
         return (
@@ -89,17 +95,22 @@ class RadixCache:
     Requests in different ``namespace`` s never share a node: the root's children are keyed
     by ``(namespace, first page)``, every other child by its first page (the first token
     when ``page_size == 1``). ``disable=True`` caches nothing. ``eviction_policy``: one
-    of ``EVICTION_POLICIES`` (see the module docstring).
+    of ``EVICTION_POLICIES`` (see the module docstring). ``events``: where inserts,
+    evictions and resets are recorded (None: nowhere).
     """
 
     def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False,
-                 eviction_policy: str = "lru"):
+                 eviction_policy: str = "lru", events: KVEventRecorder | None = None):
         assert page_size == allocator.page_size, (
             f"page_size={page_size} but allocator.page_size={allocator.page_size}"
         )
         if eviction_policy not in _PRIORITY:
             raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, "
                              f"got {eviction_policy!r}")
+        assert events is None or events.block_size == page_size, (
+            f"events.block_size={events.block_size} but page_size={page_size}"
+        )
+        self.events = None if disable else events
         self.eviction_policy = eviction_policy
         self._priority = _PRIORITY[eviction_policy]
         self.allocator = allocator
@@ -123,6 +134,8 @@ class RadixCache:
         assert self._protected_size == 0, f"reset with {self._protected_size} locked tokens"
         self.allocator.free(self.all_slots())
         self.reset_state()
+        if self.events is not None:
+            self.events.cleared()
 
     def evictable_size(self) -> int:
         """Tokens held by unlocked nodes."""
@@ -183,7 +196,15 @@ class RadixCache:
             leaf.hit_count = 1
             self._attach(node, leaf)
             self._evictable_size += len(leaf.key)
+            if self.events is not None:
+                self._record_stored(leaf)
         return pos
+
+    def _record_stored(self, leaf: TreeNode) -> None:
+        assert self.events is not None and leaf.parent is not None
+        parent_hash = leaf.parent.block_hashes[-1] if leaf.parent is not self.root else None
+        leaf.block_hashes = chain_hashes(leaf.key, self.page_size, leaf.namespace, parent_hash)
+        self.events.stored(leaf.block_hashes, parent_hash, leaf.key)
 
     def _count_hits(self, node: TreeNode, end: int, counted_len: int) -> None:
         """One hit for each node of the path root..node (which ends at token ``end``)
@@ -228,6 +249,9 @@ class RadixCache:
         upper = self._new_node(child.key[:m], child.value[:m], child.namespace)
         upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
         upper.hit_count = child.hit_count
+        pages = m // self.page_size
+        upper.block_hashes = child.block_hashes[:pages]
+        child.block_hashes = child.block_hashes[pages:]
         parent.children[self._child_key(parent, child.key, child.namespace)] = upper
         upper.parent = parent
         child.key, child.value = child.key[m:], child.value[m:]
@@ -264,6 +288,7 @@ class RadixCache:
         heap = [(self._priority(n), n) for n in self._evictable_leaves()]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
+        removed: list[int] = []
         num_freed = 0
         while num_freed < num_tokens and heap:
             _, leaf = heapq.heappop(heap)
@@ -271,12 +296,15 @@ class RadixCache:
             assert parent is not None
             del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
             freed.append(leaf.value)
+            removed.extend(leaf.block_hashes)
             num_freed += len(leaf.key)
             self._evictable_size -= len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), parent))
         if freed:
             self.allocator.free(torch.cat(freed))
+        if removed and self.events is not None:
+            self.events.removed(removed)
         return num_freed
 
     def _evictable_leaves(self) -> Iterator[TreeNode]:
@@ -322,6 +350,10 @@ class RadixCache:
         expected = self._child_key(parent, child.key, child.namespace)
         assert child_key == expected, f"{child} keyed {child_key!r}, expected {expected!r}"
         assert child.lock_ref >= 0, f"{child}: negative lock_ref"
+        if self.events is not None:
+            parent_hash = parent.block_hashes[-1] if parent is not self.root else None
+            hashes = chain_hashes(child.key, ps, child.namespace, parent_hash)
+            assert child.block_hashes == hashes, f"{child}: block hashes do not chain"
         if parent is not self.root:
             assert child.namespace == parent.namespace, (
                 f"{child} in namespace {child.namespace!r} under {parent.namespace!r}"

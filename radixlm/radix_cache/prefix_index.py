@@ -1,0 +1,77 @@
+"""PrefixIndex: which blocks each replica caches, rebuilt from its KV events.
+
+A router that sees token ids asks ``match(token_ids, namespace)`` and gets, per replica,
+how many leading tokens that replica has cached: the request's tokens are hashed block by
+block with the same chain as the tree (``kv_events.chain_hashes``) and each replica's match
+ends at the first block it does not hold. Events are applied in the order a replica
+published them; detecting lost batches (sequence numbers) is the subscriber's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixlm.radix_cache.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    block_hash,
+)
+
+
+class PrefixIndex:
+    """Per-replica sets of cached block hashes; replicas are ``0 .. num_replicas - 1``.
+
+    ``block_size`` is every replica's page size; a BlockStored with another size is an
+    error (a consumer could not chain the request's tokens for that replica).
+    """
+
+    def __init__(self, num_replicas: int, block_size: int) -> None:
+        assert num_replicas > 0 and block_size > 0, (num_replicas, block_size)
+        self.block_size = block_size
+        self._blocks: list[set[int]] = [set() for _ in range(num_replicas)]
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self._blocks)
+
+    def apply(self, replica: int, batch: KVEventBatch) -> None:
+        """Apply one replica's batch of events, in order."""
+        blocks = self._blocks[replica]
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                if event.block_size != self.block_size:
+                    raise ValueError(f"replica {replica} stored blocks of {event.block_size} "
+                                     f"tokens; this index chains blocks of {self.block_size}")
+                blocks.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                blocks.difference_update(event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                blocks.clear()
+            else:
+                raise TypeError(f"unknown KV event {event!r}")
+
+    def match(self, token_ids: Sequence[int], namespace: str | None = None) -> list[int]:
+        """Cached prefix length in tokens (a multiple of ``block_size``) on each replica."""
+        bs = self.block_size
+        matched = [0] * len(self._blocks)
+        live = [r for r, blocks in enumerate(self._blocks) if blocks]
+        parent: int | None = None
+        for start in range(0, len(token_ids) - bs + 1, bs):
+            if not live:
+                break
+            parent = block_hash(parent, token_ids[start : start + bs], namespace)
+            live = [r for r in live if parent in self._blocks[r]]
+            for r in live:
+                matched[r] = start + bs
+        return matched
+
+    def blocks(self, replica: int) -> set[int]:
+        """A copy of the block hashes ``replica`` caches."""
+        return set(self._blocks[replica])
+
+    def drop_replica(self, replica: int) -> None:
+        """Forget everything ``replica`` cached (it died, or its stream must be resynced);
+        it matches nothing until new events arrive."""
+        self._blocks[replica].clear()
