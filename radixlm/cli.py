@@ -1,5 +1,5 @@
-"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve``, ``bench serve`` (see
---help)."""
+"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve``, ``bench serve``,
+``prefix-report`` (see --help)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import sys
 
+from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine import Engine
@@ -53,6 +54,10 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_serve.run_cli(args)
 
 
+def _prefix_report(args: argparse.Namespace) -> int:
+    return prefix_report_cli.run_cli(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     bench_serve.add_cli_args(bench_sub.add_parser(
         "serve", help="load generator: throughput, TTFT/TPOT/ITL/E2E percentiles, goodput",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    prefix_report_cli.add_cli_args(sub.add_parser(
+        "prefix-report", help="where and why prompts in a request log stop sharing a prefix",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
     )
-    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve, "bench": _bench}
+    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve, "bench": _bench,
+                "prefix-report": _prefix_report}
     return handlers[args.command](args)
 
 

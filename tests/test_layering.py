@@ -26,8 +26,9 @@ ALLOWED: dict[str, set[str]] = {
     "entrypoints": {"shared", "constrained", "executor", "managers", "tiny_model"},
     "frontend_dsl": set(),
     "bench": {"shared"},  # a client of any server: the tokenizer loader, nothing else
+    "analysis": {"shared"},  # offline reports on request logs: the tokenizer loader only
     "top": {"tiny_model", "radix_cache", "kernels", "shared", "constrained", "executor",
-            "managers", "entrypoints", "frontend_dsl", "bench"},
+            "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
 }
 # the DSL's in-process backend starts an Engine: the one import from frontend_dsl into runtime
 EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine")}

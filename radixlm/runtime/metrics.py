@@ -12,16 +12,30 @@ picks the values, so their number is bounded: each value has at most
 ``MAX_CUSTOM_LABEL_SETS`` distinct value combinations have been seen, requests with a new
 combination are counted under ``OTHER_LABEL`` in every custom label. The series of one
 metric are thus at most ``MAX_CUSTOM_LABEL_SETS + 2`` per other label value.
+
+SGLang's names (``sglang:...``, from its ``metrics_collector.py``) are exposed beside
+radixlm's own, with SGLang's labels ``model_name`` and ``engine_type`` ("unified") and its
+default buckets, so SGLang's dashboards and alerts work unchanged (``SGLANG_GAUGES``,
+``SGLANG_COUNTERS``, ``SGLangRequestMetrics``). Histograms observed in the scheduler
+process (grammar compile time) travel in ``get_info()`` as ``CumulativeHistogram``
+snapshots.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -84,11 +98,83 @@ _COUNTERS = {
 }
 
 
+SGLANG = "sglang:"
+SGLANG_LABELS = ["model_name", "engine_type"]
+# SGLang's default buckets (metrics_collector.py)
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200,
+                       400)
+SGLANG_E2E_BUCKETS = (*SGLANG_TTFT_BUCKETS, 600, 1200, 1800, 2400)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035,
+                      0.040, 0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0,
+                      6.0, 8.0)
+SGLANG_QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15,
+                        20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700,
+                        800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
+GRAMMAR_COMPILE_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 90,
+                           120, 240)
+# sglang gauge -> (get_info() key, help)
+SGLANG_GAUGES = {
+    "num_running_reqs": ("num_running_reqs", "The number of running requests."),
+    "num_queue_reqs": ("num_queue_reqs", "The number of requests in the waiting queue."),
+    "num_grammar_queue_reqs": ("num_grammar_queue_reqs",
+                               "The number of requests in the grammar waiting queue."),
+    "gen_throughput": ("gen_throughput", "The generation throughput (token/s), over the last "
+                       "--decode-log-interval decode steps."),
+    "cache_hit_rate": ("cache_hit_rate", "The prefix cache hit rate (cached / admitted "
+                       "prompt tokens since start)."),
+    "token_usage": ("token_usage", "The token usage (share of the KV pool in use)."),
+    "num_used_tokens": ("used_tokens", "KV slots in use (tree's locked ones and requests')."),
+    "max_total_num_tokens": ("max_total_num_tokens", "KV pool size in tokens."),
+}
+# sglang counter (exposed with _total) -> (get_info() key, help)
+SGLANG_COUNTERS = {
+    "num_retracted_requests": ("num_preemptions", "Total number of retracted requests."),
+    "evicted_tokens": ("evicted_tokens", "The number of KV token slots freed by eviction."),
+    "num_grammar_cache_hit": ("grammar_cache_hits", "Number of grammar cache hits."),
+}
+
+
+class CumulativeHistogram:
+    """A histogram kept where there is no registry (the scheduler process): bucket counts
+    and a sum, thread-safe, whose ``snapshot()`` travels in ``get_info()``."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = tuple(float(b) for b in buckets)
+        self._counts = [0] * (len(self.buckets) + 1)  # the last is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(self.buckets, value)] += 1
+            self._sum += value
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"buckets": list(self.buckets), "counts": list(self._counts),
+                    "sum": self._sum}
+
+
+def histogram_family(name: str, doc: str, snap: dict[str, Any] | None,
+                     labels: list[str], values: list[str]) -> HistogramMetricFamily:
+    """A ``CumulativeHistogram.snapshot()`` as a Prometheus histogram (empty if None)."""
+    snap = snap or {"buckets": list(GRAMMAR_COMPILE_BUCKETS),
+                    "counts": [0] * (len(GRAMMAR_COMPILE_BUCKETS) + 1), "sum": 0.0}
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    total, points = 0, []
+    for le, count in zip([*map(float, snap["buckets"]), float("inf")], snap["counts"]):
+        total += count
+        points.append(("+Inf" if le == float("inf") else repr(le), total))
+    family.add_metric(values, points, sum_value=snap["sum"])
+    return family
+
+
 class SchedulerCollector(Collector):
     """Exposes the last scheduler snapshot (``get_info()``) set through ``update``."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
         self.info: dict[str, Any] = {}
+        self.sglang_labels = [model_name, "unified"]
 
     def update(self, info: dict[str, Any]) -> None:
         self.info = info
@@ -115,6 +201,26 @@ class SchedulerCollector(Collector):
             value=info.get("cached_tokens", 0),
         )
         yield from _namespace_metrics(info.get("namespace_cache", {}))
+        yield CounterMetricFamily(PREFIX + "evicted_tokens", "KV slots freed by eviction",
+                                  value=info.get("evicted_tokens", 0))
+        yield histogram_family(PREFIX + "grammar_compile_time_seconds",
+                               "Time to compile a grammar (cache hits not counted)",
+                               info.get("grammar_compile_time"), [], [])
+        yield from self._sglang()
+
+    def _sglang(self) -> Iterator[Metric]:
+        info, values = self.info, self.sglang_labels
+        for name, (key, doc) in SGLANG_GAUGES.items():
+            g = GaugeMetricFamily(SGLANG + name, doc, labels=SGLANG_LABELS)
+            g.add_metric(values, info.get(key, 0))
+            yield g
+        for name, (key, doc) in SGLANG_COUNTERS.items():
+            c = CounterMetricFamily(SGLANG + name, doc, labels=SGLANG_LABELS)
+            c.add_metric(values, info.get(key, 0))
+            yield c
+        yield histogram_family(SGLANG + "grammar_compilation_time_seconds",
+                               "Histogram of grammar compilation time in seconds.",
+                               info.get("grammar_compile_time"), SGLANG_LABELS, values)
 
 
 def _namespace_metrics(by_label: dict[str, dict[str, int]]) -> Iterator[Metric]:
@@ -142,13 +248,64 @@ def _namespace_metrics(by_label: dict[str, dict[str, int]]) -> Iterator[Metric]:
 LabelValues = tuple[str, ...]  # one value per allowed custom label name, in flag order
 
 
+class SGLangRequestMetrics:
+    """SGLang's request metrics (its TokenizerMetricsCollector's names), labelled
+    ``model_name``, ``engine_type`` and the allowed custom labels."""
+
+    def __init__(self, reg: CollectorRegistry, model_name: str, custom: list[str]) -> None:
+        self.base = (model_name, "unified")
+        names = [*SGLANG_LABELS, *custom]
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...],
+                 labels: list[str] = names) -> Histogram:
+            return Histogram(SGLANG + name, doc, labels, buckets=buckets, registry=reg)
+
+        def counter(name: str, doc: str) -> Counter:
+            c = Counter(SGLANG + name, doc, names, registry=reg)
+            c.labels(*self.base, *[""] * len(custom))  # 0 from the start, not absent
+            return c
+
+        self.ttft = hist("time_to_first_token_seconds",
+                         "Histogram of time to first token in seconds.", SGLANG_TTFT_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds",
+                        "Histogram of inter-token latency in seconds.", SGLANG_ITL_BUCKETS)
+        self.tpot = hist("request_time_per_output_token_seconds",
+                         "Per-request TPOT in seconds: (finished_time - first_token_time) / "
+                         "(completion_tokens - 1).", SGLANG_ITL_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds",
+                        "Histogram of End-to-end request latency in seconds",
+                        SGLANG_E2E_BUCKETS)
+        self.queue_time = hist("queue_time_seconds", "Histogram of queueing time in seconds.",
+                               SGLANG_QUEUE_BUCKETS, SGLANG_LABELS)
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens",
+                                         "Number of generation tokens processed.")
+        self.cached_tokens = counter("cached_tokens", "Number of cached prompt tokens.")
+        self.requests = counter("num_requests", "Number of requests processed.")
+        self.aborted = counter("num_aborted_requests", "Number of requests aborted.")
+
+    def on_finish(self, labels: LabelValues, e2e: float, tpot: float | None, out: Any,
+                  aborted: bool) -> None:
+        values = (*self.base, *labels)
+        self.e2e.labels(*values).observe(e2e)
+        if tpot is not None:
+            self.tpot.labels(*values).observe(tpot)
+        self.requests.labels(*values).inc()
+        if aborted:
+            self.aborted.labels(*values).inc()
+        if out is not None:
+            self.prompt_tokens.labels(*values).inc(out.prompt_tokens)
+            self.generation_tokens.labels(*values).inc(out.completion_tokens)
+            self.cached_tokens.labels(*values).inc(out.cached_tokens)
+
+
 class ServerMetrics:
     """Every collector of one server, in its own registry. ``custom_labels``: the label
     names requests may set (SGLang's ``--tokenizer-metrics-allowed-custom-labels``)."""
 
-    def __init__(self, custom_labels: tuple[str, ...] = ()) -> None:
+    def __init__(self, custom_labels: tuple[str, ...] = (), model_name: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.scheduler = SchedulerCollector()
+        self.scheduler = SchedulerCollector(model_name)
         self.registry.register(self.scheduler)
         reg = self.registry
         self.custom_labels = tuple(custom_labels)
@@ -185,6 +342,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         )
+        self.sglang = SGLangRequestMetrics(reg, model_name, names)
 
     def check_labels(self, labels: dict[str, str] | None) -> None:
         """ValueError (a 400) unless every name is allowed and every value a short string."""
@@ -211,18 +369,24 @@ class ServerMetrics:
 
     def on_first_token(self, ttft: float, labels: LabelValues = ()) -> None:
         self._with(self.ttft, labels).observe(ttft)
+        self.sglang.ttft.labels(*self.sglang.base, *self._values(labels)).observe(ttft)
 
     def on_tokens(self, gap: float, n: int, labels: LabelValues = ()) -> None:
         """``n`` tokens arrived ``gap`` seconds after the previous ones."""
         itl = self._with(self.itl, labels)
+        sgl = self.sglang.itl.labels(*self.sglang.base, *self._values(labels))
         for _ in range(n):
             itl.observe(gap / n)
+            sgl.observe(gap / n)
 
     def on_finish(self, finish_reason: dict[str, Any] | None, e2e: float,
-                  labels: LabelValues = ()) -> None:
+                  labels: LabelValues = (), out: Any = None, tpot: float | None = None) -> None:
+        """``out``: the last TextOutput (its token counts); ``tpot``: the request's time
+        per output token after the first (None with fewer than two tokens)."""
         reason = (finish_reason or {}).get("type", "unknown")
         self.request_success.labels(reason, *self._values(labels)).inc()
         self._with(self.e2e, labels).observe(e2e)
+        self.sglang.on_finish(self._values(labels), e2e, tpot, out, reason == "abort")
 
     def _values(self, labels: LabelValues) -> LabelValues:
         return labels if labels else ("",) * len(self.custom_labels)
@@ -231,8 +395,10 @@ class ServerMetrics:
         return metric.labels(*self._values(labels)) if self.custom_labels else metric
 
     def on_queue_times(self, values: list[float]) -> None:
+        sgl = self.sglang.queue_time.labels(*self.sglang.base)
         for v in values:
             self.queue_time.observe(v)
+            sgl.observe(v)
 
     def render(self, scheduler_info: dict[str, Any]) -> bytes:
         self.scheduler.update(scheduler_info)

@@ -17,6 +17,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from radixlm.runtime.constrained.base import Grammar, GrammarBackend, canonical_spec
+from radixlm.runtime.metrics import GRAMMAR_COMPILE_BUCKETS, CumulativeHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="grammar-compiler")
         self.cache_hits = 0
         self.cache_misses = 0
+        self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
 
     def submit(self, kind: str, spec: Any) -> Future[Grammar]:
         """Start compiling (or reuse a cached compile) and return its future. Never blocks."""
@@ -86,8 +88,10 @@ class GrammarCompiler:
                 time.sleep(self.compile_delay_s)
             start = time.perf_counter()
             grammar = self.backend.compile(kind, canonical)
+            elapsed = time.perf_counter() - start
+            self.compile_time.observe(elapsed)
             logger.debug("compiled a %s grammar with %s in %.3f s", kind, self.backend.name,
-                         time.perf_counter() - start)
+                         elapsed)
             _settle(fut, grammar, None)
         except ValueError as e:
             _settle(fut, None, e)

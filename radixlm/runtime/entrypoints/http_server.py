@@ -137,6 +137,9 @@ class NativeRoutes:
                 _token_ids_logprob(body, i, batch), body.custom_labels, body.log_metrics,
                 priority=body.priority,
             ))
+            text = body.text[i] if isinstance(body.text, list) else body.text
+            items[-1].origin = self.tm.log_origin("/generate", text, request_tenant(request),
+                                                  bool(body.stream))
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
         if body.stream:

@@ -38,6 +38,7 @@ class CacheManager:
                                eviction_policy=eviction_policy)
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
+        self.evicted_tokens = 0  # freed by eviction since start (a metric)
 
     # --- sizes ------------------------------------------------------------------------
     def available_size(self) -> int:
@@ -103,7 +104,7 @@ class CacheManager:
     def ensure_free(self, num_tokens: int) -> bool:
         short = num_tokens - self.allocator.available_size()
         if short > 0:
-            self.tree.evict(short)
+            self.evicted_tokens += self.tree.evict(short)
         return self.allocator.available_size() >= num_tokens
 
     # --- release ----------------------------------------------------------------------

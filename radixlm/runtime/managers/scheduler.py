@@ -92,6 +92,7 @@ class Scheduler:
              "num_priority_preemptions"), 0)
         self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
+        self.gen_throughput = 0.0  # tokens/s over the last decode log interval
 
     # --- input ------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -414,6 +415,7 @@ class Scheduler:
         now = time.monotonic()
         gen = self.stats["generation_tokens"] - self._gen_tokens_at_log
         throughput = gen / max(now - self._last_log_time, 1e-9)
+        self.gen_throughput = throughput
         self._gen_tokens_at_log, self._last_log_time = self.stats["generation_tokens"], now
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, cache hit rate: "
@@ -429,6 +431,12 @@ class Scheduler:
             "max_running_requests": self.max_running_requests,
             "num_running_reqs": len(self.running) + (self.chunked_req is not None),
             "num_waiting_reqs": len(self.waiting) + len(self.grammar_waiting),
+            "num_queue_reqs": len(self.waiting),  # SGLang's split of the two
+            "num_grammar_queue_reqs": len(self.grammar_waiting),
+            "gen_throughput": self.gen_throughput,
+            "evicted_tokens": self.cache.evicted_tokens,
+            "grammar_cache_hits": self.grammar_compiler.cache_hits,
+            "grammar_compile_time": self.grammar_compiler.compile_time.snapshot(),
             "num_waiting_tokens": sum(r.seq_len for r in (*self.waiting, *self.grammar_waiting)),
             "token_usage": self.token_usage(),
             "used_tokens": self.cache.used_size(),

@@ -38,6 +38,7 @@ from radixlm.runtime.managers.messages import (
     decode,
     encode,
 )
+from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.validation import (
     PriorityRefused,
@@ -92,6 +93,8 @@ class ReqState:
     finished: bool = False
     labels: tuple[str, ...] | None = ()  # custom metric label values; None: no metrics
     weight_version: str = ""  # of the weights that computed its latest output
+    first_token_time: float | None = None
+    origin: RequestOrigin | None = None  # set when the request log is on
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Prepared:
     msg: GenerateReqInput
     params: SamplingParams
     labels: tuple[str, ...] | None = ()  # see ReqState.labels
+    origin: RequestOrigin | None = None  # see ReqState.origin (TokenizerManager.log_origin)
 
 
 class TokenizerManager:
@@ -110,7 +114,9 @@ class TokenizerManager:
         self.args = args
         self.model_path = model_path
         self.tokenizer = tokenizer
-        self.metrics = ServerMetrics(args.tokenizer_metrics_allowed_custom_labels or ())
+        self.metrics = ServerMetrics(args.tokenizer_metrics_allowed_custom_labels or (),
+                                     args.served_model_name or model_path)
+        self.request_log = RequestLog.from_args(args)
         self._push_ctx = zmq.Context()
         self._push = self._push_ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -189,17 +195,35 @@ class TokenizerManager:
         labels = state.labels
         if out.new_token_ids:
             last, state.last_token_time = state.last_token_time, now
+            if last is None:
+                state.first_token_time = now
             if labels is not None and last is None:
                 self.metrics.on_first_token(now - state.created, labels)
             elif labels is not None:
                 self.metrics.on_tokens(now - last, len(out.new_token_ids), labels)
-        if out.finished and labels is not None:
-            self.metrics.on_finish(out.finish_reason, now - state.created, labels)
+        if not out.finished:
+            return
+        timings = Timings(state.created, state.first_token_time, now, out.completion_tokens)
+        if labels is not None:
+            self.metrics.on_finish(out.finish_reason, now - state.created, labels,
+                                   out=out, tpot=timings.latency()["tpot"])
+        if self.request_log is not None and state.origin is not None:
+            self.request_log.add(state.msg, state.origin, out, timings)
+            state.origin = None  # one record per request
+
+    def log_origin(self, route: str, prompt: str | list[dict[str, str]] | None = None,
+                   tenant: str | None = None, stream: bool = False) -> RequestOrigin | None:
+        """What the request log records of a request's HTTP side (None when it is off)."""
+        if self.request_log is None:
+            return None
+        return RequestOrigin(route, prompt, tenant, stream)
 
     def close(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        if self.request_log is not None:
+            self.request_log.close()
         self._push.close(linger=0)
         self._pull.close(linger=0)
         self._push_ctx.term()
@@ -290,11 +314,13 @@ class TokenizerManager:
         registered, so a request that cannot be sent leaves nothing behind."""
         subs: list[GenerateReqInput] = []
         labels: list[tuple[str, ...] | None] = []
+        origins: list[RequestOrigin | None] = []
         for p in items:
             n = p.params.n
             subs += [p.msg] if n == 1 else [
                 msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
             labels += [p.labels] * n
+            origins += [p.origin] * n
         self.check_capacity(len(subs))
         if len({m.rid for m in subs}) != len(subs) or any(m.rid in self.states for m in subs):
             raise ApiError(400, "rid is already in use", param="rid")
@@ -308,7 +334,10 @@ class TokenizerManager:
                     )
                     async for _ in self.outputs(self._send_req(warm, self._encode(warm))):
                         pass
-        return [self._send_req(m, data, lab) for m, data, lab in zip(subs, wire, labels)]
+        states = [self._send_req(m, data, lab) for m, data, lab in zip(subs, wire, labels)]
+        for state, origin in zip(states, origins):
+            state.origin = origin
+        return states
 
     @staticmethod
     def _encode(msg: GenerateReqInput) -> bytes:
@@ -341,6 +370,18 @@ class TokenizerManager:
             self.states.pop(state.msg.rid, None)
             if not state.finished:
                 self.abort(state.msg.rid)
+                self._log_abandoned(state)
+
+    def _log_abandoned(self, state: ReqState) -> None:
+        """The request log's record of a request whose client left before it finished."""
+        if self.request_log is None or state.origin is None:
+            return
+        now = time.monotonic()
+        reason = {"type": "abort", "message": "the client went away"}
+        out = TextOutput(state.msg.rid, "", [], len(state.msg.input_ids), 0, 0,
+                         finish_reason=reason)
+        self.request_log.add(state.msg, state.origin, out,
+                             Timings(state.created, state.first_token_time, now, 0))
 
     async def merged_outputs(self, states: list[ReqState]) -> AsyncIterator[tuple[int, TextOutput]]:
         """``(index, output)`` pairs of several requests, as they arrive."""
