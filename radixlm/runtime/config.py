@@ -17,6 +17,7 @@ from typing import Any, get_type_hints
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
 RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
+LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class ServerArgs:
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
-                "leaving one for HTTP and detokenisation; OpenMP threads that compete with "
+                "leaving one for HTTP and detokenisation; split evenly between --dp-size replicas; "
+                "OpenMP threads that compete with "
                 "other processes for a core slow every step down); in the offline Engine, "
                 "when given, torch's thread count (default: torch's own)"})
     # constrained decoding
@@ -132,7 +134,24 @@ class ServerArgs:
         "help": "SGLang's flag, accepted for its command lines: radixlm always serves /metrics"})
     decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
     tp_size: int = field(default=1, metadata={"help": "tensor parallel size (only 1)"})
-    dp_size: int = field(default=1, metadata={"help": "data parallel size (only 1)"})
+    dp_size: int = field(default=1, metadata={
+        "help": "data parallel replicas: scheduler processes, each with its own model copy and "
+                "KV pool, behind one HTTP server (on a CPU they split --cpu-threads; on GPUs "
+                "replica i uses cuda:(--base-gpu-id + i))"})
+    base_gpu_id: int = field(default=0, metadata={
+        "help": "the first GPU of the replicas (SGLang's flag)"})
+    load_balance_method: str = field(default="cache_aware", metadata={
+        "help": "|".join(LOAD_BALANCE_METHODS) + ": how --dp-size replicas share requests; "
+                "cache_aware: the replica holding the longest prefix of the prompt (from its "
+                "own KV events) unless it is overloaded (the two thresholds below)"})
+    cache_aware_balance_abs_threshold: int = field(default=2048, metadata={
+        "help": "cache_aware: a replica whose load (queued + running tokens) exceeds the "
+                "least loaded one's by more than this many tokens, and by more than "
+                "--cache-aware-balance-rel-threshold times, gets no cache-routed request "
+                "(sglang-router's --balance-abs-threshold, in tokens instead of requests)"})
+    cache_aware_balance_rel_threshold: float = field(default=1.5, metadata={
+        "help": "cache_aware: see --cache-aware-balance-abs-threshold "
+                "(sglang-router's --balance-rel-threshold)"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -189,12 +208,24 @@ class ServerArgs:
                  and not name.startswith("__") and name != "finish_reason",
                  f"tokenizer_metrics_allowed_custom_labels: {name!r} is not a usable "
                  "Prometheus label name")
-        need(self.tp_size == 1 and self.dp_size == 1,
-             "tp_size and dp_size other than 1 are not supported")
+        need(self.tp_size == 1, "tp_size other than 1 is not supported")
+        need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
+        need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")
+        need(self.load_balance_method in LOAD_BALANCE_METHODS,
+             f"load_balance_method must be one of {LOAD_BALANCE_METHODS}, "
+             f"got {self.load_balance_method!r}")
+        need(self.cache_aware_balance_abs_threshold >= 0,
+             "cache_aware_balance_abs_threshold must be >= 0, got "
+             f"{self.cache_aware_balance_abs_threshold}")
+        need(self.cache_aware_balance_rel_threshold >= 1.0,
+             "cache_aware_balance_rel_threshold must be >= 1.0, got "
+             f"{self.cache_aware_balance_rel_threshold}")
 
     def resolve_cpu_threads(self) -> int:
-        """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one."""
-        return self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
+        """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;
+        with ``dp_size`` replicas each gets its share (at least one)."""
+        total = self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
+        return max(total // self.dp_size, 1)
 
     @property
     def mixed_chunk(self) -> bool:

@@ -19,33 +19,53 @@ logger = logging.getLogger(__name__)
 
 
 class ChildProcesses:
-    """The scheduler and detokenizer processes, and what the parent shares with them:
+    """The scheduler processes (one per data-parallel replica) and the detokenizer, and
+    what the parent shares with them:
 
     - a private 0700 directory for their ipc sockets, removed on every exit of this
       process that runs Python (stop, a child's death, atexit); one left by a process
       that was SIGKILLed is removed by the next server that starts;
-    - the scheduler's heartbeat (``heartbeat_age``), which its loop refreshes each turn.
+    - each scheduler's heartbeat (``heartbeat_age``), which its loop refreshes each turn.
 
     A watchdog thread exits the server (code 1) if a child dies while it is not shutting
-    down."""
+    down, except a replica while another one lives: that one is ``retire``d and
+    ``on_replica_exit`` is told (the server takes it out of rotation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dp_size: int = 1) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[str, multiprocessing.process.BaseProcess] = {}
         self.stopping = False
-        self.stalled = False  # set when the server's watchdog found the scheduler stuck
+        self.stalled = False  # set when the server's watchdog found every scheduler stuck
         _remove_stale_ipc_dirs()
         self.ipc_dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
         os.chmod(self.ipc_dir, 0o700)
-        self.heartbeat = self.ctx.Value("d", time.monotonic(), lock=False)
+        self.dp_size = dp_size
+        self.heartbeats = [self.ctx.Value("d", time.monotonic(), lock=False)
+                           for _ in range(dp_size)]
+        self.retired: set[int] = set()  # replicas taken out of rotation
         atexit.register(self.kill)
 
     def address(self, name: str) -> str:
         return f"ipc://{self.ipc_dir}/{name}"
 
-    def heartbeat_age(self) -> float:
-        """Seconds since the scheduler's loop last turned (CLOCK_MONOTONIC is system-wide)."""
-        return time.monotonic() - self.heartbeat.value
+    def scheduler_name(self, dp_rank: int) -> str:
+        return "scheduler" if self.dp_size == 1 else f"scheduler-dp{dp_rank}"
+
+    def live_replicas(self) -> list[int]:
+        return [r for r in range(self.dp_size) if r not in self.retired]
+
+    def heartbeat_age(self, dp_rank: int | None = None) -> float:
+        """Seconds since a scheduler's loop last turned (CLOCK_MONOTONIC is system-wide);
+        without ``dp_rank``, that of the live replica that turned last."""
+        ranks = [dp_rank] if dp_rank is not None else self.live_replicas() or [0]
+        return time.monotonic() - max(self.heartbeats[r].value for r in ranks)
+
+    def retire(self, dp_rank: int) -> None:
+        """Take replica ``dp_rank`` out: it is killed if it still runs (a stuck one)."""
+        self.retired.add(dp_rank)
+        proc = self.procs.get(self.scheduler_name(dp_rank))
+        if proc is not None and proc.is_alive():
+            proc.kill()
 
     def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
         proc = self.ctx.Process(target=target, args=args, name=f"radixlm-{name}", daemon=True)
@@ -58,18 +78,31 @@ class ChildProcesses:
     def pids(self) -> dict[str, int | None]:
         return {name: p.pid for name, p in self.procs.items()}
 
-    def watch(self) -> None:
-        threading.Thread(target=self._watch, name="radixlm-watchdog", daemon=True).start()
+    def watch(self, on_replica_exit: Callable[[int, str], None] | None = None) -> None:
+        """``on_replica_exit(dp_rank, why)`` is called from the watchdog thread."""
+        threading.Thread(target=self._watch, args=(on_replica_exit,), name="radixlm-watchdog",
+                         daemon=True).start()
 
-    def _watch(self) -> None:
+    def _watch(self, on_replica_exit: Callable[[int, str], None] | None) -> None:
+        ranks = {self.scheduler_name(r): r for r in range(self.dp_size)}
         while not self.stopping:
             for name, proc in self.procs.items():
-                if proc.exitcode is not None and not self.stopping:
-                    logger.error(
-                        "the %s process exited with code %s; shutting down", name, proc.exitcode
-                    )
-                    self.kill()
-                    os._exit(1)
+                rank = ranks.get(name)
+                if proc.exitcode is None or self.stopping or rank in self.retired:
+                    continue
+                if rank is not None and on_replica_exit is not None and len(
+                        self.live_replicas()) > 1:
+                    why = (f"data-parallel replica {rank} (the {name} process, pid {proc.pid}) "
+                           f"exited with code {proc.exitcode}")
+                    logger.error("%s; serving on the other replicas", why)
+                    self.retire(rank)
+                    on_replica_exit(rank, why)
+                    continue
+                logger.error(
+                    "the %s process exited with code %s; shutting down", name, proc.exitcode
+                )
+                self.kill()
+                os._exit(1)
             time.sleep(0.2)
 
     def stop(self, timeout: float = 10.0) -> None:

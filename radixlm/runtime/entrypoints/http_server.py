@@ -49,6 +49,7 @@ from radixlm.runtime.entrypoints.protocol import (
     UpdateWeightFromDiskRequest,
     openapi_schema,
 )
+from radixlm.runtime.managers.data_parallel_controller import aggregate_infos
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
@@ -137,6 +138,7 @@ class NativeRoutes:
                 _token_ids_logprob(body, i, batch), body.custom_labels, body.log_metrics,
                 priority=body.priority,
             ))
+            items[-1].msg.routing_key = body.routing_key
             text = body.text[i] if isinstance(body.text, list) else body.text
             items[-1].origin = self.tm.log_origin("/generate", text, request_tenant(request),
                                                   bool(body.stream))
@@ -202,7 +204,13 @@ class NativeRoutes:
         )
 
     async def server_info(self) -> Response:
-        info = await self.tm.get_info()
+        """The server's settings and info summed over its replicas; ``internal_states``
+        (SGLang's key) holds each live replica's own, ``dp_replicas`` what the dispatcher
+        counts per replica and why a dead one was taken out."""
+        replicas = await self.tm.replica_infos()
+        info = aggregate_infos(replicas)
+        info.pop("dp_rank", None)
+        dead = self.tm.dp.dead
         return json_response(
             {
                 **{k: v for k, v in dataclasses.asdict(self.args).items() if k not in SECRETS},
@@ -211,6 +219,9 @@ class NativeRoutes:
                 **self.tm.model_info,
                 "num_inflight_requests": len(self.tm.states),
                 "pids": {"main": os.getpid(), **self.pids},
+                "internal_states": replicas,
+                "dp_replicas": [{**load, "dead": dead.get(load["dp_rank"])}
+                                for load in self.tm.dp.balancer.loads()],
             }
         )
 
@@ -273,7 +284,9 @@ class NativeRoutes:
         return json_response({"text": self.tm.tokenizer.decode(body.tokens)})
 
     async def get_load(self) -> Response:
-        return json_response(legacy_load(await self.tm.get_info()))
+        """One entry per live data-parallel replica (SGLang's shape)."""
+        return json_response([{**legacy_load(info)[0], "dp_rank": info["dp_rank"]}
+                              for info in await self.tm.replica_infos()])
 
     async def v1_loads(self, request: Request) -> Response:
         device = self.tm.model_info.get("device")
@@ -324,9 +337,11 @@ async def _serve(
     addr: dict[str, str],
     children: ChildProcesses,
 ) -> int:
-    tm = TokenizerManager(args, model_path, tokenizer, addr["scheduler"], addr["tm"])
+    sched_addrs = [addr[children.scheduler_name(r)] for r in range(args.dp_size)]
+    tm = TokenizerManager(args, model_path, tokenizer, sched_addrs, addr["tm"])
     await tm.wait_ready(STARTUP_TIMEOUT_S, children.alive)
-    children.watch()
+    loop = asyncio.get_running_loop()
+    children.watch(lambda rank, why: loop.call_soon_threadsafe(tm.retire_replica, rank, why))
     info, minfo = tm.server_info, tm.model_info
     logger.info(
         "model %s: dtype %s on %s, context length %d",
@@ -364,7 +379,6 @@ async def _serve(
             json.dumps({"main": os.getpid(), **children.pids()}),
         )
 
-    loop = asyncio.get_running_loop()
     tasks = [loop.create_task(announce()),
              loop.create_task(scheduler_watchdog(tm, server, children, args.watchdog_timeout))]
     await server.serve()
@@ -381,8 +395,9 @@ def launch_server(args: ServerArgs) -> int:
         load_api_keys(args.api_key)  # a bad key file stops the server before it starts
     model_path = resolve_model_path(args.model_path)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-    children = ChildProcesses()
-    addr = {name: children.address(name) for name in ("scheduler", "detokenizer", "tm")}
+    children = ChildProcesses(args.dp_size)
+    names = [children.scheduler_name(r) for r in range(args.dp_size)]
+    addr = {name: children.address(name) for name in (*names, "detokenizer", "tm")}
     try:
         children.start(
             "detokenizer",
@@ -393,16 +408,10 @@ def launch_server(args: ServerArgs) -> int:
             os.getpid(),
             args.log_level,
         )
-        children.start(
-            "scheduler",
-            run_scheduler_process,
-            json.dumps(dataclasses.asdict(args)),
-            model_path,
-            addr["scheduler"],
-            addr["detokenizer"],
-            os.getpid(),
-            children.heartbeat,
-        )
+        for rank, name in enumerate(names):
+            children.start(name, run_scheduler_process, json.dumps(dataclasses.asdict(args)),
+                           model_path, addr[name], addr["detokenizer"], os.getpid(),
+                           children.heartbeats[rank], rank)
         code = asyncio.run(_serve(args, model_path, tokenizer, addr, children))
     finally:
         children.stop(timeout=10.0 if not children.stalled else 0.0)

@@ -75,9 +75,19 @@ async def scheduler_watchdog(tm: TokenizerManager, server: DrainingServer,
                              children: ChildProcesses, timeout: float) -> None:
     """SGLang's watchdog: a scheduler loop that does not turn for ``timeout`` seconds (a
     hung step, a frozen process) fails every in-flight request, marks the server
-    unhealthy and ends it with exit code 1. A dead child is ChildProcesses' watch."""
+    unhealthy and ends it with exit code 1. With data-parallel replicas, a stuck one is
+    killed and taken out of rotation while another lives (its requests fail with 503).
+    A dead child is ChildProcesses' watch."""
     while not server.should_exit:
         await asyncio.sleep(min(1.0, timeout / 4))
+        for rank in children.live_replicas():
+            age = children.heartbeat_age(rank)
+            if age > timeout and len(children.live_replicas()) > 1:
+                why = (f"data-parallel replica {rank} made no progress for {age:.0f} s "
+                       f"(--watchdog-timeout {timeout:g}); it was stopped")
+                logger.error("%s; serving on the other replicas", why)
+                children.retire(rank)
+                tm.retire_replica(rank, why)
         age = children.heartbeat_age()
         if age <= timeout:
             continue

@@ -95,7 +95,6 @@ REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
                                   "only rank 0 exists"),
     "data_parallel_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
                                       "only rank 0 exists"),
-    "routing_key": ((None,), "radixlm has no routing-key schedule policy"),
     "conversation_id": ((None,), "radixlm has no request tracing"),
     "external_trace_header": ((None,), "radixlm has no request tracing"),
     "background": (_OFF, "radixlm has no background responses (OpenAI Responses API)"),
@@ -223,6 +222,8 @@ class GenerateRequest(_Strict):
     extra_key: _per_item(str) = None
     cache_salt: _per_item(str) = None
     priority: int | None = None  # scheduling priority (--enable-priority-scheduling)
+    # --dp-size > 1: requests with the same key are served by the same replica (SGLang's)
+    routing_key: str | None = None
     # Prometheus labels of this request's metrics (--tokenizer-metrics-allowed-custom-labels)
     custom_labels: dict[str, str] | None = None
     log_metrics: bool = True  # false: left out of the request metrics (health checks)

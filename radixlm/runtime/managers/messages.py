@@ -24,6 +24,7 @@ class GenerateReqInput(msgspec.Struct, tag=True):
     return_text_in_logprobs: bool = False  # read by the detokenizer, not the scheduler
     priority: int = 0  # resolved by validation.request_priority; ordered by the policy
     token_ids_logprob: list[int] | None = None  # logprobs of these ids at each position
+    routing_key: str | None = None  # --dp-size > 1: requests with the same key share a replica
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -55,15 +56,18 @@ class UpdateWeightFromDiskOutput(msgspec.Struct, tag=True):
     message: str
     num_paused_requests: int = 0
     weight_version: str = ""  # the version served after this reply
+    dp_rank: int = 0  # the replica that answered (set by SchedulerIO)
 
 
 class InfoOutput(msgspec.Struct, tag=True):
     info: dict[str, Any]
+    dp_rank: int = 0
 
 
 class FlushCacheOutput(msgspec.Struct, tag=True):
     success: bool
     message: str = ""
+    dp_rank: int = 0
 
 
 class ReqOutput(msgspec.Struct, tag=True):
@@ -152,12 +156,32 @@ class SchedulerReady(msgspec.Struct, tag=True):
 
     info: dict[str, Any]
     model_info: dict[str, Any]
+    dp_rank: int = 0
+
+
+class ReplicaLoad(msgspec.Struct, tag=True):
+    """A replica's load, sent by its scheduler process whenever it changed (at most once a
+    loop turn): ``received`` counts the requests it has read so far, so the dispatcher
+    knows which of the ones it sent are already in ``num_reqs`` / ``num_tokens``."""
+
+    dp_rank: int
+    received: int
+    num_reqs: int  # running + waiting
+    num_tokens: int  # KV tokens in use + tokens of waiting requests (SGLang's /get_load)
+
+
+class ReplicaKVEvents(msgspec.Struct, tag=True):
+    """One step's radix-tree events of a replica, for the front end's cache-aware
+    dispatcher: ``batch`` is a ``kv_events.KVEventBatch`` in vLLM's wire format."""
+
+    dp_rank: int
+    batch: bytes
 
 
 Message = (
     GenerateReqInput | AbortReq | FlushCacheReq | GetInfoReq | InfoOutput | FlushCacheOutput
     | UpdateWeightFromDiskReq | UpdateWeightFromDiskOutput | BatchOutput | RegisterReqs
-    | TextBatch | SchedulerReady
+    | TextBatch | SchedulerReady | ReplicaLoad | ReplicaKVEvents
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -2,10 +2,14 @@
 
 PULL from the tokenizer manager (requests, aborts, control), PUSH to the detokenizer
 (outputs, replies). The loop is ``Scheduler.run_loop``; this file only supplies its I/O.
+With ``--dp-size N`` there are N of these processes (``dp_rank`` 0..N-1), each with its own
+model copy and pool; each stamps its replies with its rank and reports its load
+(``ReplicaLoad``) for the front end's dispatcher.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,15 +19,21 @@ from typing import Any
 import torch
 import zmq
 
+from radixlm.radix_cache.kv_events import KVEventBatch, encode_batch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.child_setup import setup_child
 from radixlm.runtime.managers.detokenizer import make_register
 from radixlm.runtime.managers.messages import (
     BatchOutput,
+    FlushCacheOutput,
     GenerateReqInput,
+    InfoOutput,
     RegisterReqs,
+    ReplicaKVEvents,
+    ReplicaLoad,
     SchedulerReady,
+    UpdateWeightFromDiskOutput,
     decode,
     encode,
 )
@@ -44,18 +54,22 @@ class SchedulerIO:
     """
 
     def __init__(self, scheduler: Scheduler, pull: zmq.Socket, push: zmq.Socket,
-                 heartbeat: Any) -> None:
+                 heartbeat: Any, dp_rank: int = 0) -> None:
         self.scheduler = scheduler
         self.pull = pull
         self.push = push
         self.heartbeat = heartbeat  # a shared double the server's watchdog reads
+        self.dp_rank = dp_rank
         self.arrivals: dict[str, float] = {}  # rid -> arrival, until admitted
         self.queue_times: list[float] = []
         self.last_recv = time.monotonic()
+        self.received = 0  # requests read so far (ReplicaLoad.received)
+        self._load: tuple[int, int, int] | None = None  # the last one reported
 
     def recv(self, block: bool) -> list[Any]:
         self.heartbeat.value = time.monotonic()  # the loop turned (at least every POLL_MS)
         self._note_admitted()
+        self._report_load()
         msgs: list[Any] = []
         if self.pull.poll(POLL_MS if block else 0):
             while True:
@@ -70,7 +84,22 @@ class SchedulerIO:
         self.last_recv = time.monotonic()
         for m in new:
             self.arrivals[m.rid] = self.last_recv
+        self.received += len(new)
         return msgs
+
+    def _report_load(self) -> None:
+        """Load after the last step, when it changed: every request read before this turn
+        is in it (``received``), none read in this turn."""
+        sched = self.scheduler
+        waiting = [*sched.waiting, *sched.grammar_waiting]
+        load = (self.received,
+                len(sched.running) + (sched.chunked_req is not None) + len(waiting)
+                + len(sched.held),
+                sched.cache.used_size() + sum(r.seq_len for r in waiting)
+                + sum(len(m.input_ids) for m in sched.held))
+        if load != self._load:
+            self._load = load
+            self.push.send(encode(ReplicaLoad(self.dp_rank, *load)))
 
     @staticmethod
     def _register(m: GenerateReqInput) -> Any:
@@ -87,21 +116,43 @@ class SchedulerIO:
         for rid in [r for r in self.arrivals if r not in waiting]:
             self.queue_times.append(max(self.last_recv - self.arrivals.pop(rid), 0.0))
 
+    def send_kv_events(self, batch: KVEventBatch) -> None:
+        """A sink of ``Scheduler.kv_event_sinks``: the step's events to the dispatcher."""
+        self.push.send(encode(ReplicaKVEvents(self.dp_rank, encode_batch(batch))))
+
     def send(self, obj: Any) -> None:
         if isinstance(obj, list):
             self._note_admitted()
             obj, self.queue_times = BatchOutput(obj, self.queue_times), []
+        elif isinstance(obj, REPLIES):
+            obj.dp_rank = self.dp_rank
         self.push.send(encode(obj))
+
+
+REPLIES = (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
+
+
+def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
+    """The settings of replica ``dp_rank``: on GPUs its own device, ``cuda:(base_gpu_id +
+    dp_rank)`` (SGLang's placement); on a CPU the same settings."""
+    on_cuda = args.device.startswith("cuda") or (args.device == "auto"
+                                                 and torch.cuda.is_available())
+    if not on_cuda or (args.dp_size == 1 and args.base_gpu_id == 0):
+        return args
+    return dataclasses.replace(args, device=f"cuda:{args.base_gpu_id + dp_rank}")
 
 
 def run_scheduler_process(
     args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int,
-    heartbeat: Any,
+    heartbeat: Any, dp_rank: int = 0,
 ) -> None:
     """Entry point of the scheduler process (started with the ``spawn`` method)."""
-    args = ServerArgs(**json.loads(args_json))
-    should_stop = setup_child("scheduler", parent_pid, args.log_level)
+    args = replica_args(ServerArgs(**json.loads(args_json)), dp_rank)
+    name = "scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}"
+    should_stop = setup_child(name, parent_pid, args.log_level)
     torch.set_num_threads(args.resolve_cpu_threads())
+    if args.device.startswith("cuda:"):
+        torch.cuda.set_device(args.device)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer)
     ctx = zmq.Context()
@@ -117,9 +168,9 @@ def run_scheduler_process(
         "pid": os.getpid(),
     }
     heartbeat.value = time.monotonic()
-    push.send(encode(SchedulerReady(scheduler.get_info(), model_info)))
+    push.send(encode(SchedulerReady(scheduler.get_info(), model_info, dp_rank)))
     try:
-        io = SchedulerIO(scheduler, pull, push, heartbeat)
+        io = SchedulerIO(scheduler, pull, push, heartbeat, dp_rank)
         scheduler.run_loop(io.recv, io.send, should_stop)
         logger.info("scheduler process stopping")
     finally:

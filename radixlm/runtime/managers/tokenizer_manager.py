@@ -23,6 +23,11 @@ import zmq.asyncio
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.sampling_params import SamplingParams
+from radixlm.runtime.managers.data_parallel_controller import (
+    DataParallelController,
+    NoReplica,
+    aggregate_infos,
+)
 from radixlm.runtime.managers.messages import (
     AbortReq,
     FlushCacheOutput,
@@ -30,6 +35,8 @@ from radixlm.runtime.managers.messages import (
     GenerateReqInput,
     GetInfoReq,
     InfoOutput,
+    ReplicaKVEvents,
+    ReplicaLoad,
     SchedulerReady,
     TextBatch,
     TextOutput,
@@ -109,7 +116,8 @@ class Prepared:
 
 class TokenizerManager:
     def __init__(
-        self, args: ServerArgs, model_path: str, tokenizer: Any, sched_addr: str, recv_addr: str
+        self, args: ServerArgs, model_path: str, tokenizer: Any, sched_addr: str | list[str],
+        recv_addr: str,
     ) -> None:
         self.args = args
         self.model_path = model_path
@@ -117,23 +125,23 @@ class TokenizerManager:
         self.metrics = ServerMetrics(args.tokenizer_metrics_allowed_custom_labels or (),
                                      args.served_model_name or model_path)
         self.request_log = RequestLog.from_args(args)
-        self._push_ctx = zmq.Context()
-        self._push = self._push_ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.SNDHWM, 0)
-        self._push.connect(sched_addr)
+        # one scheduler per data-parallel replica; requests go where the dispatcher says
+        self.dp = DataParallelController(
+            args, [sched_addr] if isinstance(sched_addr, str) else sched_addr)
         self._pull_ctx = zmq.asyncio.Context()
         self._pull = self._pull_ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)
         self._pull.bind(recv_addr)
         self.states: dict[str, ReqState] = {}
-        self._waiters: dict[type, collections.deque] = {
-            InfoOutput: collections.deque(),
-            FlushCacheOutput: collections.deque(),
-            UpdateWeightFromDiskOutput: collections.deque(),
+        self._waiters: dict[tuple[type, int], collections.deque] = {
+            (kind, rank): collections.deque()
+            for kind in (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
+            for rank in range(self.dp.dp_size)
         }
         self.weight_version = ""  # the scheduler's, known once it is ready
         self._update_lock = asyncio.Lock()  # one weight update at a time
         self.server_info: dict[str, Any] = {}  # the scheduler's info at startup
+        self.replica_model_info: dict[int, dict[str, Any]] = {}  # per dp_rank (pid, device)
         self.model_info: dict[str, Any] = {}
         self.draining = False
         self.unhealthy: str | None = None  # why, once the watchdog found the scheduler stuck
@@ -151,13 +159,22 @@ class TokenizerManager:
             if await self._pull.poll(200):
                 msg = decode(await self._pull.recv())
                 if isinstance(msg, SchedulerReady):
-                    self.server_info, self.model_info = msg.info, msg.model_info
-                    self.weight_version = msg.info.get("weight_version", "")
-                    self.limits = RequestLimits.from_args(
-                        self.args, msg.info["context_length"], msg.model_info["vocab_size"],
-                        msg.info["max_total_num_tokens"])
-                    return
+                    self.replica_model_info[msg.dp_rank] = msg.model_info
+                    if msg.dp_rank == 0:
+                        self._ready(msg)
+                    if len(self.replica_model_info) == self.dp.dp_size:
+                        return
+                elif isinstance(msg, ReplicaLoad):
+                    self.dp.balancer.on_load(msg)
         raise TimeoutError(f"the scheduler was not ready after {timeout} s")
+
+    def _ready(self, msg: SchedulerReady) -> None:
+        """Replica 0's info stands for the server's (the replicas have the same settings)."""
+        self.server_info, self.model_info = msg.info, msg.model_info
+        self.weight_version = msg.info.get("weight_version", "")
+        self.limits = RequestLimits.from_args(
+            self.args, msg.info["context_length"], msg.model_info["vocab_size"],
+            msg.info["max_total_num_tokens"])
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._recv_loop())
@@ -167,10 +184,14 @@ class TokenizerManager:
             msg = decode(await self._pull.recv())
             if isinstance(msg, TextBatch):
                 self._dispatch(msg)
-            elif type(msg) in self._waiters:
+            elif isinstance(msg, ReplicaLoad):
+                self.dp.balancer.on_load(msg)
+            elif isinstance(msg, ReplicaKVEvents):
+                self.dp.on_kv_events(msg)
+            elif (type(msg), getattr(msg, "dp_rank", 0)) in self._waiters:
                 if isinstance(msg, UpdateWeightFromDiskOutput):  # before any later output
                     self.weight_version = msg.weight_version
-                waiters = self._waiters[type(msg)]
+                waiters = self._waiters[(type(msg), msg.dp_rank)]
                 while waiters:
                     fut = waiters.popleft()
                     if not fut.done():
@@ -188,6 +209,7 @@ class TokenizerManager:
             self._observe(state, out, now)
             if out.finished:
                 state.finished = True
+                self.dp.balancer.finished(out.rid)
             state.queue.put_nowait(out)
 
     def _observe(self, state: ReqState, out: TextOutput, now: float) -> None:
@@ -224,9 +246,8 @@ class TokenizerManager:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self.request_log is not None:
             self.request_log.close()
-        self._push.close(linger=0)
+        self.dp.close()
         self._pull.close(linger=0)
-        self._push_ctx.term()
         self._pull_ctx.term()
 
     # --- requests ---------------------------------------------------------------------------
@@ -349,7 +370,10 @@ class TokenizerManager:
     def _send_req(self, msg: GenerateReqInput, data: bytes,
                   labels: tuple[str, ...] | None = ()) -> ReqState:
         state = ReqState(msg, labels=labels)
-        self._push.send(data)
+        try:
+            self.dp.send_req(msg, data)
+        except NoReplica as e:
+            raise ApiError(503, f"{e}: {self.dp.dead}", "service_unavailable") from None
         self.states[msg.rid] = state
         return state
 
@@ -422,7 +446,7 @@ class TokenizerManager:
         return builder
 
     def abort(self, rid: str) -> None:
-        self._push.send(encode(AbortReq(rid)))
+        self.dp.abort(rid)
 
     def abort_prefix(self, rid: str) -> None:
         """SGLang's ``/abort_request`` with a rid: every request whose rid starts with it
@@ -431,7 +455,23 @@ class TokenizerManager:
             self.abort(known)
 
     def abort_all(self) -> None:
-        self._push.send(encode(AbortReq("", abort_all=True)))
+        self.dp.broadcast(encode(AbortReq("", abort_all=True)))
+
+    def retire_replica(self, rank: int, why: str) -> None:
+        """A data-parallel replica died: its requests fail with a 503 that says which and
+        why, control calls stop waiting for it, the others keep serving."""
+        reason = {"type": "abort", "message": f"{why}; the request was lost with it",
+                  "status_code": 503}
+        for rid in self.dp.retire(rank, why):
+            state = self.states.get(rid)
+            if state is not None:
+                state.queue.put_nowait(TextOutput(rid, "", [], len(state.msg.input_ids), 0, 0,
+                                                  finish_reason=reason))
+        for (_, r), waiters in self._waiters.items():
+            while r == rank and waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(ApiError(503, why, "service_unavailable"))
 
     def fail_all(self, status: int, message: str) -> None:
         """End every in-flight request with an error (the scheduler is not answering)."""
@@ -442,17 +482,36 @@ class TokenizerManager:
 
     # --- control ------------------------------------------------------------------------------
     async def _call(self, msg: Any, reply_type: type,
-                    timeout: float | None = CONTROL_TIMEOUT_S) -> Any:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters[reply_type].append(fut)
-        self._push.send(encode(msg))
-        return await asyncio.wait_for(fut, timeout)
+                    timeout: float | None = CONTROL_TIMEOUT_S) -> list[Any]:
+        """``msg`` to every live replica; their replies in rank order (a replica that dies
+        meanwhile is left out; 503 when none is left)."""
+        loop = asyncio.get_running_loop()
+        futs = []
+        data = encode(msg)
+        for rank in self.dp.live():
+            futs.append(loop.create_future())
+            self._waiters[(reply_type, rank)].append(futs[-1])
+            self.dp.send_to(rank, data)
+        replies = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), timeout)
+        ok = [r for r in replies if not isinstance(r, BaseException)]
+        if not ok:
+            raise ApiError(503, f"every data-parallel replica is dead: {self.dp.dead}",
+                           "service_unavailable")
+        return ok
 
     async def get_info(self) -> dict[str, Any]:
-        return (await self._call(GetInfoReq(), InfoOutput)).info
+        """The server's info; with several replicas, summed over them (``replica_infos``)."""
+        return aggregate_infos([o.info for o in await self._call(GetInfoReq(), InfoOutput)])
+
+    async def replica_infos(self) -> list[dict[str, Any]]:
+        """Each live replica's info, with its ``dp_rank``."""
+        return [{"dp_rank": o.dp_rank, **o.info}
+                for o in await self._call(GetInfoReq(), InfoOutput)]
 
     async def flush_cache(self) -> FlushCacheOutput:
-        return await self._call(FlushCacheReq(), FlushCacheOutput)
+        outs = await self._call(FlushCacheReq(), FlushCacheOutput)
+        return FlushCacheOutput(all(o.success for o in outs),
+                                "; ".join(o.message for o in outs if o.message))
 
     async def update_weights_from_disk(self, msg: UpdateWeightFromDiskReq
                                        ) -> UpdateWeightFromDiskOutput:
@@ -460,7 +519,8 @@ class TokenizerManager:
         answers once the requests ahead of the update are done (the watchdog covers a
         stuck scheduler)."""
         async with self._update_lock:
-            out = await self._call(msg, UpdateWeightFromDiskOutput, timeout=None)
+            outs = await self._call(msg, UpdateWeightFromDiskOutput, timeout=None)
+        out = next((o for o in outs if not o.success), outs[0])
         if out.success:
             self.model_path = msg.model_path
         return out
