@@ -21,8 +21,8 @@ from radixlm.frontend_dsl.tracer import extract_prefix
 
 
 def set_default_backend(backend: Any) -> None:
-    """The backend programs run on when ``run(backend=...)`` is not given."""
-    global_config.default_backend = as_backend(backend)
+    """The backend programs run on when ``run(backend=...)`` is not given (None: none)."""
+    global_config.default_backend = None if backend is None else as_backend(backend)
 
 
 def get_default_backend() -> Backend | None:

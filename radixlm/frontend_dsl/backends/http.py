@@ -1,8 +1,7 @@
 """The HTTP backend: a radixlm (or SGLang) server through its native API.
 
-``RuntimeEndpoint(base_url, api_key=None)`` talks to a running server; ``Runtime(...)``
-starts ``radixlm serve`` in a subprocess, waits for ``/health`` and is itself an
-endpoint. The chat template comes from ``GET /get_model_info`` (field
+``RuntimeEndpoint(base_url, api_key=None)`` talks to a running server (``Runtime``, in
+``runtime.py``, starts one). The chat template comes from ``GET /get_model_info`` (field
 ``chat_template``, the Jinja source); without it a named template is used.
 """
 
@@ -10,11 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,94 +157,3 @@ def _sse_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
         if "error" in chunk:
             raise BackendError(f"the server reported an error mid-stream: {chunk['error']}")
         yield chunk
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Runtime(RuntimeEndpoint):
-    """Starts ``radixlm serve`` in a subprocess; a backend until ``shutdown()``.
-
-    Keyword arguments are server flags: ``Runtime(page_size=4, max_total_tokens=8192)``."""
-
-    def __init__(
-        self,
-        model_path: str | None = None,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        api_key: str | None = None,
-        launch_timeout: float = 300.0,
-        log_level: str = "error",
-        **server_args: Any,
-    ) -> None:
-        self.port = port or free_port()
-        self.url = f"http://{host}:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "radixlm.launch_server",
-            "--host",
-            host,
-            "--port",
-            str(self.port),
-        ]
-        if model_path:
-            cmd += ["--model-path", model_path]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        cmd += ["--log-level", log_level, *_flags(server_args)]
-        # a file, not a pipe: a chatty server must never block on a full pipe buffer
-        self._log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        super().__init__(self.url, api_key=api_key)
-        try:
-            self._wait_healthy(launch_timeout)
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self._log.seek(0)
-                err = self._log.read().decode(errors="replace")
-                raise BackendError(
-                    f"radixlm serve exited with code {self.process.returncode}:\n{err[-2000:]}"
-                )
-            try:
-                if self.client.get("/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"radixlm serve did not become healthy within {timeout} s")
-
-    @property
-    def endpoint(self) -> RuntimeEndpoint:
-        return self
-
-    def shutdown(self) -> None:
-        super().shutdown()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
-def _flags(server_args: dict[str, Any]) -> list[str]:
-    out = []
-    for key, value in server_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value not in (False, None):
-            out += [flag, str(value)]
-    return out
