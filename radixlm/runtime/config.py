@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,62 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
 RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """``--kv-events-config`` parsed: vLLM's ``KVEventsConfig`` fields (SGLang's too, plus its
+    ``bind``). Events are published when ``publisher`` is "zmq" (given, or implied by
+    ``enable_kv_cache_events``) and ``enable_kv_cache_events`` is not false. ``endpoint``
+    binds on loopback by default (vLLM's default ``tcp://*:5557`` listens on every
+    interface); replica ``r`` of ``--dp-size`` uses port + r (vLLM's and SGLang's rule)."""
+
+    enable_kv_cache_events: bool | None = None
+    publisher: str | None = None
+    endpoint: str = "tcp://127.0.0.1:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+    bind: bool | None = None
+
+    @property
+    def publishing(self) -> bool:
+        kind = self.publisher or ("zmq" if self.enable_kv_cache_events else "null")
+        return kind == "zmq" and self.enable_kv_cache_events is not False
+
+    @classmethod
+    def from_json(cls, text: str) -> KVEventsConfig:
+        """Parse and check the flag's JSON; ValueError names the key and the limit."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"kv_events_config is not JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError("kv_events_config must be a JSON object")
+        hints = get_type_hints(cls)
+        unknown = sorted(set(raw) - set(hints))
+        if unknown:
+            raise ValueError(f"kv_events_config: unknown key(s) {unknown}; valid: {sorted(hints)}")
+        for key, value in raw.items():
+            kinds = getattr(hints[key], "__args__", (hints[key],))
+            if not any(type(value) is k or (value is None and k is type(None)) for k in kinds):
+                name = " | ".join(getattr(k, "__name__", str(k)) for k in kinds)
+                raise ValueError(f"kv_events_config: {key} must be {name}, got {value!r}")
+        cfg = cls(**raw)
+        if cfg.publisher not in (None, "zmq", "null"):
+            raise ValueError(f"kv_events_config: publisher must be zmq or null, "
+                             f"got {cfg.publisher!r}")
+        for key in ("buffer_steps", "hwm", "max_queue_size"):
+            if getattr(cfg, key) < 1:
+                raise ValueError(f"kv_events_config: {key} must be >= 1, got {getattr(cfg, key)}")
+        for key in ("endpoint", "replay_endpoint"):
+            value = getattr(cfg, key)
+            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"kv_events_config: {key} must be tcp://, ipc:// or inproc://, "
+                                 f"got {value!r}")
+        return cfg
 
 
 @dataclass(frozen=True)
@@ -133,6 +190,11 @@ class ServerArgs:
     enable_metrics: bool = field(default=False, metadata={
         "help": "SGLang's flag, accepted for its command lines: radixlm always serves /metrics"})
     decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
+    kv_events_config: str | None = field(default=None, metadata={
+        "help": "JSON (vLLM's and SGLang's flag): publish the radix tree's BlockStored / "
+                "BlockRemoved / AllBlocksCleared events in vLLM's wire format on a zmq PUB "
+                'socket, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", '
+                '"replay_endpoint": "tcp://127.0.0.1:5558"}\'; keys: vLLM\'s KVEventsConfig'})
     tp_size: int = field(default=1, metadata={"help": "tensor parallel size (only 1)"})
     dp_size: int = field(default=1, metadata={
         "help": "data parallel replicas: scheduler processes, each with its own model copy and "
@@ -208,6 +270,8 @@ class ServerArgs:
                  and not name.startswith("__") and name != "finish_reason",
                  f"tokenizer_metrics_allowed_custom_labels: {name!r} is not a usable "
                  "Prometheus label name")
+        if self.kv_events_config is not None:
+            KVEventsConfig.from_json(self.kv_events_config)
         need(self.tp_size == 1, "tp_size other than 1 is not supported")
         need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
         need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")
@@ -226,6 +290,13 @@ class ServerArgs:
         with ``dp_size`` replicas each gets its share (at least one)."""
         total = self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
         return max(total // self.dp_size, 1)
+
+    def kv_events(self) -> KVEventsConfig | None:
+        """The parsed ``kv_events_config`` when it publishes, else None."""
+        if self.kv_events_config is None:
+            return None
+        cfg = KVEventsConfig.from_json(self.kv_events_config)
+        return cfg if cfg.publishing else None
 
     @property
     def mixed_chunk(self) -> bool:

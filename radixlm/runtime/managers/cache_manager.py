@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.radix_cache.allocator import PagedAllocator
+from radixlm.radix_cache.kv_events import KVEventRecorder
 from radixlm.radix_cache.kv_pool import ReqToTokenPool
 from radixlm.radix_cache.radix_tree import RadixCache
 from radixlm.runtime.managers.schedule_batch import Req
@@ -28,14 +29,14 @@ def _ceil_to(n: int, page: int) -> int:
 class CacheManager:
     def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
                  disable_radix_cache: bool, device: torch.device,
-                 eviction_policy: str = "lru") -> None:
+                 eviction_policy: str = "lru", events: KVEventRecorder | None = None) -> None:
         self.page_size = page_size
         self.pool_size = pool_size
         self.allocator = PagedAllocator(pool_size, page_size, device=device)
         self.req_to_token_pool = ReqToTokenPool(
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
-                               eviction_policy=eviction_policy)
+                               eviction_policy=eviction_policy, events=events)
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
         self.evicted_tokens = 0  # freed by eviction since start (a metric)

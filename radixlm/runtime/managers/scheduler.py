@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, KVEventRecorder
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -51,6 +52,12 @@ ABORT_RUNNING = {"type": "abort", "message": "Aborted", "status_code": None, "er
 ABORT_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
 
 
+def wants_kv_events(args: ServerArgs) -> bool:
+    """Events are recorded when published, or when a cache-aware dispatcher reads them."""
+    return args.kv_events() is not None or (
+        args.dp_size > 1 and args.load_balance_method == "cache_aware")
+
+
 class Scheduler:
     def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any) -> None:
         self.args = args
@@ -60,9 +67,15 @@ class Scheduler:
         pool = self.model_runner.pool_size
         self.max_running_requests = args.max_running_requests or min(
             DEFAULT_MAX_RUNNING_REQUESTS, max(pool // 8, 1))
+        # the tree's KV events: published (--kv-events-config) and/or read by the dispatcher
+        self.kv_events = (KVEventRecorder(args.page_size, MEDIUM_GPU if self.model_runner.device
+                                          .type == "cuda" else MEDIUM_CPU)
+                          if wants_kv_events(args) else None)
+        self.kv_event_sinks: list[Callable[[KVEventBatch], Any]] = []
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
                                   self.context_len, args.disable_radix_cache,
-                                  self.model_runner.device, args.radix_eviction_policy)
+                                  self.model_runner.device, args.radix_eviction_policy,
+                                  self.kv_events)
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling
@@ -109,6 +122,7 @@ class Scheduler:
             return self.request_weight_update(msg)
         if isinstance(msg, FlushCacheReq):
             ok = self.is_idle() and self.cache.flush()
+            self.emit_kv_events()  # now, not at the next step: an idle Engine may not step
             return FlushCacheOutput(ok, "" if ok else "requests are running; cache not flushed")
         if isinstance(msg, GetInfoReq):
             info = self.get_info()
@@ -485,4 +499,14 @@ class Scheduler:
             self.check_idle_invariants(deep=False)
         elif self.grammar_waiting and not (self.waiting or self.running):
             time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+        self.emit_kv_events()
         return bool(outs)
+
+    def emit_kv_events(self) -> None:
+        """Hand this turn's tree events, as one batch, to every sink (once per step)."""
+        if self.kv_events is None or not self.kv_events.pending():
+            return
+        batch = self.kv_events.take_batch()
+        assert batch is not None
+        for sink in self.kv_event_sinks:
+            sink(batch)

@@ -24,6 +24,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.child_setup import setup_child
 from radixlm.runtime.managers.detokenizer import make_register
+from radixlm.runtime.managers.kv_event_publisher import attach_publisher
 from radixlm.runtime.managers.messages import (
     BatchOutput,
     FlushCacheOutput,
@@ -155,6 +156,7 @@ def run_scheduler_process(
         torch.cuda.set_device(args.device)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer)
+    publisher = attach_publisher(scheduler, dp_rank)  # --kv-events-config
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(in_addr)
@@ -177,3 +179,5 @@ def run_scheduler_process(
         pull.close(linger=0)
         push.close(linger=100)
         ctx.term()
+        if publisher is not None:
+            publisher.shutdown()
