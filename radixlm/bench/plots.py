@@ -1,8 +1,8 @@
 """PNG plots of benchmark runs (matplotlib's Agg canvas; no display, no pyplot state).
 
 - ``latency_cdf.png``: the empirical CDFs of TTFT, TPOT, ITL and E2E, one line per run.
-- ``rate_sweep.png`` (two or more finite request rates): output and request throughput,
-  and p99 TTFT / TPOT / ITL / E2E, against the request rate.
+- ``rate_sweep.png`` (two or more finite request rates): output and request throughput
+  (and goodput under ``--slo``), and p99 TTFT / TPOT / ITL / E2E, against the request rate.
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ def plot_rate_sweep(runs: Sequence[Run], path: Path) -> Path:
     twin = left.twinx()
     twin.plot(rates, [r.metrics.request_throughput for r in finite], "s--", color="tab:orange",
               label="completed req/s")
-    twin.set_ylabel("request throughput (req/s)")
+    if all(r.metrics.goodput is not None for r in finite):
+        twin.plot(rates, [r.metrics.goodput.request_goodput for r in finite], "^:",
+                  color="tab:green", label="goodput req/s")
+    twin.set_ylabel("requests per second")
     left.legend(loc="upper left", fontsize="small")
     twin.legend(loc="lower right", fontsize="small")
     for name in ("ttft", "tpot", "itl", "e2e"):
@@ -89,6 +92,12 @@ def plot_rate_sweep(runs: Sequence[Run], path: Path) -> Path:
     right.legend(fontsize="small")
     for ax in (left, right):
         ax.grid(alpha=0.3)
+        if rates[-1] / rates[0] >= 8:  # doubling sweeps read best on a log axis
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(rates, [f"{r:g}" for r in rates])
+            ax.minorticks_off()
+    left.set_ylim(bottom=0)
+    twin.set_ylim(bottom=0)
     fig.suptitle("Throughput and p99 latency against request rate")
     return _save(fig, path)
 
