@@ -1,0 +1,543 @@
+"""The KV transfer between a prefill server and a decode server: states, wire messages,
+and the manager that drives one side's transfers over a pluggable transport.
+
+One transfer is one *room* (SGLang's ``bootstrap_room``: a random 63-bit id the router
+puts in both copies of a request). Its life, on each side (SGLang's ``KVPoll``)::
+
+    prefill (KVSender)                          decode (KVReceiver)
+    Bootstrapping   no claim for the room yet   Bootstrapping   asking the prefill's
+                                                                bootstrap service for its
+                                                                transfer endpoint
+    WaitingForInput decode claimed it (prefix,  WaitingForInput route known; then the
+                    token count): compute       metadata (claim) sent, pages reserved
+    Transferring    pages + first token sent,   Transferring    chunks arriving
+                    waiting for the ack
+    Success         decode acknowledged         Success         last chunk written, ack sent
+    Failed          timeout, abort, bad peer    Failed          timeout, abort, bad data
+
+Every state but Success and Failed has a deadline (``--disaggregation-bootstrap-timeout``
+while bootstrapping, ``--disaggregation-waiting-timeout`` once the claim is out), so a
+room that is never claimed, a peer that dies mid-transfer or a prefill that never answers
+ends in Failed and its owner frees its pages. All state changes happen in the scheduler's
+thread (``KVManager.poll``); a transport only moves bytes and queues what it received.
+
+Data: each ``KVChunk`` message is followed by ``2 * num_layers`` frames, K then V of each
+layer, each ``[num_tokens, num_kv_heads, head_dim]`` in the pool's dtype; chunks start on
+page boundaries and hold whole pages (the last page may be partly filled: its tail is
+whatever the prefill's pool held there, never read by attention).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import msgspec
+import torch
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 << 20  # one KVChunk message carries at most this much K/V (whole pages)
+ROOM_LIMIT = 2**63  # rooms are in [0, 2**63), as sglang-router draws them
+
+
+class KVPoll(enum.IntEnum):
+    """SGLang's transfer states, same numbers."""
+
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+# --- wire messages (msgpack; never pickle) -----------------------------------------------------
+class KVLayout(msgspec.Struct, frozen=True):
+    """What both sides must agree on for pages to be copied slot for slot."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+
+
+class RouteQuery(msgspec.Struct, tag=True):
+    """decode -> prefill's bootstrap service: where is your transfer endpoint?"""
+
+
+class RouteInfo(msgspec.Struct, tag=True):
+    """bootstrap service -> decode: the transfer port (on the same host) and the layout."""
+
+    transfer_port: int
+    layout: KVLayout
+
+
+class Claim(msgspec.Struct, tag=True):
+    """decode -> prefill: send room ``room``'s prompt KV from position ``prefix_len`` (the
+    decode side's cached, page-aligned prefix): ``num_tokens`` slots are reserved."""
+
+    room: int
+    prompt_len: int
+    prefix_len: int
+    num_tokens: int
+
+
+class KVChunk(msgspec.Struct, tag=True):
+    """prefill -> decode: tokens ``offset .. offset + num_tokens`` of the claimed range, then
+    2 * num_layers frames; the last chunk carries the first sampled token."""
+
+    room: int
+    offset: int
+    num_tokens: int
+    last: bool
+    first_token: int | None = None
+
+
+class Ack(msgspec.Struct, tag=True):
+    """decode -> prefill: every chunk of ``room`` is in place."""
+
+    room: int
+
+
+class Abort(msgspec.Struct, tag=True):
+    """either way: the room is dead, and why."""
+
+    room: int
+    reason: str
+
+
+WireMsg = RouteQuery | RouteInfo | Claim | KVChunk | Ack | Abort
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(WireMsg)
+
+
+def encode(msg: WireMsg) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | memoryview) -> WireMsg:
+    return _decoder.decode(data)
+
+
+# --- the pool's K/V buffers -------------------------------------------------------------------
+class KVBuffers:
+    """The per-layer K and V buffers of one side's pool (``KVPool.k_buffers`` /
+    ``v_buffers``): ``gather`` reads slots into frames, ``scatter`` writes frames to slots."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], page_size: int) -> None:
+        assert len(k) == len(v) and k, f"{len(k)} K buffers, {len(v)} V buffers"
+        self.k, self.v, self.page_size = k, v, page_size
+        _, heads, dim = k[0].shape
+        self.layout = KVLayout(len(k), heads, dim, str(k[0].dtype).removeprefix("torch."),
+                               page_size)
+        self.token_bytes = heads * dim * k[0].element_size()
+
+    def chunk_tokens(self) -> int:
+        """Tokens per KVChunk: whole pages, about CHUNK_BYTES of K and V over all layers."""
+        per_page = 2 * len(self.k) * self.token_bytes * self.page_size
+        return max(CHUNK_BYTES // per_page, 1) * self.page_size
+
+    def gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """[K_0, V_0, K_1, V_1, ...] at ``slots``, each [n, heads, dim], contiguous, on CPU."""
+        idx = slots.to(self.k[0].device)
+        frames = []
+        for k, v in zip(self.k, self.v):
+            frames += [k[idx].cpu().contiguous(), v[idx].cpu().contiguous()]
+        return frames
+
+    def scatter(self, slots: torch.Tensor, frames: list[torch.Tensor]) -> None:
+        """Write frames as ``gather`` made them into ``slots``."""
+        idx = slots.to(self.k[0].device)
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            k[idx] = frames[2 * layer].to(k.device)
+            v[idx] = frames[2 * layer + 1].to(v.device)
+
+
+# --- transports ---------------------------------------------------------------------------------
+Peer = Hashable  # prefill side: who claimed (a transport's id); decode side: (host, port)
+
+
+class Event(msgspec.Struct):
+    """What a transport received: ``msg`` from ``peer`` (+ frames for a KVChunk), or, with
+    ``msg`` None, that ``peer`` is unreachable (``error`` says why)."""
+
+    peer: Any
+    msg: Any = None
+    frames: list[Any] = msgspec.field(default_factory=list)
+    error: str | None = None
+
+
+class Transport(ABC):
+    """Moves wire messages between the two sides; never touches a transfer's state.
+
+    ``send`` / ``resolve`` / ``forget`` are called from the scheduler's thread and return
+    at once; whatever arrives is queued in ``inbox`` for ``KVManager.poll``."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[Event] = queue.Queue()
+        self.wakeup = threading.Event()  # set with every event: the scheduler may nap on it
+
+    def deliver(self, event: Event) -> None:
+        self.inbox.put(event)
+        self.wakeup.set()
+
+    @abstractmethod
+    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
+        """Send ``msg`` (and its frames) to ``peer``."""
+
+    @abstractmethod
+    def resolve(self, host: str, port: int) -> None:
+        """Decode side: ask the bootstrap service at host:port for its RouteInfo; the answer
+        arrives as an Event from peer ``(host, port)`` (RouteInfo, or an error)."""
+
+    def forget(self, peer: Peer) -> None:
+        """Decode side: drop the connection to ``peer`` (it timed out); the next resolve
+        starts afresh."""
+        return None
+
+    def close(self) -> None:
+        """Stop I/O; nothing is delivered afterwards."""
+        return None
+
+
+# --- one transfer, each side -------------------------------------------------------------------
+class _Transfer:
+    def __init__(self, manager: KVManager, room: int, deadline: float) -> None:
+        self.manager = manager
+        self.room = room
+        self.state = KVPoll.Bootstrapping
+        self.reason = ""
+        self.deadline: float | None = deadline
+
+    def poll(self) -> KVPoll:
+        return self.state
+
+    def failure_reason(self) -> str:
+        return self.reason
+
+    def _fail(self, reason: str) -> None:
+        if self.state not in (KVPoll.Success, KVPoll.Failed):
+            self.state, self.reason, self.deadline = KVPoll.Failed, reason, None
+            logger.warning("KV transfer of room %d failed: %s", self.room, reason)
+
+    def _to(self, state: KVPoll, timeout: float | None) -> None:
+        self.state = state
+        self.deadline = None if timeout is None else self.manager.clock() + timeout
+
+
+class KVSender(_Transfer):
+    """Prefill side of one room: waits for the decode's claim, sends the pages and the
+    first token, then waits for the ack."""
+
+    def __init__(self, manager: KVManager, room: int, deadline: float) -> None:
+        super().__init__(manager, room, deadline)
+        self.peer: Peer | None = None
+        self.claim: Claim | None = None
+
+    @property
+    def decode_prefix_len(self) -> int:
+        assert self.claim is not None, f"room {self.room} not claimed"
+        return self.claim.prefix_len
+
+    def send(self, slots: torch.Tensor, first_token: int, prompt_len: int) -> None:
+        """Ship the pool's ``slots`` (prompt positions ``decode_prefix_len ..``, whole pages)
+        and the first token; the transfer fails (never raises) if they do not fit the claim."""
+        claim = self.claim
+        assert self.state == KVPoll.WaitingForInput and claim is not None, (
+            f"send on room {self.room} in state {self.state.name}")
+        if claim.prompt_len != prompt_len or claim.num_tokens != len(slots):
+            self.abort(f"the decode server expects {claim.num_tokens} tokens of a "
+                       f"{claim.prompt_len}-token prompt; the prefill server has "
+                       f"{len(slots)} of {prompt_len} (tokenized differently?)")
+            return
+        step = self.manager.buffers.chunk_tokens()
+        starts = range(0, max(len(slots), 1), step)
+        for start in starts:
+            part = slots[start: start + step]
+            last = start + step >= len(slots)
+            head = KVChunk(self.room, start, len(part), last, first_token if last else None)
+            self.manager.transport.send(self.peer, head, self.manager.buffers.gather(part))
+        self.manager.sent_tokens += len(slots)
+        self._to(KVPoll.Transferring, self.manager.waiting_timeout)
+
+    def abort(self, reason: str = "aborted by the prefill server") -> None:
+        if self.state in (KVPoll.Success, KVPoll.Failed):
+            return
+        if self.peer is not None:
+            self.manager.transport.send(self.peer, Abort(self.room, reason))
+        self._fail(reason)
+
+    def clear(self) -> None:
+        self.manager.senders.pop(self.room, None)
+
+
+class KVReceiver(_Transfer):
+    """Decode side of one room: resolves the prefill's endpoint, claims the room with the
+    reserved slots, writes the chunks into them, and keeps the first token."""
+
+    def __init__(self, manager: KVManager, room: int, addr: tuple[str, int],
+                 deadline: float) -> None:
+        super().__init__(manager, room, deadline)
+        self.addr = addr
+        self.slots: torch.Tensor | None = None
+        self.first_token: int | None = None
+        self.received = 0  # tokens written so far
+
+    @property
+    def metadata_sent(self) -> bool:
+        return self.slots is not None
+
+    def send_metadata(self, slots: torch.Tensor, prefix_len: int, prompt_len: int) -> None:
+        """Claim the room: ``slots`` (this pool's, prompt positions ``prefix_len ..``, whole
+        pages) receive the prefill's pages."""
+        assert self.state == KVPoll.WaitingForInput and self.slots is None, (
+            f"send_metadata on room {self.room} in state {self.state.name}")
+        self.slots = slots
+        self.manager.transport.send(self.addr, Claim(self.room, prompt_len, prefix_len,
+                                                     len(slots)))
+        self._to(KVPoll.WaitingForInput, self.manager.waiting_timeout)
+
+    def abort(self, reason: str = "aborted by the decode server") -> None:
+        if self.state in (KVPoll.Success, KVPoll.Failed):
+            return
+        if self.slots is not None:  # the prefill knows the room only once claimed
+            self.manager.transport.send(self.addr, Abort(self.room, reason))
+        self._fail(reason)
+
+    def clear(self) -> None:
+        self.manager.receivers.pop(self.room, None)
+
+    def _on_chunk(self, chunk: KVChunk, frames: list[Any]) -> None:
+        if self.slots is None or self.state not in (KVPoll.WaitingForInput,
+                                                    KVPoll.Transferring):
+            return
+        problem = self.manager.check_chunk(chunk, frames, len(self.slots), self.received)
+        if problem is not None:
+            self.abort(f"bad KV chunk from the prefill server: {problem}")
+            return
+        part = self.slots[chunk.offset: chunk.offset + chunk.num_tokens]
+        self.manager.buffers.scatter(part, self.manager.frames_to_tensors(frames, len(part)))
+        self.received += chunk.num_tokens
+        self.manager.received_tokens += chunk.num_tokens
+        if not chunk.last:
+            self._to(KVPoll.Transferring, self.manager.waiting_timeout)
+            return
+        if self.received != len(self.slots) or chunk.first_token is None:
+            self.abort(f"the prefill server sent {self.received} of {len(self.slots)} "
+                       "tokens, or no first token")
+            return
+        self.first_token = chunk.first_token
+        self.manager.transport.send(self.addr, Ack(self.room))
+        self._to(KVPoll.Success, None)
+
+
+# --- the manager --------------------------------------------------------------------------------
+class KVManager:
+    """One server's transfers (``mode`` "prefill": senders; "decode": receivers) over one
+    transport. ``poll`` (scheduler thread, once a loop turn) applies what arrived and ends
+    transfers past their deadline."""
+
+    def __init__(self, mode: str, buffers: KVBuffers, transport: Transport,
+                 bootstrap_timeout: float, waiting_timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        assert mode in ("prefill", "decode"), f"mode {mode!r}"
+        self.mode, self.buffers, self.transport = mode, buffers, transport
+        self.bootstrap_timeout, self.waiting_timeout = bootstrap_timeout, waiting_timeout
+        self.clock = clock
+        self.senders: dict[int, KVSender] = {}
+        self.receivers: dict[int, KVReceiver] = {}
+        # prefill: claims that came before their request, with their arrival time
+        self.early_claims: dict[int, tuple[Peer, Claim, float]] = {}
+        # decode: (host, port) -> RouteInfo, or the time it was asked for
+        self.routes: dict[tuple[str, int], RouteInfo | float] = {}
+        self.sent_tokens = self.received_tokens = 0
+
+    # --- creation ---------------------------------------------------------------------
+    def create_sender(self, room: int) -> KVSender:
+        assert self.mode == "prefill", "senders live on the prefill server"
+        sender = KVSender(self, room, self.clock() + self.bootstrap_timeout)
+        if room in self.senders:
+            sender._fail(f"bootstrap_room {room} is already in use on this prefill server")
+            return sender
+        self.senders[room] = sender
+        early = self.early_claims.pop(room, None)
+        if early is not None:
+            self._claimed(sender, early[0], early[1])
+        return sender
+
+    def create_receiver(self, host: str, port: int, room: int) -> KVReceiver:
+        assert self.mode == "decode", "receivers live on the decode server"
+        addr = (host, port)
+        receiver = KVReceiver(self, room, addr, self.clock() + self.bootstrap_timeout)
+        if room in self.receivers:
+            receiver._fail(f"bootstrap_room {room} is already in use on this decode server")
+            return receiver
+        self.receivers[room] = receiver
+        route = self.routes.get(addr)
+        if isinstance(route, RouteInfo):
+            receiver._to(KVPoll.WaitingForInput, None)
+        elif route is None:
+            self.routes[addr] = self.clock()
+            self.transport.resolve(host, port)
+        return receiver
+
+    # --- the scheduler's turn -----------------------------------------------------------
+    def poll(self) -> None:
+        while True:
+            try:
+                event = self.transport.inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._apply(event)
+        self._expire(self.clock())
+
+    def wait(self, timeout: float) -> None:
+        """Nap until something arrives (or ``timeout``): the scheduler has nothing to run."""
+        if self.transport.inbox.empty():
+            self.transport.wakeup.wait(timeout)
+        self.transport.wakeup.clear()
+
+    def busy(self) -> bool:
+        return bool(self.senders or self.receivers)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def _apply(self, ev: Event) -> None:
+        msg = ev.msg
+        if msg is None:
+            self._peer_gone(ev.peer, ev.error or "unreachable")
+        elif isinstance(msg, RouteInfo):
+            self._route(ev.peer, msg)
+        elif isinstance(msg, Claim):
+            self._claim(ev.peer, msg)
+        elif isinstance(msg, KVChunk):
+            receiver = self.receivers.get(msg.room)
+            if receiver is not None and receiver.addr == ev.peer:
+                receiver._on_chunk(msg, ev.frames)
+        elif isinstance(msg, Ack):
+            sender = self.senders.get(msg.room)
+            if sender is not None and sender.peer == ev.peer and \
+                    sender.state == KVPoll.Transferring:
+                sender._to(KVPoll.Success, None)
+        elif isinstance(msg, Abort):
+            self._peer_abort(ev.peer, msg)
+
+    def _claim(self, peer: Peer, claim: Claim) -> None:
+        sender = self.senders.get(claim.room)
+        if sender is None:
+            self.early_claims[claim.room] = (peer, claim, self.clock())
+        elif sender.claim is not None or sender.state != KVPoll.Bootstrapping:
+            self.transport.send(peer, Abort(claim.room, f"room {claim.room} was already "
+                                                        "claimed or is closed"))
+        else:
+            self._claimed(sender, peer, claim)
+
+    def _claimed(self, sender: KVSender, peer: Peer, claim: Claim) -> None:
+        sender.peer, sender.claim = peer, claim
+        page = self.buffers.page_size
+        if claim.prefix_len % page or claim.num_tokens % page or claim.prefix_len < 0:
+            sender.abort(f"claim of room {claim.room} is not page-aligned (page size {page})")
+            return
+        sender._to(KVPoll.WaitingForInput, None)
+
+    def _route(self, addr: Any, info: RouteInfo) -> None:
+        if info.layout != self.buffers.layout:
+            self._peer_gone(addr, f"the prefill server's KV layout {info.layout} differs "
+                                  f"from this decode server's {self.buffers.layout}")
+            return
+        self.routes[addr] = info
+        for r in self.receivers.values():
+            if r.addr == addr and r.state == KVPoll.Bootstrapping:
+                r._to(KVPoll.WaitingForInput, None)
+
+    def _peer_abort(self, peer: Peer, msg: Abort) -> None:
+        if self.mode == "prefill":
+            self.early_claims.pop(msg.room, None)
+            sender = self.senders.get(msg.room)
+            if sender is not None and sender.peer == peer:
+                sender._fail(f"the decode server aborted the transfer: {msg.reason}")
+        else:
+            receiver = self.receivers.get(msg.room)
+            if receiver is not None and receiver.addr == peer:
+                receiver._fail(f"the prefill server aborted the transfer: {msg.reason}")
+
+    def _peer_gone(self, peer: Peer, why: str) -> None:
+        if self.mode == "prefill":
+            for s in self.senders.values():
+                if s.peer == peer:
+                    s._fail(f"the decode server is gone: {why}")
+            return
+        self.routes.pop(peer, None)
+        self.transport.forget(peer)
+        for r in self.receivers.values():
+            if r.addr == peer:
+                r._fail(f"prefill server {peer[0]}:{peer[1]}: {why}")
+
+    def _expire(self, now: float) -> None:
+        for room, (peer, _, t) in list(self.early_claims.items()):
+            if now - t > self.bootstrap_timeout:
+                del self.early_claims[room]
+                self.transport.send(peer, Abort(room, "no request with this bootstrap_room "
+                                                      "reached the prefill server within "
+                                                      f"{self.bootstrap_timeout:g} s"))
+        for t in (*self.senders.values(), *self.receivers.values()):
+            if t.deadline is not None and now > t.deadline:
+                t.abort(self._timeout_reason(t))
+        if self.mode == "decode":
+            for addr, route in list(self.routes.items()):
+                if not isinstance(route, RouteInfo) and now - route > self.bootstrap_timeout:
+                    self._peer_gone(addr, "its bootstrap service did not answer within "
+                                          f"{self.bootstrap_timeout:g} s")
+
+    def _timeout_reason(self, t: _Transfer) -> str:
+        if t.state == KVPoll.Bootstrapping:
+            what = ("no decode server claimed the room" if self.mode == "prefill"
+                    else "the prefill server's bootstrap service did not answer")
+            return f"{what} within {self.bootstrap_timeout:g} s (bootstrap timeout)"
+        what = ("the decode server did not acknowledge the KV" if self.mode == "prefill"
+                else "the prefill server sent no KV")
+        return f"{what} within {self.waiting_timeout:g} s (waiting timeout)"
+
+    # --- checking what arrived ---------------------------------------------------------------
+    def check_chunk(self, chunk: KVChunk, frames: list[Any], reserved: int,
+                    received: int) -> str | None:
+        """Why this chunk cannot be written (None: it can)."""
+        layers = self.buffers.layout.num_layers
+        if chunk.offset != received or chunk.num_tokens <= 0:
+            return f"chunk at {chunk.offset} (+{chunk.num_tokens}) after {received} tokens"
+        if chunk.offset + chunk.num_tokens > reserved:
+            return f"chunk ends at {chunk.offset + chunk.num_tokens}, {reserved} reserved"
+        if len(frames) != 2 * layers:
+            return f"{len(frames)} frames, expected {2 * layers}"
+        want = chunk.num_tokens * self.buffers.token_bytes
+        sizes = {self.frame_nbytes(f) for f in frames}
+        if sizes != {want}:
+            return f"frame sizes {sorted(sizes)}, expected {want} bytes"
+        return None
+
+    @staticmethod
+    def frame_nbytes(frame: Any) -> int:
+        if isinstance(frame, torch.Tensor):
+            return frame.numel() * frame.element_size()
+        return memoryview(frame).nbytes
+
+    def frames_to_tensors(self, frames: list[Any], n: int) -> list[torch.Tensor]:
+        """Frames as [n, heads, dim] tensors of the pool's dtype (views, no copy)."""
+        lay = self.buffers.layout
+        dtype = self.buffers.k[0].dtype
+        out = []
+        for f in frames:
+            if isinstance(f, torch.Tensor):
+                out.append(f.view(n, lay.num_kv_heads, lay.head_dim))
+                continue
+            raw = torch.frombuffer(memoryview(f), dtype=torch.uint8)
+            out.append(raw.view(dtype).view(n, lay.num_kv_heads, lay.head_dim))
+        return out

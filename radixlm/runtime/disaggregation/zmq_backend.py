@@ -1,0 +1,220 @@
+"""The zmq transport (``--disaggregation-transfer-backend zmq``): pages over TCP.
+
+Sockets, all owned by one I/O thread (zmq sockets are not thread-safe)::
+
+    prefill server                              decode server
+    ROUTER tcp://host:BOOTSTRAP_PORT  <-------- DEALER (one per prefill)   RouteQuery
+      (the bootstrap service)          -------> RouteInfo(transfer_port, layout)
+    ROUTER tcp://host:<free port>     <-------- DEALER (one per prefill)   Claim / Ack / Abort
+      (transfers; ROUTER_MANDATORY)    -------> KVChunk + 2*layers frames, Abort
+
+The scheduler's thread hands commands to the I/O thread over an inproc PUSH/PULL pair
+(frames passed by reference: ``copy=False`` end to end, so a page is copied once, from
+the pool into a frame, until the receiving side copies it into its pool). What arrives
+is queued for ``KVManager.poll``. A send to a decode server whose connection is gone
+fails at once (``EHOSTUNREACH``); a silent peer is caught by the manager's deadlines.
+Messages are msgpack (``base.encode``); nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from typing import Any
+
+import msgspec
+import torch
+import zmq
+
+from radixlm.runtime.disaggregation.base import (
+    Event,
+    KVLayout,
+    Peer,
+    RouteInfo,
+    RouteQuery,
+    Transport,
+    WireMsg,
+    decode,
+    encode,
+)
+
+logger = logging.getLogger(__name__)
+_ids = itertools.count()
+
+
+def tensor_frame(t: torch.Tensor) -> Any:
+    """A contiguous CPU tensor's bytes as a buffer zmq sends without copying."""
+    return t.contiguous().view(torch.uint8).numpy()
+
+
+class ZmqTransport(Transport):
+    """``bootstrap`` (host, port): a prefill server's bootstrap service binds there (its
+    transfer socket binds a free port on the same host); None: a decode server."""
+
+    def __init__(self, layout: KVLayout, bootstrap: tuple[str, int] | None = None) -> None:
+        super().__init__()
+        self.layout = layout
+        self.ctx = zmq.Context()
+        addr = f"inproc://radixlm-pd-{id(self)}-{next(_ids)}"
+        self.cmd = self.ctx.socket(zmq.PUSH)  # scheduler thread only
+        self.cmd.bind(addr)
+        pull = self.ctx.socket(zmq.PULL)
+        pull.connect(addr)
+        self.boot: zmq.Socket | None = None
+        self.xfer: zmq.Socket | None = None
+        self.transfer_port = 0
+        if bootstrap is not None:
+            host, port = bootstrap
+            self.boot = self._socket(zmq.ROUTER)
+            self.boot.bind(f"tcp://{host}:{port}")
+            self.xfer = self._socket(zmq.ROUTER)
+            self.xfer.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.transfer_port = self.xfer.bind_to_random_port(f"tcp://{host}")
+        # decode side: (host, bootstrap port) -> [bootstrap DEALER, transfer DEALER or None]
+        self.peers: dict[tuple[str, int], list[Any]] = {}
+        self._thread = threading.Thread(target=self._run, args=(pull,), daemon=True,
+                                        name="kv-transfer")
+        self._thread.start()
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)  # never drop or block a page: the deadlines bound it
+        s.setsockopt(zmq.RCVHWM, 0)
+        return s
+
+    # --- scheduler thread ---------------------------------------------------------------
+    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
+        parts = [tensor_frame(f) for f in frames or []]
+        self.cmd.send_multipart([msgspec.msgpack.encode(["send", _peer_key(peer)]),
+                                 encode(msg), *parts], copy=False)
+
+    def resolve(self, host: str, port: int) -> None:
+        self.cmd.send_multipart([msgspec.msgpack.encode(["resolve", [host, port]])])
+
+    def forget(self, peer: Peer) -> None:
+        self.cmd.send_multipart([msgspec.msgpack.encode(["forget", _peer_key(peer)])])
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.cmd.send_multipart([msgspec.msgpack.encode(["stop", None])])
+            self._thread.join(timeout=5)
+        self.cmd.close(linger=0)
+        self.ctx.term()
+
+    # --- I/O thread ---------------------------------------------------------------------
+    def _run(self, pull: zmq.Socket) -> None:
+        try:
+            while self._turn(pull):
+                pass
+        except Exception:  # noqa: BLE001 - a dying I/O thread must not kill the scheduler
+            logger.exception("KV transfer I/O thread failed")
+        finally:
+            pull.close(linger=0)
+            for s in (self.boot, self.xfer):
+                if s is not None:
+                    s.close(linger=0)
+            for socks in self.peers.values():
+                for s in socks:
+                    if s is not None:
+                        s.close(linger=0)
+
+    def _turn(self, pull: zmq.Socket) -> bool:
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        for s in (self.boot, self.xfer):
+            if s is not None:
+                poller.register(s, zmq.POLLIN)
+        for socks in self.peers.values():
+            for s in socks:
+                if s is not None:
+                    poller.register(s, zmq.POLLIN)
+        for sock, _ in poller.poll():
+            if sock is pull:
+                if not self._command(pull.recv_multipart(copy=False)):
+                    return False
+            elif sock is self.boot:
+                ident, *rest = sock.recv_multipart()
+                self._answer_route(ident, rest)
+            elif sock is self.xfer:
+                ident, meta, *frames = sock.recv_multipart(copy=False)
+                self._incoming(ident.bytes, meta, frames)
+            else:
+                self._from_prefill(sock)
+        return True
+
+    def _command(self, parts: list[Any]) -> bool:
+        op, key = msgspec.msgpack.decode(parts[0].bytes)
+        if op == "stop":
+            return False
+        if op == "resolve":
+            self._connect(tuple(key))
+        elif op == "forget":
+            for s in self.peers.pop(tuple(key), []):
+                if s is not None:
+                    s.close(linger=0)
+        elif op == "send":
+            self._send(key, parts[1:])
+        return True
+
+    def _send(self, key: Any, parts: list[Any]) -> None:
+        if isinstance(key, bytes):  # prefill -> decode through the transfer ROUTER
+            assert self.xfer is not None, "only a prefill transport addresses by routing id"
+            try:
+                self.xfer.send_multipart([key, *parts], copy=False)
+            except zmq.ZMQError as e:
+                self.deliver(Event(key, None, error=f"connection lost ({e})"))
+            return
+        socks = self.peers.get(tuple(key))
+        if socks is None or socks[1] is None:
+            return  # forgotten meanwhile: its rooms are already failed
+        socks[1].send_multipart(parts, copy=False)
+
+    def _answer_route(self, ident: bytes, rest: list[bytes]) -> None:
+        try:
+            ok = bool(rest) and isinstance(decode(rest[-1]), RouteQuery)
+        except msgspec.DecodeError:
+            ok = False
+        if ok:
+            assert self.boot is not None
+            self.boot.send_multipart([ident, encode(RouteInfo(self.transfer_port,
+                                                              self.layout))])
+
+    def _incoming(self, ident: bytes, meta: Any, frames: list[Any]) -> None:
+        try:
+            msg = decode(meta.buffer)
+        except msgspec.DecodeError as e:
+            logger.warning("dropped a malformed transfer message: %s", e)
+            return
+        self.deliver(Event(ident, msg, frames))
+
+    def _connect(self, addr: tuple[str, int]) -> None:
+        boot = self._socket(zmq.DEALER)
+        boot.connect(f"tcp://{addr[0]}:{addr[1]}")
+        boot.send(encode(RouteQuery()))
+        self.peers[addr] = [boot, None]
+
+    def _from_prefill(self, sock: zmq.Socket) -> None:
+        addr = next((a for a, s in self.peers.items() if sock in s), None)
+        if addr is None:
+            sock.recv_multipart()
+            return
+        meta, *frames = sock.recv_multipart(copy=False)
+        try:
+            msg = decode(meta.buffer)
+        except msgspec.DecodeError as e:
+            logger.warning("dropped a malformed message from %s: %s", addr, e)
+            return
+        if sock is self.peers[addr][0]:  # the bootstrap service answered
+            if isinstance(msg, RouteInfo) and self.peers[addr][1] is None:
+                xfer = self._socket(zmq.DEALER)
+                xfer.connect(f"tcp://{addr[0]}:{msg.transfer_port}")
+                self.peers[addr][1] = xfer
+                self.deliver(Event(addr, msg))
+            return
+        self.deliver(Event(addr, msg, frames))
+
+
+def _peer_key(peer: Peer) -> Any:
+    return peer if isinstance(peer, bytes) else list(peer)

@@ -1,0 +1,288 @@
+"""The transfer state machine (fake transport, injected clock) and the zmq transport moving
+pages bit for bit between two pools."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from radixlm.runtime.disaggregation.base import (
+    Abort,
+    Claim,
+    KVBuffers,
+    KVManager,
+    KVPoll,
+)
+from radixlm.runtime.disaggregation.fake_backend import FakeNetwork, FakeTransport
+from radixlm.runtime.disaggregation.rooms import assign_rooms
+from radixlm.runtime.disaggregation.zmq_backend import ZmqTransport
+
+PAGE, LAYERS, HEADS, DIM, POOL = 4, 3, 2, 8, 64
+ADDR = ("prefill-host", 8998)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def pool(seed: int, dtype: torch.dtype = torch.float32) -> KVBuffers:
+    g = torch.Generator().manual_seed(seed)
+    k = [torch.randn(POOL, HEADS, DIM, generator=g).to(dtype) for _ in range(LAYERS)]
+    v = [torch.randn(POOL, HEADS, DIM, generator=g).to(dtype) for _ in range(LAYERS)]
+    return KVBuffers(k, v, PAGE)
+
+
+def fake_pair(clock: Clock, bootstrap_timeout: float = 10, waiting_timeout: float = 20):
+    net = FakeNetwork()
+    pbuf, dbuf = pool(0), pool(1)
+    prefill = KVManager("prefill", pbuf, FakeTransport(net, pbuf.layout, ADDR),
+                        bootstrap_timeout, waiting_timeout, clock)
+    dec = KVManager("decode", dbuf, FakeTransport(net), bootstrap_timeout, waiting_timeout,
+                    clock)
+    return net, prefill, dec
+
+
+def turn(*managers: KVManager) -> None:
+    for _ in range(3):
+        for m in managers:
+            m.poll()
+
+
+def slots(*pages: int) -> torch.Tensor:
+    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
+
+
+def test_happy_path_states_and_bits():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    sender = prefill.create_sender(7)
+    receiver = dec.create_receiver(*ADDR, 7)
+    assert sender.poll() == KVPoll.Bootstrapping
+    turn(prefill, dec)
+    assert receiver.poll() == KVPoll.WaitingForInput  # route known
+    dst = slots(9, 3)
+    receiver.send_metadata(dst, prefix_len=4, prompt_len=11)
+    turn(prefill, dec)
+    assert sender.poll() == KVPoll.WaitingForInput and sender.decode_prefix_len == 4
+    src = slots(5, 6)
+    sender.send(src, first_token=42, prompt_len=11)
+    assert sender.poll() == KVPoll.Transferring
+    turn(prefill, dec)
+    assert receiver.poll() == KVPoll.Success and receiver.first_token == 42
+    assert sender.poll() == KVPoll.Success
+    for layer in range(LAYERS):
+        assert torch.equal(dec.buffers.k[layer][dst], prefill.buffers.k[layer][src])
+        assert torch.equal(dec.buffers.v[layer][dst], prefill.buffers.v[layer][src])
+
+
+def test_claim_before_request_is_kept():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    receiver = dec.create_receiver(*ADDR, 1)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(0), 0, 3)
+    turn(prefill, dec)
+    sender = prefill.create_sender(1)  # the request reaches the prefill after the claim
+    assert sender.poll() == KVPoll.WaitingForInput
+
+
+def test_unclaimed_room_times_out_on_prefill():
+    clock = Clock()
+    _, prefill, _ = fake_pair(clock)
+    sender = prefill.create_sender(3)
+    clock.t = 9.9
+    prefill.poll()
+    assert sender.poll() == KVPoll.Bootstrapping
+    clock.t = 10.1
+    prefill.poll()
+    assert sender.poll() == KVPoll.Failed and "no decode server claimed" in \
+        sender.failure_reason()
+
+
+def test_claim_for_a_request_that_never_comes_is_aborted():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    receiver = dec.create_receiver(*ADDR, 4)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(0), 0, 3)
+    turn(prefill, dec)
+    clock.t = 10.5
+    turn(prefill, dec)
+    assert receiver.poll() == KVPoll.Failed
+    assert "no request with this bootstrap_room" in receiver.failure_reason()
+
+
+def test_unreachable_prefill_fails_after_bootstrap_timeout():
+    clock = Clock()
+    _, _, dec = fake_pair(clock)
+    receiver = dec.create_receiver("nowhere", 1, 5)
+    clock.t = 11
+    dec.poll()
+    assert receiver.poll() == KVPoll.Failed and "bootstrap" in receiver.failure_reason()
+    assert not dec.routes  # the next request asks again
+
+
+def test_decode_dies_mid_transfer_prefill_times_out():
+    clock = Clock()
+    net, prefill, dec = fake_pair(clock)
+    sender, receiver = prefill.create_sender(8), dec.create_receiver(*ADDR, 8)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(1), 0, 4)
+    turn(prefill, dec)
+    net.drop(dec.transport)  # its acks and everything else vanish
+    sender.send(slots(2), 5, 4)
+    turn(prefill, dec)
+    assert sender.poll() == KVPoll.Transferring
+    clock.t = 20.5
+    prefill.poll()
+    assert sender.poll() == KVPoll.Failed and "waiting timeout" in sender.failure_reason()
+
+
+def test_prefill_never_sends_decode_times_out():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    prefill.create_sender(9)
+    receiver = dec.create_receiver(*ADDR, 9)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(1), 0, 4)
+    clock.t = 20.5
+    turn(prefill, dec)
+    assert receiver.poll() == KVPoll.Failed and "sent no KV" in receiver.failure_reason()
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_abort_reaches_the_other_side(side):
+    clock = Clock()
+    net, prefill, dec = fake_pair(clock)
+    sender, receiver = prefill.create_sender(2), dec.create_receiver(*ADDR, 2)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(1), 0, 4)
+    turn(prefill, dec)
+    (sender if side == "prefill" else receiver).abort("client went away")
+    turn(prefill, dec)
+    assert sender.poll() == receiver.poll() == KVPoll.Failed
+    other = receiver if side == "prefill" else sender
+    assert "client went away" in other.failure_reason()
+    assert any(isinstance(m, Abort) for m in net.log)
+
+
+def test_mismatched_claim_fails_both():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    sender, receiver = prefill.create_sender(6), dec.create_receiver(*ADDR, 6)
+    turn(prefill, dec)
+    receiver.send_metadata(slots(1), 0, 4)
+    turn(prefill, dec)
+    sender.send(slots(1, 2), 5, 7)  # a different prompt length
+    turn(prefill, dec)
+    assert sender.poll() == receiver.poll() == KVPoll.Failed
+    assert "tokenized differently" in receiver.failure_reason()
+
+
+def test_bad_chunk_is_refused_not_written():
+    clock = Clock()
+    _, prefill, dec = fake_pair(clock)
+    receiver = dec.create_receiver(*ADDR, 11)
+    turn(prefill, dec)
+    before = dec.buffers.k[0].clone()
+    receiver.send_metadata(slots(1), 0, 4)
+    from radixlm.runtime.disaggregation.base import Event, KVChunk
+    dec.transport.deliver(Event(ADDR, KVChunk(11, 0, PAGE, True, 1), [torch.zeros(3)]))
+    dec.poll()
+    assert receiver.poll() == KVPoll.Failed and "frames" in receiver.failure_reason()
+    assert torch.equal(dec.buffers.k[0], before)
+
+
+def test_duplicate_room_fails_the_second():
+    clock = Clock()
+    _, prefill, _ = fake_pair(clock)
+    prefill.create_sender(1)
+    assert prefill.create_sender(1).poll() == KVPoll.Failed
+
+
+def test_assign_rooms():
+    out = assign_rooms("h", None, 5, [3], 8998)
+    assert [b.room for b in out[0]] == [5, 6, 7] and out[0][0].port == 8998
+    out = assign_rooms(["a", "b"], [1, 2], [10, 20], [1, 2], 8998)
+    assert [(b.host, b.port, b.room) for b in out[1]] == [("b", 2, 20), ("b", 2, 21)]
+    out = assign_rooms("h", 9, [4, 8], [2], 8998)  # chat n=2: one room per choice
+    assert [b.room for b in out[0]] == [4, 8]
+    assert assign_rooms("h", 9, 2**63 - 1, [2], 1)[0][1].room == 0
+    for bad in ({"room": -1}, {"room": 2**63}, {"room": [1, 2, 3]}, {"port": 0},
+                {"host": ""}, {"room": "1"}):
+        args = {"host": "h", "port": 9, "room": 1, **bad}
+        with pytest.raises(ValueError, match="bootstrap_"):
+            assign_rooms(args["host"], args["port"], args["room"], [2], 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zmq_moves_pages_bit_for_bit(dtype):
+    """Two managers over real TCP sockets on loopback; several chunks (small CHUNK_BYTES)."""
+    import radixlm.runtime.disaggregation.base as base
+    from radixlm.runtime.entrypoints.server_process import free_port
+
+    port = free_port()
+    pbuf, dbuf = pool(0, dtype), pool(1, dtype)
+    prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 30)
+    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    old = base.CHUNK_BYTES
+    base.CHUNK_BYTES = 1  # one page per chunk
+    try:
+        sender = prefill.create_sender(123)
+        receiver = dec.create_receiver("127.0.0.1", port, 123)
+        _until(lambda: receiver.poll() == KVPoll.WaitingForInput, prefill, dec)
+        dst = slots(10, 2, 7)
+        receiver.send_metadata(dst, 0, 11)
+        _until(lambda: sender.poll() == KVPoll.WaitingForInput, prefill, dec)
+        src = slots(1, 4, 12)
+        sender.send(src, 99, 11)
+        _until(lambda: sender.poll() == KVPoll.Success, prefill, dec)
+        assert receiver.poll() == KVPoll.Success and receiver.first_token == 99
+        for layer in range(LAYERS):
+            assert torch.equal(dbuf.k[layer][dst], pbuf.k[layer][src])
+            assert torch.equal(dbuf.v[layer][dst], pbuf.v[layer][src])
+        untouched = torch.ones(POOL, dtype=torch.bool)
+        untouched[dst] = False
+        assert torch.equal(dbuf.k[0][untouched], pool(1, dtype).k[0][untouched])
+    finally:
+        base.CHUNK_BYTES = old
+        prefill.close()
+        dec.close()
+
+
+def test_zmq_decode_gone_fails_the_sender():
+    """A decode server whose sockets closed: the prefill's send fails (or times out)."""
+    from radixlm.runtime.entrypoints.server_process import free_port
+
+    port = free_port()
+    pbuf, dbuf = pool(0), pool(1)
+    prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 2)
+    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    try:
+        sender = prefill.create_sender(5)
+        receiver = dec.create_receiver("127.0.0.1", port, 5)
+        _until(lambda: receiver.poll() == KVPoll.WaitingForInput, prefill, dec)
+        receiver.send_metadata(slots(1), 0, 3)
+        _until(lambda: sender.poll() == KVPoll.WaitingForInput, prefill, dec)
+        dec.close()
+        time.sleep(0.2)  # let the disconnect reach the ROUTER (the outcome does not hinge on it)
+        sender.send(slots(2), 1, 3)
+        _until(lambda: sender.poll() == KVPoll.Failed, prefill)
+        assert isinstance(sender.claim, Claim)
+    finally:
+        prefill.close()
+
+
+def _until(cond, *managers: KVManager, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        for m in managers:
+            m.poll()
+        time.sleep(0.005)
