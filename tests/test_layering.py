@@ -21,13 +21,15 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "shared": {"tiny_model"},
     "constrained": {"shared"},
+    "disaggregation": {"shared"},  # KV transfer between prefill and decode servers
     "executor": {"shared", "constrained", "radix_cache", "kernels"},
-    "managers": {"shared", "constrained", "executor", "radix_cache"},
+    "managers": {"shared", "constrained", "disaggregation", "executor", "radix_cache"},
     "entrypoints": {"shared", "constrained", "executor", "managers", "tiny_model"},
     "frontend_dsl": set(),
     "bench": {"shared"},  # a client of any server: the tokenizer loader, nothing else
     "analysis": {"shared"},  # offline reports on request logs: the tokenizer loader only
-    "top": {"tiny_model", "radix_cache", "kernels", "shared", "constrained", "executor",
+    "top": {"tiny_model", "radix_cache", "kernels", "shared", "constrained", "disaggregation",
+            "executor",
             "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
 }
 # the DSL's in-process backend starts an Engine: the one import from frontend_dsl into runtime
@@ -159,7 +161,7 @@ def test_runtime_top_level_holds_only_shared_modules():
     assert top == set(SHARED) | {"radixlm.runtime"}
     rooms = {p.name for p in (PACKAGE_DIR / "runtime").iterdir()
              if p.is_dir() and (p / "__init__.py").is_file()}
-    assert rooms == {"entrypoints", "managers", "executor", "constrained"}
+    assert rooms == {"entrypoints", "managers", "executor", "constrained", "disaggregation"}
 
 
 @pytest.mark.parametrize("module,source,expected", [

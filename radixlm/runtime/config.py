@@ -19,6 +19,10 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
 RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("zmq",)
+# SGLang's backends that need RDMA / NVLink libraries radixlm does not ship
+SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "mori", "fake")
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,25 @@ class ServerArgs:
     cache_aware_balance_rel_threshold: float = field(default=1.5, metadata={
         "help": "cache_aware: see --cache-aware-balance-abs-threshold "
                 "(sglang-router's --balance-rel-threshold)"})
+    disaggregation_mode: str = field(default="null", metadata={
+        "help": "null|prefill|decode (SGLang's): a prefill server computes prompts and sends "
+                "their KV pages and first token to the decode server named by each request's "
+                "bootstrap_host/port/room; a decode server receives them and decodes"})
+    disaggregation_bootstrap_port: int = field(default=8998, metadata={
+        "help": "prefill server: the port of its bootstrap service, where decode servers "
+                "ask for its KV transfer endpoint (SGLang's); decode server: the port used "
+                "for a request whose bootstrap_port is null"})
+    disaggregation_transfer_backend: str = field(default="zmq", metadata={
+        "help": "how KV pages travel: zmq (TCP; SGLang's mooncake, nixl, ascend and mori "
+                "need RDMA/NVLink libraries radixlm does not ship)"})
+    disaggregation_bootstrap_timeout: float = field(default=300.0, metadata={
+        "help": "seconds a room may wait to be claimed (prefill) or for the prefill's "
+                "bootstrap service to answer (decode) before its request fails "
+                "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)"})
+    disaggregation_waiting_timeout: float = field(default=300.0, metadata={
+        "help": "seconds a claimed room may wait for its KV (decode) or for the decode's "
+                "acknowledgement (prefill) before its request fails and its pages are "
+                "freed (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -284,6 +307,25 @@ class ServerArgs:
         need(self.cache_aware_balance_rel_threshold >= 1.0,
              "cache_aware_balance_rel_threshold must be >= 1.0, got "
              f"{self.cache_aware_balance_rel_threshold}")
+        self._validate_disaggregation(need)
+
+    def _validate_disaggregation(self, need: Any) -> None:
+        need(self.disaggregation_mode in DISAGGREGATION_MODES,
+             f"disaggregation_mode must be one of {DISAGGREGATION_MODES}, "
+             f"got {self.disaggregation_mode!r}")
+        backend = self.disaggregation_transfer_backend
+        need(backend in TRANSFER_BACKENDS, f"disaggregation_transfer_backend {backend!r} is "
+             f"not available: radixlm moves KV pages over {TRANSFER_BACKENDS} only"
+             + (" (SGLang's mooncake, nixl, ascend and mori need RDMA/NVLink libraries; "
+                "fake is for SGLang's tests)" if backend in SGLANG_TRANSFER_BACKENDS else ""))
+        need(0 < self.disaggregation_bootstrap_port < 65536, "disaggregation_bootstrap_port "
+             f"must be a TCP port (1..65535), got {self.disaggregation_bootstrap_port}")
+        for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
+            need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        if self.disaggregation_mode != "null":
+            need(self.dp_size == 1 and self.tp_size == 1, "disaggregation_mode "
+                 f"{self.disaggregation_mode} runs one scheduler: --dp-size and --tp-size "
+                 "must be 1 (start more servers instead)")
 
     def resolve_cpu_threads(self) -> int:
         """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;

@@ -223,6 +223,8 @@ class OutputProcessor:
             req.finish_reason = {"type": "stop", "matched": None}
 
     def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
+        if req.bootstrap is not None and self.s.args.disaggregation_mode == "prefill":
+            return None  # the decode server checks the first token (pd_queues)
         sp = req.sampling_params
         if sp.stop_token_ids and tok in sp.stop_token_ids:
             return {"type": "stop", "matched": tok}

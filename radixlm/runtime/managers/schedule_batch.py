@@ -69,6 +69,10 @@ class Req:
         self.input_logprobs_sent = False
         self.grammar: Any = None  # a constrained-decoding matcher, when the request has one
         self.grammar_future: Any = None  # its compilation, while the request waits for it
+        # prefill/decode disaggregation: the room (rooms.Bootstrap) and its KVSender or
+        # KVReceiver (managers/pd_queues.py); None on a request served whole
+        self.bootstrap: Any = None
+        self.kv_transfer: Any = None
 
     @property
     def fill_ids(self) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, KVEventRecorder
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
+from radixlm.runtime.disaggregation.rooms import Bootstrap
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.cache_manager import CacheManager
@@ -32,6 +33,7 @@ from radixlm.runtime.managers.messages import (
     UpdateWeightFromDiskReq,
 )
 from radixlm.runtime.managers.output_processor import OutputProcessor
+from radixlm.runtime.managers.pd_queues import create_queues
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
 from radixlm.runtime.managers.validation import (
@@ -106,6 +108,7 @@ class Scheduler:
         self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
         self.gen_throughput = 0.0  # tokens/s over the last decode log interval
+        self.pd = create_queues(self, args)  # --disaggregation-mode: the transfer queues
 
     # --- input ------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -149,12 +152,33 @@ class Scheduler:
             reason = {"type": "abort", "message": f"invalid request: {e}", "status_code": 400}
             self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
             return
+        if msg.bootstrap_room is not None and self.pd is not None:
+            self._add_disaggregated(msg, req)
+            return
         grammar = params.grammar
         if grammar is not None:
             req.grammar_future = self.grammar_compiler.submit(*grammar)
             self.grammar_waiting.append(req)
         else:
             self.waiting.append(req)
+
+    def _add_disaggregated(self, msg: GenerateReqInput, req: Req) -> None:
+        """A request with a room goes to the transfer queues; what they cannot serve is a
+        400 naming the field."""
+        why = None
+        if req.sampling_params.grammar is not None:
+            why = ("regex/json_schema/ebnf are not supported with --disaggregation-mode: the "
+                   "grammar state of the first token is not transferred")
+        elif req.return_logprob and self.pd.mode == "decode":
+            why = ("return_logprob is not supported on a decode server: the first token's "
+                   "logprob stays on the prefill server")
+        if why is not None:
+            reason = {"type": "abort", "message": why, "status_code": 400}
+            self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
+            return
+        req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,
+                                  msg.bootstrap_room)
+        self.pd.add(req)
 
     def check_request(self, req: Req) -> None:
         """What the scheduler relies on; raises ValueError (the front end checked it too)."""
@@ -164,6 +188,8 @@ class Scheduler:
     def abort(self, rid: str, message: str | None = None) -> None:
         """Stop ``rid`` wherever it is; its KV goes back (computed tokens to the tree).
         Without ``message`` the finish reason is SGLang's."""
+        if self.pd is not None and self.pd.abort(rid, message):
+            return None
         held = next((m for m in self.held if m.rid == rid), None)
         if held is not None:
             self.held.remove(held)
@@ -194,6 +220,8 @@ class Scheduler:
         queued = [*self.waiting, *self.grammar_waiting]
         active = [*self.running, *([self.chunked_req] if self.chunked_req else [])]
         self.waiting, self.grammar_waiting, self.running, self.chunked_req = [], [], [], None
+        if self.pd is not None:
+            self.pd.abort_all()
         for req in queued:
             self.outputs.emit_later(self.outputs.finish(req, dict(ABORT_WAITING), False))
         for req in active:
@@ -244,7 +272,8 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req or self.grammar_waiting)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_waiting
+                    or (self.pd is not None and self.pd.busy()))
 
     def _poll_grammars(self) -> None:
         """Requests whose grammar compiled join the waiting queue; failures finish as
@@ -265,6 +294,8 @@ class Scheduler:
         self.grammar_waiting = still
 
     def step(self) -> list[ReqOutput]:
+        if self.pd is not None:
+            self.pd.poll()  # claimed rooms to waiting, received KV to running
         if self.grammar_waiting:
             self._poll_grammars()
         batch = self._next_batch()
@@ -274,7 +305,10 @@ class Scheduler:
         logits = self.model_runner.forward(batch.worker_batch(),
                                           self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
-        return self.outputs.process(batch, logits)
+        outs = self.outputs.process(batch, logits)
+        if self.pd is not None:
+            self.pd.after_forward()  # prefill server: first tokens sampled, send the KV
+        return outs
 
     def _next_batch(self) -> ScheduleBatch | None:
         prefill = self._prefill_batch()
@@ -461,6 +495,7 @@ class Scheduler:
             "namespace_cache": {k: {"prompt_tokens": p, "cached_tokens": c}
                                 for k, (p, c) in self.namespace_stats.items()},
             "weight_version": self.weight_version,
+            **(self.pd.info() if self.pd is not None else {}),
             **{k: int(v) for k, v in self.stats.items()},
         }
 
@@ -499,6 +534,9 @@ class Scheduler:
             self.check_idle_invariants(deep=False)
         elif self.grammar_waiting and not (self.waiting or self.running):
             time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+        elif self.pd is not None and self.pd.busy() and not (outs or self.waiting
+                                                             or self.running or self.chunked_req):
+            self.pd.wait(0.005)  # only transfers in flight: nap until a message arrives
         self.emit_kv_events()
         return bool(outs)
 

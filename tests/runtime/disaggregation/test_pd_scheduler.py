@@ -1,0 +1,196 @@
+"""A prefill scheduler and a decode scheduler in one process, KV over zmq on loopback:
+greedy output ids equal a monolithic scheduler's; faults free every page on both sides."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.server_process import free_port
+from radixlm.runtime.managers.messages import AbortReq, GenerateReqInput, ReqOutput
+from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.tokenizer import load_tokenizer
+
+COMMON = dict(max_total_tokens=4096, cpu_threads=1, random_seed=0, page_size=4,
+              chunked_prefill_size=64)
+GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+
+
+class Side:
+    """One scheduler and what it emitted, per rid."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.outs: dict[str, list[ReqOutput]] = {}
+        self.inbox: list = []
+
+    def send(self, obj) -> None:
+        for out in obj if isinstance(obj, list) else []:
+            self.outs.setdefault(out.rid, []).append(out)
+
+    def turn(self) -> None:
+        msgs, self.inbox = self.inbox, []
+        self.sched.run_once(msgs, self.send)
+
+    def finished(self, rid: str) -> ReqOutput | None:
+        return next((o for o in self.outs.get(rid, []) if o.finished), None)
+
+    def ids(self, rid: str) -> list[int]:
+        return [t for o in self.outs[rid] for t in o.new_token_ids]
+
+
+@pytest.fixture(scope="module")
+def sides(tiny_llama_dir):
+    path = str(tiny_llama_dir)
+    tok = load_tokenizer(path)
+    port = free_port()
+    timeouts = dict(disaggregation_bootstrap_timeout=3.0, disaggregation_waiting_timeout=3.0)
+    mono = Side(Scheduler(ServerArgs(**COMMON), path, tok))
+    prefill = Side(Scheduler(ServerArgs(**COMMON, **timeouts, disaggregation_mode="prefill",
+                                        host="127.0.0.1", disaggregation_bootstrap_port=port),
+                             path, tok))
+    # the decode waits longer for KV than the prefill keeps an early claim: the prefill's
+    # answer (no such request) comes first
+    dec = Side(Scheduler(ServerArgs(**COMMON, disaggregation_bootstrap_timeout=3.0,
+                                    disaggregation_waiting_timeout=6.0,
+                                    disaggregation_mode="decode"), path, tok))
+    yield mono, prefill, dec, port
+    for s in (mono, prefill, dec):
+        s.sched.grammar_compiler.shutdown()
+        if s.sched.pd is not None:
+            s.sched.pd.close()
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 1900) for _ in range(n)]
+
+
+def req(rid: str, ids: list[int], room: int | None, port: int, params=None) -> GenerateReqInput:
+    return GenerateReqInput(rid, ids, dict(params or GREEDY), bootstrap_host=None if room is None
+                            else "127.0.0.1", bootstrap_port=port, bootstrap_room=room)
+
+
+def drive(*sides: Side, until, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "did not finish"
+        for s in sides:
+            s.turn()
+
+
+def run_mono(mono: Side, rid: str, ids: list[int], params=None) -> list[int]:
+    mono.inbox.append(req(rid, ids, None, 0, params))
+    drive(mono, until=lambda: mono.finished(rid))
+    return mono.ids(rid)
+
+
+def assert_clean(*sides: Side) -> None:
+    for s in sides:
+        for _ in range(3):
+            s.turn()
+        assert s.sched.is_idle(), s.sched.get_info()
+        s.sched.check_idle_invariants()
+        assert not (s.sched.pd.manager.senders or s.sched.pd.manager.receivers)
+
+
+@pytest.mark.parametrize("n_tokens", [10, 301])  # 301: five chunks of 64
+def test_greedy_matches_monolithic(sides, n_tokens):
+    mono, prefill, dec, port = sides
+    ids = prompt(n_tokens, n_tokens)
+    want = run_mono(mono, f"mono-{n_tokens}", ids)
+    room = 1000 + n_tokens
+    rid = f"pd-{n_tokens}"
+    dec.inbox.append(req(rid, ids, room, port))  # the router sends both at once
+    prefill.inbox.append(req(rid, ids, room, port))
+    drive(prefill, dec, until=lambda: dec.finished(rid) and prefill.finished(rid))
+    assert dec.ids(rid) == want
+    p = prefill.finished(rid)
+    assert p.finish_reason == {"type": "length", "length": 0}
+    assert prefill.ids(rid) == want[:1]
+    assert_clean(prefill, dec)
+
+
+def test_samples_with_their_own_rooms_and_decode_cache(sides):
+    """n = 3 as rooms r, r+1, r+2; the decode server's radix cache holds the prompt after the
+    first, so later claims ask for fewer tokens and the output stays the same."""
+    mono, prefill, dec, port = sides
+    ids = prompt(90, 7)
+    want = run_mono(mono, "mono-n", ids)
+    received0 = dec.sched.get_info()["kv_transfer_received_tokens"]
+    rids = [f"n-{j}" for j in range(3)]
+    for j, rid in enumerate(rids):
+        prefill.inbox.append(req(rid, ids, 500 + j, port))
+        dec.inbox.append(req(rid, ids, 500 + j, port))
+        drive(prefill, dec, until=lambda r=rid: dec.finished(r) and prefill.finished(r))
+        assert dec.ids(rid) == want
+    received = dec.sched.get_info()["kv_transfer_received_tokens"] - received0
+    assert received < 3 * 92, received  # the 2nd and 3rd sent only the uncached tail
+    assert dec.finished(rids[2]).cached_tokens >= 88
+    assert_clean(prefill, dec)
+
+
+def test_room_never_claimed(sides):
+    _, prefill, dec, port = sides
+    prefill.inbox.append(req("lonely", prompt(20, 1), 42, port))
+    drive(prefill, until=lambda: prefill.finished("lonely"))
+    reason = prefill.finished("lonely").finish_reason
+    assert reason["status_code"] == 503 and "no decode server claimed" in reason["message"]
+    assert_clean(prefill, dec)
+
+
+def test_prefill_unreachable(sides):
+    _, prefill, dec, _ = sides
+    dec.inbox.append(req("orphan", prompt(20, 2), 43, free_port()))
+    drive(dec, until=lambda: dec.finished("orphan"))
+    reason = dec.finished("orphan").finish_reason
+    assert reason["status_code"] == 503 and "bootstrap" in reason["message"]
+    assert_clean(prefill, dec)
+
+
+def test_prefill_never_gets_the_request(sides):
+    """The decode claims a room the prefill never hears of: the prefill aborts the claim."""
+    _, prefill, dec, port = sides
+    dec.inbox.append(req("half", prompt(20, 3), 44, port))
+    drive(prefill, dec, until=lambda: dec.finished("half"))
+    assert "no request with this bootstrap_room" in dec.finished("half").finish_reason["message"]
+    assert_clean(prefill, dec)
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_abort_on_either_side(sides, side):
+    _, prefill, dec, port = sides
+    rid = f"abort-{side}"
+    ids = prompt(200, 4)
+    dec.inbox.append(req(rid, ids, 45 if side == "prefill" else 46, port))
+    prefill.inbox.append(req(rid, ids, 45 if side == "prefill" else 46, port))
+    target = prefill if side == "prefill" else dec
+    drive(prefill, dec, until=lambda: dec.sched.pd.transferring)  # claimed: pages reserved
+    target.inbox.append(AbortReq(rid))
+    drive(prefill, dec, until=lambda: dec.finished(rid) and prefill.finished(rid))
+    other = dec if side == "prefill" else prefill
+    assert target.finished(rid).finish_reason["type"] == "abort"
+    assert other.finished(rid).finish_reason["status_code"] == 503
+    assert_clean(prefill, dec)
+
+
+def test_decode_dies_mid_transfer(tiny_llama_dir, sides):
+    """A decode server that claimed a room and then vanished: the prefill's send fails or
+    its ack never comes (waiting timeout); the prefill frees everything."""
+    _, prefill, _, port = sides
+    path = str(tiny_llama_dir)
+    doomed = Side(Scheduler(ServerArgs(**COMMON, disaggregation_mode="decode"), path,
+                            load_tokenizer(path)))
+    ids = prompt(200, 5)
+    doomed.inbox.append(req("doomed", ids, 47, port))
+    drive(doomed, until=lambda: doomed.sched.pd.transferring)
+    doomed.sched.pd.close()  # its sockets are gone, its claim stands
+    doomed.sched.grammar_compiler.shutdown()
+    prefill.inbox.append(req("doomed", ids, 47, port))
+    drive(prefill, until=lambda: prefill.finished("doomed"))
+    reason = prefill.finished("doomed").finish_reason
+    assert reason["status_code"] == 503 and "decode" in reason["message"]
+    assert_clean(prefill)
