@@ -13,6 +13,7 @@ import time
 
 import httpx
 import matplotlib.image
+import numpy as np
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -147,6 +148,11 @@ def test_fake_server_latencies_goodput_and_cache(fake, tmp_path, backend):
     # three TTFTs of at least 500 ms among ten: p90 (rank 8.1) and p99 lie between them
     assert m.ttft.p90 >= TTFT_DELAY * 1000 and m.ttft.p99 >= TTFT_DELAY * 1000
     assert m.e2e.p99 >= 5 * TOKEN_GAP * 1000
+    ttfts_ms = [o.ttft * 1000 for o in run.outputs]
+    for p, got in ((50, m.ttft.p50), (90, m.ttft.p90), (99, m.ttft.p99)):
+        assert got == pytest.approx(float(np.percentile(ttfts_ms, p)))
+    itls_ms = [g * 1000 for o in run.outputs for g in o.itl]
+    assert m.itl.p99 == pytest.approx(float(np.percentile(itls_ms, 99)))
     # goodput: only the five fast requests meet both SLOs; slowfirst meet the TPOT one
     g = m.goodput
     assert g is not None and g.good == 5

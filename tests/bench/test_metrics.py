@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pytest
 
 from radixlm.bench.metrics import goodput, parse_slo, percentile, summarize
@@ -23,6 +24,14 @@ def test_percentile_interpolates_between_ranks():
     assert math.isnan(percentile([], 50))
     with pytest.raises(ValueError):
         percentile([1.0], 101)
+
+
+def test_percentile_equals_numpy_linear():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        values = rng.exponential(1.0, n).tolist()
+        for p in (0, 12.5, 50, 90, 99, 100):
+            assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)))
 
 
 def _out(ttft: float, latency: float, n: int, itl: list[float], prompt: int = 100,
