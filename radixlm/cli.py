@@ -11,6 +11,7 @@ import sys
 from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.disaggregation import launcher as pd_launcher
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http_server import launch_server
 from radixlm.tiny_model import make_tiny_model
@@ -50,6 +51,11 @@ def _serve(args: argparse.Namespace) -> int:
     return launch_server(ServerArgs.from_cli_args(args))
 
 
+def _serve_pd(args: argparse.Namespace) -> int:
+    flags = args.server_flags[1:] if args.server_flags[:1] == ["--"] else args.server_flags
+    return pd_launcher.run(args, flags)
+
+
 def _bench(args: argparse.Namespace) -> int:
     return bench_serve.run_cli(args)
 
@@ -65,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     ServerArgs.add_cli_args(demo)
     serve = sub.add_parser("serve", help="the HTTP server: SGLang's /generate and OpenAI /v1/*")
     ServerArgs.add_cli_args(serve)
+    serve_pd = sub.add_parser("serve-pd", help="a prefill server, a decode server and a "
+                              "router on this machine: radixlm serve-pd [opts] -- FLAGS "
+                              "(FLAGS: radixlm serve's, given to both servers)")
+    pd_launcher.add_cli_args(serve_pd)
+    serve_pd.add_argument("server_flags", nargs=argparse.REMAINDER)
     tiny = sub.add_parser("make-tiny-model", help="write the built-in tiny model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
@@ -82,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
     )
     handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve, "bench": _bench,
+                "serve-pd": _serve_pd,
                 "prefix-report": _prefix_report}
     return handlers[args.command](args)
 

@@ -142,6 +142,8 @@ class NativeRoutes:
             text = body.text[i] if isinstance(body.text, list) else body.text
             items[-1].origin = self.tm.log_origin("/generate", text, request_tenant(request),
                                                   bool(body.stream))
+        self.tm.attach_bootstrap(items, body.bootstrap_host, body.bootstrap_port,
+                                 body.bootstrap_room)
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
         if body.stream:

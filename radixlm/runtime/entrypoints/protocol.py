@@ -48,7 +48,8 @@ class _Lenient(BaseModel):
 # SGLang's source and fails when one of its fields is in neither this table nor a model.
 _MEDIA = "radixlm serves text-only models: no image, video or audio input"
 _EMBEDS = "radixlm takes text or token ids, not embeddings"
-_DISAGG = "radixlm has no prefill/decode disaggregation"
+_DISAGG = ("radixlm pairs one prefill scheduler with one decode scheduler (--dp-size 1, "
+           "--tp-size 1 on both): there is no rank or pair to choose")
 _SESSION = ("radixlm has no sessions; a repeated prefix is reused through the radix cache "
             "without one")
 _REASONING = "radixlm has no reasoning-model controls"
@@ -89,8 +90,7 @@ REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "custom_logit_processor": ((None,), "radixlm does not run custom logit processors "
                                         "(serialized code from the client)"),
     **{name: ((None,), _DISAGG) for name in (
-        "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
-        "decode_tp_size", "disagg_prefill_dp_rank")},
+        "bootstrap_pair_key", "decode_tp_size", "disagg_prefill_dp_rank")},
     "routed_dp_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
                                   "only rank 0 exists"),
     "data_parallel_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
@@ -231,6 +231,11 @@ class GenerateRequest(_Strict):
     # accepted as is: radixlm logs no prompt or output, only rids and why a request was
     # refused (which may quote the bad parameter, e.g. a grammar that did not compile)
     no_logs: bool = False
+    # --disaggregation-mode prefill|decode: where the KV goes / comes from (SGLang's; a
+    # list gives one per item, or per sample of one item); a 400 in null mode
+    bootstrap_host: _per_item(str) = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: _per_item(Int64) = None
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +378,10 @@ class OpenAISampling(_Lenient):
     json_schema: dict[str, Any] | bool | str | None = None
     ebnf: str | None = None
     stop_regex: StrOrList | None = None
+    # sglang-router's PD mode (see GenerateRequest)
+    bootstrap_host: _per_item(str) = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: _per_item(Int64) = None
 
 
 class CompletionRequest(OpenAISampling):

@@ -77,6 +77,7 @@ class PrefillQueues(_Queues):
         self.tracked: dict[str, Req] = {}  # every request with a room, until it ends here
 
     def add(self, req: Req) -> None:
+        self.manager.poll()  # an idle loop polls lazily: take a withdrawn claim into account
         req.kv_transfer = self.manager.create_sender(req.bootstrap.room)
         self.bootstrapping.append(req)
         self.tracked[req.rid] = req

@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.disaggregation.rooms import Bootstrap, assign_rooms
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.data_parallel_controller import (
     DataParallelController,
@@ -112,6 +113,7 @@ class Prepared:
     params: SamplingParams
     labels: tuple[str, ...] | None = ()  # see ReqState.labels
     origin: RequestOrigin | None = None  # see ReqState.origin (TokenizerManager.log_origin)
+    bootstrap: list[Bootstrap] | None = None  # --disaggregation-mode: each sample's room
 
 
 class TokenizerManager:
@@ -313,6 +315,26 @@ class TokenizerManager:
         except ValueError as e:
             raise ApiError(400, str(e), param="cache_salt") from None
 
+    def attach_bootstrap(self, items: list[Prepared], host: Any, port: Any, room: Any) -> None:
+        """The rooms of sglang-router's PD mode (``rooms.assign_rooms``); a 400 naming the
+        field on a server in ``--disaggregation-mode null`` or for a bad value."""
+        if host is None and port is None and room is None:
+            return
+        field_ = "bootstrap_room" if room is not None else "bootstrap_host"
+        if self.args.disaggregation_mode == "null":
+            raise ApiError(400, f"{field_}: this server runs without prefill/decode "
+                           "disaggregation (--disaggregation-mode null); start it with "
+                           "--disaggregation-mode prefill or decode", param=field_)
+        if host is None or room is None:
+            raise ApiError(400, "bootstrap_host and bootstrap_room go together", param=field_)
+        try:
+            rooms = assign_rooms(host, port, room, [p.params.n for p in items],
+                                 self.args.disaggregation_bootstrap_port)
+        except ValueError as e:
+            raise ApiError(400, str(e), param=str(e).split(" ")[0]) from None
+        for p, samples in zip(items, rooms):
+            p.bootstrap = samples
+
     def check_capacity(self, n_new: int) -> None:
         """503 while shutting down or when ``--max-queued-requests`` are already queued."""
         if self.draining:
@@ -338,8 +360,9 @@ class TokenizerManager:
         origins: list[RequestOrigin | None] = []
         for p in items:
             n = p.params.n
-            subs += [p.msg] if n == 1 else [
+            samples = [p.msg] if n == 1 else [
                 msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
+            subs += _with_rooms(samples, p.bootstrap)
             labels += [p.labels] * n
             origins += [p.origin] * n
         self.check_capacity(len(subs))
@@ -348,7 +371,9 @@ class TokenizerManager:
         wire = [self._encode(m) for m in subs]
         if not self.args.disable_radix_cache:
             for p in items:
-                if p.params.n > 1:
+                # a decode server never computes a prompt: its samples' KV is sent
+                decode = p.bootstrap is not None and self.args.disaggregation_mode == "decode"
+                if p.params.n > 1 and not decode:
                     warm = GenerateReqInput(
                         p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0},
                         namespace=p.msg.namespace,
@@ -524,3 +549,12 @@ class TokenizerManager:
         if out.success:
             self.model_path = msg.model_path
         return out
+
+
+def _with_rooms(samples: list[GenerateReqInput], rooms: list[Bootstrap] | None
+                ) -> list[GenerateReqInput]:
+    """Each sample with its room (``attach_bootstrap``), or as it is."""
+    if rooms is None:
+        return samples
+    return [msgspec.structs.replace(m, bootstrap_host=b.host, bootstrap_port=b.port,
+                                    bootstrap_room=b.room) for m, b in zip(samples, rooms)]
