@@ -218,6 +218,10 @@ class ServerArgs:
     cache_aware_balance_rel_threshold: float = field(default=1.5, metadata={
         "help": "cache_aware: see --cache-aware-balance-abs-threshold "
                 "(sglang-router's --balance-rel-threshold)"})
+    cache_aware_threshold: float = field(default=0.3, metadata={
+        "help": "cache_aware: a request goes by cache only to a replica holding more than "
+                "this share of its prompt, else to the least loaded one (sglang-router's "
+                "--cache-threshold)"})
     disaggregation_mode: str = field(default="null", metadata={
         "help": "null|prefill|decode (SGLang's): a prefill server computes prompts and sends "
                 "their KV pages and first token to the decode server named by each request's "
@@ -307,6 +311,8 @@ class ServerArgs:
         need(self.cache_aware_balance_rel_threshold >= 1.0,
              "cache_aware_balance_rel_threshold must be >= 1.0, got "
              f"{self.cache_aware_balance_rel_threshold}")
+        need(0.0 <= self.cache_aware_threshold <= 1.0,
+             f"cache_aware_threshold must be in [0, 1], got {self.cache_aware_threshold}")
         self._validate_disaggregation(need)
 
     def _validate_disaggregation(self, need: Any) -> None:

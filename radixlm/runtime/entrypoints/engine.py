@@ -29,6 +29,11 @@ from radixlm.runtime.entrypoints.protocol import (
     typed_sampling_params,
 )
 from radixlm.runtime.executor.sampling_params import SamplingParams
+from radixlm.runtime.managers.data_parallel_controller import (
+    SchedulerReplicas,
+    aggregate_infos,
+    replica_args,
+)
 from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.managers.messages import (
     AbortReq,
@@ -61,7 +66,16 @@ class Engine:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
-        self.scheduler = Scheduler(self.server_args, self.model_path, self.tokenizer)
+        self.scheduler = Scheduler(replica_args(self.server_args, 0), self.model_path,
+                                   self.tokenizer)
+        # dp_size > 1: more schedulers, each with its own model copy and pool, stepped in
+        # turn on this thread (see _turn); the requests are placed as the server places them
+        sa = self.server_args
+        if sa.dp_size > 1 and sa.tp_size > 1:
+            raise ValueError("Engine: dp_size > 1 together with tp_size > 1 is not supported")
+        self.replicas = SchedulerReplicas(
+            [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer)
+                               for r in range(1, sa.dp_size))], sa)
         self.model_config = self.scheduler.model_config
         if self.server_args.cpu_threads is not None:
             torch.set_num_threads(self.server_args.cpu_threads)
@@ -88,11 +102,12 @@ class Engine:
         except queue.Empty:
             return msgs
 
-    def _send(self, obj: Any) -> None:
+    def _send(self, dp_rank: int, obj: Any) -> None:
         if isinstance(obj, UpdateWeightFromDiskOutput):
             self._update_replies.put(obj)
         elif isinstance(obj, list):
-            version = self.scheduler.weight_version  # sent before any update is applied
+            # sent before any update is applied
+            version = self.replicas.schedulers[dp_rank].weight_version
             with self._lock:
                 for out in obj:
                     q = self._streams.get(out.rid)
@@ -105,7 +120,7 @@ class Engine:
         self._check_alive()
         try:
             with torch.inference_mode():
-                self.scheduler.run_once(self._drain_inbox(), self._send)
+                self.replicas.run_once(self._drain_inbox(), self._send)
         except BaseException as e:
             logger.exception("the scheduler failed")
             self._error = e
@@ -132,11 +147,11 @@ class Engine:
                 except queue.Empty:
                     continue
 
-    def _call(self, msg: Any) -> Any:
-        """A control message, applied between two steps."""
+    def _call(self, msg: Any) -> list[Any]:
+        """A control message, applied by every replica between two steps; their replies."""
         with self._drive:
             self._check_alive()
-            return self.scheduler.handle(msg)
+            return self.replicas.handle_all(msg)
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -285,7 +300,7 @@ class Engine:
 
     # --- control ------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
-        return self._call(FlushCacheReq()).success
+        return all(out.success for out in self._call(FlushCacheReq()))
 
     def update_weights_from_disk(self, model_path: str | os.PathLike,
                                  load_format: str | None = None,
@@ -310,20 +325,23 @@ class Engine:
             self._check_alive()
             self._inbox.put(UpdateWeightFromDiskReq(body.model_path, abort_all_requests,
                                                     weight_version, body.torch_empty_cache))
-            out = self._next(self._update_replies)
+            outs = [self._next(self._update_replies) for _ in self.replicas.schedulers]
+        out = next((o for o in outs if not o.success), outs[0])
         if out.success:
             self.model_path = body.model_path
         return out.success, out.message, out.num_paused_requests
 
     def get_server_info(self) -> dict[str, Any]:
-        info = self._call(GetInfoReq()).info
-        return {"model_path": self.model_path, **info}
+        """Summed over the replicas when ``dp_size`` > 1 (``internal_states``: each one's)."""
+        infos = [out.info for out in self._call(GetInfoReq())]
+        extra = {"internal_states": infos} if len(infos) > 1 else {}
+        return {"model_path": self.model_path, **aggregate_infos(infos), **extra}
 
     def check_invariants(self) -> None:
         """Assert the KV accounting invariant; the engine must be idle."""
-        info = self._call(GetInfoReq(check_invariants=True)).info
-        if info.get("invariant_error"):
-            raise AssertionError(info["invariant_error"])
+        for out in self._call(GetInfoReq(check_invariants=True)):
+            if out.info.get("invariant_error"):
+                raise AssertionError(out.info["invariant_error"])
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Block until no request is waiting or running (aborts settle in a step)."""
@@ -331,7 +349,7 @@ class Engine:
         while True:
             with self._drive:
                 self._turn()
-                if self.scheduler.is_idle() and self._inbox.empty():
+                if self.replicas.is_idle() and self._inbox.empty():
                     return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engine not idle after {timeout} s: "
@@ -348,10 +366,11 @@ class Engine:
         with self._drive:
             with self._lock:
                 rids = list(self._streams)
-            for rid in rids:
-                self.scheduler.abort(rid, "the engine shut down")
+            for sched in self.replicas.schedulers:
+                for rid in rids:
+                    sched.abort(rid, "the engine shut down")
+                sched.grammar_compiler.shutdown()
             self._stopped = True
-            self.scheduler.grammar_compiler.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -19,8 +19,9 @@ Methods (``--load-balance-method``):
 - ``cache_aware``: the replica with the longest cached prefix of the prompt, unless its
   load exceeds the least loaded one's by more than ``abs_threshold`` tokens and by more
   than ``rel_threshold`` times (sglang-router's ``balance_abs_threshold`` /
-  ``balance_rel_threshold``, which count requests), or no replica has any of it: then the
-  least loaded. The cached prefix is exact: a per-replica token-level index fed by the
+  ``balance_rel_threshold``, which count requests), or no replica holds more than
+  ``cache_threshold`` of the prompt (sglang-router's ``cache_threshold``): then the least
+  loaded. The cached prefix is exact: a per-replica token-level index fed by the
   replica's own KV events (``PrefixIndex``), plus the prompts it is computing now (sent,
   not finished), which it will hold once their prefill ran.
 
@@ -31,12 +32,15 @@ that replica lives.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 import zmq
 
 from radixlm.radix_cache.kv_events import decode_batch
@@ -103,9 +107,11 @@ class LoadBalancer:
     """The dispatch policy over ``dp_size`` replicas (see the module docstring)."""
 
     def __init__(self, dp_size: int, method: str = "cache_aware", abs_threshold: int = 2048,
-                 rel_threshold: float = 1.5, index: CachedPrefixIndex | None = None) -> None:
+                 rel_threshold: float = 1.5, index: CachedPrefixIndex | None = None,
+                 cache_threshold: float = 0.3) -> None:
         assert method in LOAD_BALANCE_METHODS, f"method={method!r}"
         self.method = method
+        self.cache_threshold = cache_threshold
         self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
         self.index = index
         self.replicas = [_Replica(r) for r in range(dp_size)]
@@ -155,7 +161,8 @@ class LoadBalancer:
         cached = self.cached_tokens(msg.input_ids, msg.namespace)
         least = self._least(live, self.load)
         best = max(live, key=lambda r: (cached[r], -self.load(r), r == least))
-        if cached[best] == 0 or self.overloaded(best, least):
+        if cached[best] <= self.cache_threshold * len(msg.input_ids) or self.overloaded(
+                best, least):
             return least
         return best
 
@@ -225,16 +232,22 @@ class LoadBalancer:
                 for r in self.replicas]
 
 
+def balancer_for(args: ServerArgs, dp_size: int) -> LoadBalancer:
+    """The server's settings as a LoadBalancer (one replica: nothing to choose)."""
+    method = args.load_balance_method if dp_size > 1 else "round_robin"
+    index = PrefixIndex(dp_size, args.page_size) if method == "cache_aware" else None
+    return LoadBalancer(dp_size, method, args.cache_aware_balance_abs_threshold,
+                        args.cache_aware_balance_rel_threshold, index,
+                        args.cache_aware_threshold)
+
+
 class DataParallelController:
     """The tokenizer manager's link to the scheduler processes (``addrs``, one per replica):
     requests go to the replica the balancer picks, aborts to the replica serving the rid,
     control messages to every live replica."""
 
     def __init__(self, args: ServerArgs, addrs: list[str]) -> None:
-        method = args.load_balance_method if len(addrs) > 1 else "round_robin"
-        index = PrefixIndex(len(addrs), args.page_size) if method == "cache_aware" else None
-        self.balancer = LoadBalancer(len(addrs), method, args.cache_aware_balance_abs_threshold,
-                                     args.cache_aware_balance_rel_threshold, index)
+        self.balancer = balancer_for(args, len(addrs))
         self.dead: dict[int, str] = {}  # rank -> why it was taken out
         self._ctx = zmq.Context()
         self._pushes = []
@@ -285,6 +298,78 @@ class DataParallelController:
         for push in self._pushes:
             push.close(linger=0)
         self._ctx.term()
+
+
+def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
+    """The settings of replica ``dp_rank``: on GPUs its own device, ``cuda:(base_gpu_id +
+    dp_rank)`` (SGLang's placement); on a CPU the same settings."""
+    on_cuda = args.device.startswith("cuda") or (args.device == "auto"
+                                                 and torch.cuda.is_available())
+    if not on_cuda or (args.dp_size == 1 and args.base_gpu_id == 0):
+        return args
+    return dataclasses.replace(args, device=f"cuda:{args.base_gpu_id + dp_rank}")
+
+
+class SchedulerReplicas:
+    """The Engine's schedulers (one per replica) driven in the caller's thread: each turn
+    routes the new messages (requests by the balancer, an abort to the replica serving its
+    rid, control messages to all) and runs one step of every replica in rank order.
+    ``send(dp_rank, obj)`` gets what each produced."""
+
+    def __init__(self, schedulers: list[Any], args: ServerArgs) -> None:
+        self.schedulers = schedulers
+        self.balancer = balancer_for(args, len(schedulers))
+        if self.balancer.index is not None:
+            for rank, sched in enumerate(schedulers):
+                sched.kv_event_sinks.append(functools.partial(self.balancer.on_kv_events, rank))
+
+    def route(self, msgs: list[Any]) -> list[list[Any]]:
+        per: list[list[Any]] = [[] for _ in self.schedulers]
+        everyone = range(len(self.schedulers))
+        for msg in msgs:
+            if isinstance(msg, GenerateReqInput):
+                rank = self.balancer.select(msg)
+                self.balancer.sent(rank, msg)
+                ranks: Sequence[int] = [rank]
+            elif isinstance(msg, AbortReq) and not msg.abort_all:
+                owner = self.balancer.owner(msg.rid)
+                ranks = everyone if owner is None else [owner]
+            else:
+                ranks = everyone
+            for r in ranks:
+                per[r].append(msg)
+        return per
+
+    def run_once(self, msgs: list[Any], send: Callable[[int, Any], None]) -> None:
+        for rank, (sched, batch) in enumerate(zip(self.schedulers, self.route(msgs))):
+            sched.run_once(batch, functools.partial(self._emit, rank, send))
+            self.balancer.on_load(replica_load(sched, rank, self.balancer.replicas[rank].n_sent))
+
+    def _emit(self, rank: int, send: Callable[[int, Any], None], obj: Any) -> None:
+        if isinstance(obj, list):
+            for out in obj:
+                if out.finished:
+                    self.balancer.finished(out.rid)
+        send(rank, obj)
+
+    def handle_all(self, msg: Any) -> list[Any]:
+        """A control message applied by every replica between two steps; their replies."""
+        return [sched.handle(msg) for sched in self.schedulers]
+
+    def is_idle(self) -> bool:
+        return all(sched.is_idle() for sched in self.schedulers)
+
+
+def replica_load(scheduler: Any, dp_rank: int, received: int) -> ReplicaLoad:
+    """A ``Scheduler``'s load between two steps, with every request it has read so far
+    (``received``) in it: running + waiting + held requests, KV tokens in use + tokens of
+    the waiting and held ones."""
+    waiting = [*scheduler.waiting, *scheduler.grammar_waiting]
+    reqs = (len(scheduler.running) + (scheduler.chunked_req is not None) + len(waiting)
+            + len(scheduler.held))
+    tokens = (scheduler.cache.used_size() + sum(r.seq_len for r in waiting)
+              + sum(len(m.input_ids) for m in scheduler.held))
+    return ReplicaLoad(dp_rank, received, reqs, tokens)
 
 
 # --- server info over replicas ---------------------------------------------------------------

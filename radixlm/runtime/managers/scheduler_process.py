@@ -9,7 +9,6 @@ model copy and pool; each stamps its replies with its rank and reports its load
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from radixlm.radix_cache.kv_events import KVEventBatch, encode_batch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.child_setup import setup_child
+from radixlm.runtime.managers.data_parallel_controller import replica_args, replica_load
 from radixlm.runtime.managers.detokenizer import make_register
 from radixlm.runtime.managers.kv_event_publisher import attach_publisher
 from radixlm.runtime.managers.messages import (
@@ -65,7 +65,7 @@ class SchedulerIO:
         self.queue_times: list[float] = []
         self.last_recv = time.monotonic()
         self.received = 0  # requests read so far (ReplicaLoad.received)
-        self._load: tuple[int, int, int] | None = None  # the last one reported
+        self._load: ReplicaLoad | None = None  # the last one reported
 
     def recv(self, block: bool) -> list[Any]:
         self.heartbeat.value = time.monotonic()  # the loop turned (at least every POLL_MS)
@@ -91,16 +91,10 @@ class SchedulerIO:
     def _report_load(self) -> None:
         """Load after the last step, when it changed: every request read before this turn
         is in it (``received``), none read in this turn."""
-        sched = self.scheduler
-        waiting = [*sched.waiting, *sched.grammar_waiting]
-        load = (self.received,
-                len(sched.running) + (sched.chunked_req is not None) + len(waiting)
-                + len(sched.held),
-                sched.cache.used_size() + sum(r.seq_len for r in waiting)
-                + sum(len(m.input_ids) for m in sched.held))
+        load = replica_load(self.scheduler, self.dp_rank, self.received)
         if load != self._load:
             self._load = load
-            self.push.send(encode(ReplicaLoad(self.dp_rank, *load)))
+            self.push.send(encode(load))
 
     @staticmethod
     def _register(m: GenerateReqInput) -> Any:
@@ -133,16 +127,6 @@ class SchedulerIO:
 REPLIES = (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
 
 
-def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
-    """The settings of replica ``dp_rank``: on GPUs its own device, ``cuda:(base_gpu_id +
-    dp_rank)`` (SGLang's placement); on a CPU the same settings."""
-    on_cuda = args.device.startswith("cuda") or (args.device == "auto"
-                                                 and torch.cuda.is_available())
-    if not on_cuda or (args.dp_size == 1 and args.base_gpu_id == 0):
-        return args
-    return dataclasses.replace(args, device=f"cuda:{args.base_gpu_id + dp_rank}")
-
-
 def run_scheduler_process(
     args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int,
     heartbeat: Any, dp_rank: int = 0,
@@ -173,6 +157,8 @@ def run_scheduler_process(
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info, dp_rank)))
     try:
         io = SchedulerIO(scheduler, pull, push, heartbeat, dp_rank)
+        if args.dp_size > 1 and args.load_balance_method == "cache_aware":
+            scheduler.kv_event_sinks.append(io.send_kv_events)
         scheduler.run_loop(io.recv, io.send, should_stop)
         logger.info("scheduler process stopping")
     finally:
