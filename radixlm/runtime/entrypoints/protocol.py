@@ -91,10 +91,6 @@ REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
                                         "(serialized code from the client)"),
     **{name: ((None,), _DISAGG) for name in (
         "bootstrap_pair_key", "decode_tp_size", "disagg_prefill_dp_rank")},
-    "routed_dp_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
-                                  "only rank 0 exists"),
-    "data_parallel_rank": ((None, 0), "radixlm runs one data-parallel rank (--dp-size 1): "
-                                      "only rank 0 exists"),
     "conversation_id": ((None,), "radixlm has no request tracing"),
     "external_trace_header": ((None,), "radixlm has no request tracing"),
     "background": (_OFF, "radixlm has no background responses (OpenAI Responses API)"),
@@ -224,6 +220,9 @@ class GenerateRequest(_Strict):
     priority: int | None = None  # scheduling priority (--enable-priority-scheduling)
     # --dp-size > 1: requests with the same key are served by the same replica (SGLang's)
     routing_key: str | None = None
+    # --dp-size > 1: serve on this replica (SGLang's; data_parallel_rank is its old name)
+    routed_dp_rank: int | None = None
+    data_parallel_rank: int | None = None
     # Prometheus labels of this request's metrics (--tokenizer-metrics-allowed-custom-labels)
     custom_labels: dict[str, str] | None = None
     log_metrics: bool = True  # false: left out of the request metrics (health checks)

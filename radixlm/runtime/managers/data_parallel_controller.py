@@ -128,6 +128,10 @@ class LoadBalancer:
         live = self.live()
         if not live:
             raise NoReplica("every data-parallel replica is dead")
+        if msg.routed_dp_rank is not None:  # the client's choice, checked at the edge
+            if msg.routed_dp_rank not in live:
+                raise NoReplica(f"routed_dp_rank {msg.routed_dp_rank} is not serving")
+            return msg.routed_dp_rank
         key = msg.routing_key
         if key is not None and self._keys.get(key) in live:
             self._keys.move_to_end(key)

@@ -25,6 +25,7 @@ class GenerateReqInput(msgspec.Struct, tag=True):
     priority: int = 0  # resolved by validation.request_priority; ordered by the policy
     token_ids_logprob: list[int] | None = None  # logprobs of these ids at each position
     routing_key: str | None = None  # --dp-size > 1: requests with the same key share a replica
+    routed_dp_rank: int | None = None  # --dp-size > 1: the replica the client asked for
     # --disaggregation-mode prefill|decode: this sample's room (rooms.assign_rooms)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None

@@ -142,6 +142,17 @@ def test_routing_key_sticks_to_one_replica(dp2: ServerProcess) -> None:
     assert sorted(final[r] - again[r] for r in final) == [40, 40]
 
 
+def test_routed_dp_rank_picks_the_replica(dp2: ServerProcess) -> None:
+    rng = random.Random(3)
+    for name, rank in (("routed_dp_rank", 1), ("data_parallel_rank", 0), ("routed_dp_rank", 1)):
+        before = _prompt_tokens(dp2.url)
+        _generate(dp2.url, [rng.randrange(100, 1000) for _ in range(20)], 1, **{name: rank})
+        after = _prompt_tokens(dp2.url)
+        assert {r: after[r] - before[r] for r in after} == {rank: 20, 1 - rank: 0}
+    resp = httpx.post(dp2.url + "/generate", json={"text": "x", "routed_dp_rank": 2})
+    assert resp.status_code == 400 and "[0, 2)" in resp.text and "routed_dp_rank" in resp.text
+
+
 def test_routing_key_is_a_string(dp2: ServerProcess) -> None:
     resp = httpx.post(dp2.url + "/generate", json={"text": "x", "routing_key": 3})
     assert resp.status_code == 400
