@@ -398,6 +398,11 @@ def aggregate_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
             for k in acc:
                 acc[k] += counts.get(k, 0)
     out["namespace_cache"] = spaces
+    snaps = [i["grammar_compile_time"] for i in infos if i.get("grammar_compile_time")]
+    if snaps:  # same buckets everywhere: counts and sums add up
+        out["grammar_compile_time"] = {
+            "buckets": snaps[0]["buckets"], "sum": sum(s["sum"] for s in snaps),
+            "counts": [sum(c) for c in zip(*(s["counts"] for s in snaps))]}
     out["cache_hit_rate"] = out.get("cached_tokens", 0) / max(out.get("prompt_tokens", 0), 1)
     out["token_usage"] = out["used_tokens"] / max(out["max_total_num_tokens"], 1)
     return out

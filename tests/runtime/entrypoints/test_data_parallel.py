@@ -344,3 +344,14 @@ def test_aggregate_infos_sums_and_recomputes_rates() -> None:
     assert out["prompt_tokens"] == 400 and out["page_size"] == 1
     assert out["cache_hit_rate"] == 50 / 400 and out["token_usage"] == 40 / 200
     assert out["namespace_cache"] == {"t": {"prompt_tokens": 100, "cached_tokens": 50}}
+
+
+def test_aggregate_infos_adds_grammar_compile_histograms() -> None:
+    base = {"prompt_tokens": 1, "cached_tokens": 0, "used_tokens": 0,
+            "max_total_num_tokens": 10}
+    a = {**base, "grammar_compile_time": {"buckets": [0.1, 1.0], "counts": [1, 0, 2],
+                                          "sum": 5.0}}
+    b = {**base, "grammar_compile_time": {"buckets": [0.1, 1.0], "counts": [0, 3, 1],
+                                          "sum": 2.5}}
+    out = aggregate_infos([a, b])["grammar_compile_time"]
+    assert out == {"buckets": [0.1, 1.0], "counts": [1, 3, 3], "sum": 7.5}
