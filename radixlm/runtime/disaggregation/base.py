@@ -240,6 +240,7 @@ class KVSender(_Transfer):
         super().__init__(manager, room, deadline)
         self.peer: Peer | None = None
         self.claim: Claim | None = None
+        self.sent_at = 0.0  # when send() handed the pages over (transfer time: to the ack)
 
     @property
     def decode_prefix_len(self) -> int:
@@ -265,6 +266,7 @@ class KVSender(_Transfer):
             head = KVChunk(self.room, start, len(part), last, first_token if last else None)
             self.manager.transport.send(self.peer, head, self.manager.buffers.gather(part))
         self.manager.sent_tokens += len(slots)
+        self.sent_at = self.manager.clock()
         self._to(KVPoll.Transferring, self.manager.waiting_timeout)
 
     def abort(self, reason: str = "aborted by the prefill server") -> None:
@@ -358,6 +360,7 @@ class KVManager:
         # decode: (host, port) -> RouteInfo, or the time it was asked for
         self.routes: dict[tuple[str, int], RouteInfo | float] = {}
         self.sent_tokens = self.received_tokens = 0
+        self.transfer_seconds = 0.0  # prefill: send() to ack, summed over acked rooms
 
     # --- creation ---------------------------------------------------------------------
     def create_sender(self, room: int) -> KVSender:
@@ -427,6 +430,7 @@ class KVManager:
             if sender is not None and sender.peer == ev.peer and \
                     sender.state == KVPoll.Transferring:
                 sender._to(KVPoll.Success, None)
+                self.transfer_seconds += self.clock() - sender.sent_at
         elif isinstance(msg, Abort):
             self._peer_abort(ev.peer, msg)
 

@@ -173,6 +173,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None
 def run(args: argparse.Namespace, server_flags: list[str]) -> int:
     """Start both servers (``server_flags`` go to both), wait for them, serve the router
     until SIGINT/SIGTERM, then stop everything."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     pport, dport = args.prefill_port or args.port + 1, args.decode_port or args.port + 2
     host, bport = args.host, args.disaggregation_bootstrap_port
     procs = [subprocess.Popen(server_cmd("prefill", host, pport, bport,

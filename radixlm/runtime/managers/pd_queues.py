@@ -155,7 +155,10 @@ class PrefillQueues(_Queues):
     def info(self) -> dict[str, int]:
         return {"num_prefill_prealloc_queue_reqs": len(self.bootstrapping),
                 "num_prefill_inflight_queue_reqs": len(self.inflight),
-                "kv_transfer_sent_tokens": self.manager.sent_tokens}
+                "kv_transfer_sent_tokens": self.manager.sent_tokens,
+                "kv_transfer_seconds": self.manager.transfer_seconds,
+                "kv_transfer_bytes_per_token": 2 * self.manager.buffers.layout.num_layers
+                * self.manager.buffers.token_bytes}
 
 
 class DecodeQueues(_Queues):
