@@ -279,6 +279,12 @@ def refuse_options(options: dict[str, Any]) -> None:
     at a neutral value pass; other values are a ValueError saying why; unknown names are
     a TypeError, as for any Python function."""
     for name, value in options.items():
+        if name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+            if value is not None:  # SGLang's Engine takes them; null is its default
+                raise ValueError(f"{name} is not supported: the offline Engine has no "
+                                 "prefill/decode disaggregation (radixlm serve "
+                                 "--disaggregation-mode prefill|decode has)")
+            continue
         if name not in REFUSED_REQUEST_FIELDS:
             raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
         neutral, why = REFUSED_REQUEST_FIELDS[name]

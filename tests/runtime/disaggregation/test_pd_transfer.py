@@ -31,11 +31,15 @@ class Clock:
         return self.t
 
 
-def pool(seed: int, dtype: torch.dtype = torch.float32) -> KVBuffers:
+def pool(seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> KVBuffers:
     g = torch.Generator().manual_seed(seed)
-    k = [torch.randn(POOL, HEADS, DIM, generator=g).to(dtype) for _ in range(LAYERS)]
-    v = [torch.randn(POOL, HEADS, DIM, generator=g).to(dtype) for _ in range(LAYERS)]
+    k = [torch.randn(POOL, HEADS, DIM, generator=g).to(device, dtype) for _ in range(LAYERS)]
+    v = [torch.randn(POOL, HEADS, DIM, generator=g).to(device, dtype) for _ in range(LAYERS)]
     return KVBuffers(k, v, PAGE)
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])
 
 
 def fake_pair(clock: Clock, bootstrap_timeout: float = 10, waiting_timeout: float = 20):
@@ -221,14 +225,15 @@ def test_assign_rooms():
             assign_rooms(args["host"], args["port"], args["room"], [2], 1)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_zmq_moves_pages_bit_for_bit(dtype):
+def test_zmq_moves_pages_bit_for_bit(dtype, device):
     """Two managers over real TCP sockets on loopback; several chunks (small CHUNK_BYTES)."""
     import radixlm.runtime.disaggregation.base as base
     from radixlm.runtime.entrypoints.server_process import free_port
 
     port = free_port()
-    pbuf, dbuf = pool(0, dtype), pool(1, dtype)
+    pbuf, dbuf = pool(0, dtype, device), pool(1, dtype, device)
     prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 30)
     dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
     old = base.CHUNK_BYTES
@@ -249,7 +254,8 @@ def test_zmq_moves_pages_bit_for_bit(dtype):
             assert torch.equal(dbuf.v[layer][dst], pbuf.v[layer][src])
         untouched = torch.ones(POOL, dtype=torch.bool)
         untouched[dst] = False
-        assert torch.equal(dbuf.k[0][untouched], pool(1, dtype).k[0][untouched])
+        assert torch.equal(dbuf.k[0][untouched.to(device)],
+                           pool(1, dtype, device).k[0][untouched.to(device)])
     finally:
         base.CHUNK_BYTES = old
         prefill.close()
