@@ -495,11 +495,23 @@ class KVManager:
         for t in (*self.senders.values(), *self.receivers.values()):
             if t.deadline is not None and now > t.deadline:
                 t.abort(self._timeout_reason(t))
+                if isinstance(t, KVReceiver):
+                    self._maybe_forget(t.addr)
         if self.mode == "decode":
             for addr, route in list(self.routes.items()):
                 if not isinstance(route, RouteInfo) and now - route > self.bootstrap_timeout:
                     self._peer_gone(addr, "its bootstrap service did not answer within "
                                           f"{self.bootstrap_timeout:g} s")
+
+    def _maybe_forget(self, addr: tuple[str, int]) -> None:
+        """A prefill server that let a claim time out may have restarted (on a new transfer
+        port): once none of its rooms is live here, the next request asks its bootstrap
+        service again."""
+        live = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring)
+        if isinstance(self.routes.get(addr), RouteInfo) and not any(
+                r.addr == addr and r.state in live for r in self.receivers.values()):
+            del self.routes[addr]
+            self.transport.forget(addr)
 
     def _timeout_reason(self, t: _Transfer) -> str:
         if t.state == KVPoll.Bootstrapping:

@@ -158,6 +158,10 @@ def test_prefill_never_sends_decode_times_out():
     clock.t = 20.5
     turn(prefill, dec)
     assert receiver.poll() == KVPoll.Failed and "sent no KV" in receiver.failure_reason()
+    assert ADDR not in dec.routes  # a restarted prefill is asked for its endpoint again
+    again = dec.create_receiver(*ADDR, 10)
+    turn(prefill, dec)
+    assert again.poll() == KVPoll.WaitingForInput
 
 
 @pytest.mark.parametrize("side", ["prefill", "decode"])
