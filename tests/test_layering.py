@@ -22,15 +22,17 @@ ALLOWED: dict[str, set[str]] = {
     "shared": {"tiny_model"},
     "constrained": {"shared"},
     "disaggregation": {"shared"},  # KV transfer between prefill and decode servers
-    "executor": {"shared", "constrained", "radix_cache", "kernels"},
-    "managers": {"shared", "constrained", "disaggregation", "executor", "radix_cache"},
+    "distributed": {"shared"},  # process groups and parallel layers: torch.distributed only
+    "executor": {"shared", "constrained", "distributed", "radix_cache", "kernels"},
+    "managers": {"shared", "constrained", "disaggregation", "distributed", "executor",
+                 "radix_cache"},
     "entrypoints": {"shared", "constrained", "executor", "managers", "tiny_model"},
     "frontend_dsl": set(),
     "bench": {"shared"},  # a client of any server: the tokenizer loader, nothing else
     "analysis": {"shared"},  # offline reports on request logs: the tokenizer loader only
     "top": {"tiny_model", "radix_cache", "kernels", "shared", "constrained", "disaggregation",
-            "executor",
-            "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
+            "distributed",
+            "executor", "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
 }
 # the DSL's in-process backend starts an Engine: the one import from frontend_dsl into runtime
 EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine")}
@@ -161,7 +163,8 @@ def test_runtime_top_level_holds_only_shared_modules():
     assert top == set(SHARED) | {"radixlm.runtime"}
     rooms = {p.name for p in (PACKAGE_DIR / "runtime").iterdir()
              if p.is_dir() and (p / "__init__.py").is_file()}
-    assert rooms == {"entrypoints", "managers", "executor", "constrained", "disaggregation"}
+    assert rooms == {"entrypoints", "managers", "executor", "constrained", "disaggregation",
+                     "distributed"}
 
 
 @pytest.mark.parametrize("module,source,expected", [

@@ -199,7 +199,20 @@ class ServerArgs:
                 "BlockRemoved / AllBlocksCleared events in vLLM's wire format on a zmq PUB "
                 'socket, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", '
                 '"replay_endpoint": "tcp://127.0.0.1:5558"}\'; keys: vLLM\'s KVEventsConfig'})
-    tp_size: int = field(default=1, metadata={"help": "tensor parallel size (only 1)"})
+    tp_size: int = field(default=1, metadata={
+        "help": "tensor parallel size: ranks that each hold 1/tp_size of every layer (heads, "
+                "KV heads, MLP, vocabulary); torch.distributed with NCCL on CUDA, gloo on CPU"})
+    nnodes: int = field(default=1, metadata={
+        "help": "machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
+    node_rank: int = field(default=0, metadata={
+        "help": "this machine's index among --nnodes (0 runs the scheduler and the server; "
+                "the others run only their ranks)"})
+    dist_init_addr: str | None = field(default=None, metadata={
+        "help": "host:port where the ranks meet (rank 0 listens; needed with --nnodes > 1; "
+                "default: a free loopback port)"})
+    dist_timeout: float = field(default=120.0, metadata={
+        "help": "seconds a tensor-parallel collective may take before the ranks fail, so a "
+                "rank that hangs brings the server down (joining at startup may take 300 s)"})
     dp_size: int = field(default=1, metadata={
         "help": "data parallel replicas: scheduler processes, each with its own model copy and "
                 "KV pool, behind one HTTP server (on a CPU they split --cpu-threads; on GPUs "
@@ -299,7 +312,17 @@ class ServerArgs:
                  "Prometheus label name")
         if self.kv_events_config is not None:
             KVEventsConfig.from_json(self.kv_events_config)
-        need(self.tp_size == 1, "tp_size other than 1 is not supported")
+        need(self.tp_size >= 1, f"tp_size must be >= 1, got {self.tp_size}")
+        need(self.nnodes >= 1 and self.tp_size % self.nnodes == 0,
+             f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})")
+        need(0 <= self.node_rank < self.nnodes,
+             f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
+        need(self.nnodes == 1 or self.dist_init_addr is not None,
+             "dist_init_addr (host:port of node 0) is needed when nnodes > 1")
+        need(self.dist_init_addr is None
+             or re.fullmatch(r"[^:\s]+:\d+", self.dist_init_addr) is not None,
+             f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        need(self.dist_timeout > 0, f"dist_timeout must be > 0, got {self.dist_timeout}")
         need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
         need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")
         need(self.load_balance_method in LOAD_BALANCE_METHODS,

@@ -46,6 +46,7 @@ from radixlm.runtime.managers.messages import (
 )
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.tp_ranks import start_tp_ranks
 from radixlm.runtime.managers.validation import (
     cache_namespace,
     request_priority,
@@ -66,13 +67,21 @@ class Engine:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
-        self.scheduler = Scheduler(replica_args(self.server_args, 0), self.model_path,
-                                   self.tokenizer)
+        if self.server_args.dp_size > 1 and self.server_args.tp_size > 1:
+            # one torch.distributed group per process: its replicas could not all lead one
+            raise ValueError("Engine: dp_size > 1 together with tp_size > 1 is not supported "
+                             "(the server runs dp x tp processes)")
+        # --tp-size: this process is rank 0; the other ranks are processes (tp_ranks.py)
+        args, self._tp_ranks = start_tp_ranks(self.server_args, self.model_path)
+        try:
+            self.scheduler = Scheduler(replica_args(args, 0), self.model_path, self.tokenizer)
+        except BaseException:
+            if self._tp_ranks is not None:
+                self._tp_ranks.kill()
+            raise
         # dp_size > 1: more schedulers, each with its own model copy and pool, stepped in
         # turn on this thread (see _turn); the requests are placed as the server places them
         sa = self.server_args
-        if sa.dp_size > 1 and sa.tp_size > 1:
-            raise ValueError("Engine: dp_size > 1 together with tp_size > 1 is not supported")
         self.replicas = SchedulerReplicas(
             [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer)
                                for r in range(1, sa.dp_size))], sa)
@@ -88,6 +97,8 @@ class Engine:
         self._versions: dict[str, str] = {}  # rid -> weight version of its latest output
         self._update_replies: queue.Queue = queue.Queue()
         self._update_lock = threading.Lock()  # one weight update at a time
+        if self._tp_ranks is not None:
+            self._tp_ranks.watch(self._on_rank_exit)
 
     # --- driving the scheduler ------------------------------------------------------------
     # No background thread: whichever caller is waiting for outputs runs the scheduler
@@ -152,6 +163,14 @@ class Engine:
         with self._drive:
             self._check_alive()
             return self.replicas.handle_all(msg)
+
+    def _on_rank_exit(self, why: str) -> None:
+        """A tensor-parallel rank died (watch thread): fail every request, now and later."""
+        logger.error("%s; the engine fails its requests", why)
+        self._error = EngineError(why)
+        with self._lock:
+            for q in self._streams.values():
+                q.put(self._error)
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -371,6 +390,8 @@ class Engine:
                     sched.abort(rid, "the engine shut down")
                 sched.grammar_compiler.shutdown()
             self._stopped = True
+            if self._tp_ranks is not None:
+                self._tp_ranks.stop(self.scheduler.model_runner)
 
     def __enter__(self) -> Engine:
         return self

@@ -54,6 +54,7 @@ from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
+from radixlm.runtime.managers.tp_ranks import serve_node
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -409,6 +410,8 @@ def launch_server(args: ServerArgs) -> int:
     if args.api_key:
         load_api_keys(args.api_key)  # a bad key file stops the server before it starts
     model_path = resolve_model_path(args.model_path)
+    if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
+        return serve_node(args, model_path)
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     children = ChildProcesses(args.dp_size)
     names = [children.scheduler_name(r) for r in range(args.dp_size)]

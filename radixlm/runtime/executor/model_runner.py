@@ -16,6 +16,8 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.layers import check_tp_split, local_kv_heads
+from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.models import load_model
@@ -23,6 +25,12 @@ from radixlm.runtime.executor.models.weights import (
     config_differences,
     copy_weights,
     plan_load,
+)
+from radixlm.runtime.executor.tp_worker import (
+    ShutdownStep,
+    UpdateWeightsStep,
+    forward_step,
+    send_step,
 )
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import ModelConfig
@@ -40,10 +48,11 @@ def resolve_device(device: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, tp_rank: int = 0) -> None:
         self.device = resolve_device(args.device)
         self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                                 context_length=args.context_length)
+        self.tp = self._init_tp(args, tp_rank)
         self.dtype = self.model_config.resolve_dtype(self.device)
         self.attention_backend = args.attention_backend
         if (self.attention_backend == "triton" and self.device.type != "cuda"
@@ -52,14 +61,29 @@ class ModelRunner:
                              "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
-        self.model = load_model(self.model_config, model_path, self.device)
+        self.model = load_model(self.model_config, model_path, self.device, self.tp)
         self.pool_size = self._pool_size(args)
         cfg = self.model_config
         # one slot more than the allocator hands out: padding rows of CUDA-graph replays
         # write and read only that one (cuda_graph_runner.py)
-        self.kv_pool = KVPool(self.pool_size + 1, cfg.num_layers, cfg.num_key_value_heads,
-                              cfg.head_dim, self.dtype, self.device)
+        self.kv_pool = KVPool(self.pool_size + 1, cfg.num_layers,
+                              local_kv_heads(cfg, self.tp.size), cfg.head_dim, self.dtype,
+                              self.device)
         self.graph_runner = self._capture_cuda_graphs(args)
+
+    def _init_tp(self, args: ServerArgs, tp_rank: int) -> TpGroup:
+        """Join this replica's tensor-parallel group (rank ``tp_rank`` of ``args.tp_size``;
+        on CUDA, rank r of a machine uses the r-th GPU from ``args.device``'s)."""
+        if args.tp_size == 1:
+            return TpGroup()
+        check_tp_split(self.model_config, args.tp_size)
+        if self.device.type == "cuda":
+            local = tp_rank % (args.tp_size // args.nnodes)
+            self.device = torch.device("cuda", (self.device.index or 0) + local)
+            torch.cuda.set_device(self.device)
+        assert args.dist_init_addr is not None, "start_tp_ranks sets dist_init_addr"
+        return init_tp(tp_rank, args.tp_size, args.dist_init_addr, self.device,
+                       args.dist_timeout)
 
     @property
     def uses_torch_attention(self) -> bool:
@@ -70,7 +94,7 @@ class ModelRunner:
 
     def _pool_size(self, args: ServerArgs) -> int:
         cfg = self.model_config
-        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_key_value_heads,
+        per_token = KVPool.bytes_per_token(cfg.num_layers, local_kv_heads(cfg, self.tp.size),
                                            cfg.head_dim, self.dtype)
         if args.max_total_tokens is not None:
             size = args.max_total_tokens
@@ -80,6 +104,7 @@ class ModelRunner:
         else:
             size = min(int(args.kv_cache_memory_gb * (1 << 30)) // per_token,
                        MAX_DEFAULT_POOL_TOKENS)
+        size = self.tp.all_reduce_min(size)  # every rank's pool has rank 0's layout
         size -= size % args.page_size
         if size < 2 * args.page_size:
             raise ValueError(f"KV pool too small: {size} tokens (page_size {args.page_size})")
@@ -173,7 +198,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges``."""
+        """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges`` (on a
+        tensor-parallel rank other than 0: ``[rows, 0]``). Rank 0 first tells the others."""
+        if self.tp.size > 1 and self.tp.is_first:
+            send_step(self.tp, forward_step(batch, req_to_token))
         fb = self.build_forward_batch(batch, req_to_token)
         if batch.is_decode and self.graph_runner is not None:
             nnz = sum(batch.prefix_lens) + len(batch)
@@ -184,7 +212,7 @@ class ModelRunner:
     def _capture_cuda_graphs(self, args: ServerArgs,
                              graph_factory=None) -> CudaGraphRunner | None:
         """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
-        if (args.disable_cuda_graph or self.uses_torch_attention
+        if (args.disable_cuda_graph or self.uses_torch_attention or self.tp.size > 1
                 or (self.device.type != "cuda" and graph_factory is None)):
             return None
         max_bs = min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, self.pool_size)
@@ -217,6 +245,8 @@ class ModelRunner:
         the previous checkpoint and raises ValueError. The KV pool is not touched: the
         caller must drop every cached KV computed by the old weights."""
         targets = self.check_weights(model_path)
+        if self.tp.size > 1 and self.tp.is_first:
+            send_step(self.tp, UpdateWeightsStep(model_path))
         previous = self.model_config.model_dir
         try:
             copy_weights(targets, model_path)
@@ -226,3 +256,12 @@ class ModelRunner:
             raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
                              f"previous weights ({previous}) were reloaded") from None
         self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
+
+    def shutdown_tp(self, notify: bool = True) -> None:
+        """Leave the tensor-parallel group; rank 0 first tells the other ranks to stop
+        (unless ``notify`` is false: the group is broken)."""
+        if self.tp.size > 1:
+            if self.tp.is_first and notify:
+                send_step(self.tp, ShutdownStep())
+            destroy_tp()
+            self.tp = TpGroup()

@@ -39,6 +39,7 @@ from radixlm.runtime.managers.messages import (
     encode,
 )
 from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.tp_ranks import start_tp_ranks
 from radixlm.runtime.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -138,8 +139,11 @@ def run_scheduler_process(
     torch.set_num_threads(args.resolve_cpu_threads())
     if args.device.startswith("cuda:"):
         torch.cuda.set_device(args.device)
+    args, tp_ranks = start_tp_ranks(args, model_path)  # --tp-size: this process is rank 0
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer)
+    if tp_ranks is not None:
+        tp_ranks.watch()  # a rank that exits ends this process, and so the server
     publisher = attach_publisher(scheduler, dp_rank)  # --kv-events-config
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -165,5 +169,7 @@ def run_scheduler_process(
         pull.close(linger=0)
         push.close(linger=100)
         ctx.term()
+        if tp_ranks is not None:
+            tp_ranks.stop(scheduler.model_runner)
         if publisher is not None:
             publisher.shutdown()

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
@@ -49,13 +50,15 @@ def load_model(
     config: ModelConfig,
     model_dir: str | Path | None = None,
     device: torch.device | str = "cpu",
+    tp: TpGroup | None = None,
 ) -> nn.Module:
     """Build the model for ``config`` on ``device`` in ``config.resolve_dtype(device)`` and
-    load its weights from ``model_dir`` (default: ``config.model_dir``); eval mode."""
+    load its weights from ``model_dir`` (default: ``config.model_dir``); eval mode. With a
+    tensor-parallel group ``tp``, this rank's slice of it (layers and weights)."""
     cls = get_model_class(config.architectures)
     dtype = config.resolve_dtype(device)
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
         model = cls(config)
     load_weights(model, model_dir if model_dir is not None else config.model_dir)
     return model.eval()

@@ -7,6 +7,10 @@ Attention writes this step's K/V into the paged pool, then reads the whole conte
 through ``fb.kv_indices`` (see ``radixlm/runtime/executor/forward_batch.py``). Parameter names
 match Hugging Face's, except that q/k/v and gate/up are each one matmul
 (``checkpoint_layout`` says which checkpoint tensor fills which rows).
+
+Under tensor parallelism (``radixlm/runtime/distributed/layers.py``) each rank holds its
+attention heads, KV heads and share of the MLP; o_proj and down_proj end in one all-reduce
+each, and rank 0 alone receives the logits. At tp_size 1 the layers are plain torch ones.
 """
 
 from __future__ import annotations
@@ -18,6 +22,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm import kernels
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    Placement,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    gate_up_shards,
+    local_kv_heads,
+    qkv_shards,
+)
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 
@@ -53,10 +68,6 @@ def rope_cos_sin_cache(config: ModelConfig) -> torch.Tensor:  # [context, head_d
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
-# fused parameter -> the checkpoint's tensors it holds, in row order
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -71,16 +82,18 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
+        tp = get_tp_group()
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_attention_heads // tp.size  # this rank's heads
+        self.num_kv_heads = local_kv_heads(config, tp.size)
         self.head_dim = config.head_dim
         self.sm_scale = config.sm_scale
-        hidden, bias = config.hidden_size, config.qkv_bias
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        hidden = config.hidden_size
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
         # q, k and v in one matmul (checkpoints keep them apart: see checkpoint_layout)
-        self.qkv_proj = nn.Linear(hidden, config.q_size + 2 * config.kv_size, bias=bias)
-        self.o_proj = nn.Linear(config.q_size, hidden, bias=config.attention_bias)
+        self.qkv_proj = ColumnParallelLinear(hidden, qkv_shards(config, tp), config.qkv_bias)
+        self.o_proj = RowParallelLinear(config.q_size, hidden, bias=config.attention_bias)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
         n, backend = x.shape[0], fb.attention_backend
@@ -110,8 +123,10 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)  # gate and up, one matmul
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        # gate and up, one matmul
+        self.gate_up_proj = ColumnParallelLinear(hidden, gate_up_shards(config, get_tp_group()),
+                                                 bias)
+        self.down_proj = RowParallelLinear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -141,20 +156,21 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """Llama-family causal LM over the paged KV pool; ``forward(fb)`` returns float32 logits
-    ``[len(fb.logits_indices), vocab]``."""
+    ``[len(fb.logits_indices), vocab]`` (on ranks other than 0 of a tensor-parallel group:
+    ``[len(fb.logits_indices), 0]``)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Always float32, whatever the weights' dtype: positions up to the context length
@@ -162,23 +178,18 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = rope_cos_sin_cache(config).to(self.lm_head.weight.device)
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
-    def checkpoint_layout(self) -> dict[str, tuple[str, slice | None]]:
-        """Checkpoint tensor name -> (parameter name, its rows or None for all of it).
-        Hugging Face keeps q/k/v and gate/up apart; here each group is one parameter."""
-        cfg = self.config
-        sizes = {"q_proj": cfg.q_size, "k_proj": cfg.kv_size, "v_proj": cfg.kv_size,
-                 "gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size}
-        layout: dict[str, tuple[str, slice | None]] = {}
-        for name, _ in self.named_parameters():
-            fused = next((p for p in name.split(".") if p in _FUSED), None)
-            if fused is None:
-                layout[name] = (name, None)
-                continue
-            start = 0
-            for part in _FUSED[fused]:
-                layout[name.replace(fused, part)] = (name, slice(start, start + sizes[part]))
-                start += sizes[part]
-        return layout
+    def checkpoint_layout(self) -> dict[str, Placement]:
+        """Checkpoint tensor name -> where it goes (parameter, its rows, this rank's slice of
+        the tensor). Hugging Face keeps q/k/v and gate/up apart; here each group is one
+        parameter. A tied lm_head is not listed: it is the embedding."""
+        params = dict(self.named_parameters())
+        layout = {name: Placement(name) for name in params}
+        for prefix, module in self.named_modules():
+            if hasattr(module, "checkpoint_layout") and module is not self:
+                for param in module.state_dict(keep_vars=True):
+                    layout.pop(f"{prefix}.{param}", None)
+                layout.update(module.checkpoint_layout(prefix))
+        return {name: place for name, place in layout.items() if place.param in params}
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

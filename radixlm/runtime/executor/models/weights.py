@@ -1,23 +1,26 @@
 """Stream a Hugging Face safetensors checkpoint into a model, one tensor at a time.
 
 The model says where each checkpoint tensor goes (``checkpoint_layout``: the same name,
-or rows of a fused q/k/v or gate/up parameter); tensors the engine recomputes (RoPE
-tables) are skipped. Every shape is checked from the safetensors headers before any
-parameter is written, so a checkpoint that does not fit leaves the model as it was
-(startup, and ``/update_weights_from_disk`` through ``config_differences``).
+or rows of a fused q/k/v or gate/up parameter, and under tensor parallelism which slice of
+the tensor this rank holds); tensors the engine recomputes (RoPE tables) are skipped. A
+rank reads only its slices (``safe_open(...).get_slice``), so it holds about 1/tp_size of
+the weights and never a whole tensor it splits. Every shape is checked from the safetensors
+headers before any parameter is written, so a checkpoint that does not fit leaves the
+model as it was (startup, and ``/update_weights_from_disk`` through ``config_differences``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from radixlm.runtime.distributed.layers import Shard
 from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -44,12 +47,20 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) pairs, one shard open at a time."""
-    for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+class LoadTarget(NamedTuple):
+    """A parameter (or rows of one) and the slice of the checkpoint tensor it receives
+    (None: the whole tensor)."""
+
+    tensor: torch.Tensor
+    shard: Shard | None = None
+
+
+def _read(f: Any, name: str, shard: Shard | None) -> torch.Tensor:
+    """The tensor ``name`` of an open safetensors file, or only ``shard`` of it."""
+    if shard is None:
+        return f.get_tensor(name)
+    index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
+    return f.get_slice(name)[index]
 
 
 def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
@@ -62,18 +73,19 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """checkpoint name -> the parameter (or rows of one) it is copied into, after checking
-    every tensor's presence and shape from the headers; no weight is read or touched.
-    Raises ValueError naming missing, unexpected and misshapen tensors.
+def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
+    """checkpoint name -> the parameter (or rows of one) it is copied into and this rank's
+    slice of it, after checking every tensor's presence and shape from the headers; no
+    weight is read or touched. Raises ValueError naming missing, unexpected and misshapen
+    tensors.
 
     A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
     ``model.embed_tokens.weight``) is expected once, under its first name.
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
-    layout = model.checkpoint_layout()  # checkpoint name -> (parameter, rows)
-    targets: dict[str, torch.Tensor] = {}
+    layout = model.checkpoint_layout()  # checkpoint name -> Placement
+    targets: dict[str, LoadTarget] = {}
     unexpected: list[str] = []
     misshapen: list[str] = []
     for name, shape in checkpoint_shapes(model_dir).items():
@@ -82,11 +94,15 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, torch.Tensor
         if name not in layout:
             unexpected.append(name)
             continue
-        param_name, rows = layout[name]
+        param_name, rows, shard = layout[name]
         target = params[param_name] if rows is None else params[param_name][rows]
-        if tuple(target.shape) != shape:
-            misshapen.append(f"{name} {shape} (expected {tuple(target.shape)})")
-        targets[name] = target
+        expected = list(target.shape)
+        if shard is not None:  # this rank holds shard.size of shard.full rows along shard.dim
+            assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
+            expected[shard.dim] = shard.full
+        if tuple(expected) != shape:
+            misshapen.append(f"{name} {shape} (expected {tuple(expected)})")
+        targets[name] = LoadTarget(target, shard)
     missing = sorted(layout.keys() - targets.keys())
     if missing or unexpected or misshapen:
         raise ValueError(
@@ -97,14 +113,17 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, torch.Tensor
     return targets
 
 
-def copy_weights(targets: dict[str, torch.Tensor], model_dir: str | Path) -> None:
-    """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor at a time,
-    casting to each parameter's dtype and device: peak extra memory is one tensor."""
+def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
+    """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor (or this
+    rank's slice of one) at a time, casting to each parameter's dtype and device: peak
+    extra memory is one slice."""
     with torch.no_grad():
-        for name, tensor in iter_safetensors(model_dir):
-            target = targets.get(name)
-            if target is not None:
-                target.copy_(tensor)
+        for path in safetensors_files(model_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    target = targets.get(name)
+                    if target is not None:
+                        target.tensor.copy_(_read(f, name, target.shard))
     logger.info("loaded %d tensors from %s", len(targets), model_dir)
 
 

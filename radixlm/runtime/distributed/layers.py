@@ -1,0 +1,183 @@
+"""Tensor-parallel layers: at tp_size 1 each is exactly the torch module it subclasses.
+
+    ColumnParallelLinear  rows split:    each rank holds its heads' rows of q, k and v (or
+                          its share of gate and up), fused in one matmul as at tp_size 1;
+                          no communication
+    RowParallelLinear     columns split: each rank multiplies its share of the input
+                          features, then one all-reduce sums the partial outputs
+    VocabParallelEmbedding  vocabulary rows split: ids outside a rank's rows embed to 0,
+                          then one all-reduce
+    ParallelLMHead        vocabulary rows split: the partial logits are gathered on rank 0
+                          only, which is where sampling happens
+
+Attention heads are split across ranks; KV heads too, and when there are fewer KV heads
+than ranks each is replicated on ``tp_size / kv_heads`` ranks (as vLLM and SGLang do). The
+vocabulary is padded to a multiple of ``tp_size`` (padded rows are zero and never read).
+
+``checkpoint_layout(prefix)`` says which slice of which checkpoint tensor fills which rows
+of the layer's parameters, so each rank reads only its slices (``models/weights.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
+from radixlm.runtime.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[start, stop)`` along ``dim`` of a checkpoint tensor ``full`` rows long there."""
+
+    dim: int
+    start: int
+    stop: int
+    full: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+class Placement(NamedTuple):
+    """Where one checkpoint tensor goes: parameter ``param`` (``rows`` of it, or all of it
+    when None), from ``shard`` of the checkpoint tensor (all of it when None)."""
+
+    param: str
+    rows: slice | None = None
+    shard: Shard | None = None
+
+
+# --- the split of a model ----------------------------------------------------------------
+def check_tp_split(config: ModelConfig, tp_size: int) -> None:
+    """ValueError naming the sizes when the model cannot be split over ``tp_size`` ranks."""
+    heads, kv, inter = (config.num_attention_heads, config.num_key_value_heads,
+                        config.intermediate_size)
+    problems = []
+    if heads % tp_size:
+        problems.append(f"num_attention_heads ({heads}) is not divisible by tp_size")
+    if kv % tp_size and tp_size % kv:
+        problems.append(f"num_key_value_heads ({kv}) neither divides nor is divisible by "
+                        "tp_size")
+    if inter % tp_size:
+        problems.append(f"intermediate_size ({inter}) is not divisible by tp_size")
+    if problems:
+        raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
+
+
+def local_kv_heads(config: ModelConfig, tp_size: int) -> int:
+    """KV heads each rank holds (and keeps in its KV pool): at least one."""
+    return max(config.num_key_value_heads // tp_size, 1)
+
+
+def qkv_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
+    """This rank's rows of q_proj, k_proj and v_proj."""
+    d = config.head_dim
+    q_heads = config.num_attention_heads // tp.size
+    kv_heads = local_kv_heads(config, tp.size)
+    # with fewer KV heads than ranks, consecutive ranks share (replicate) one KV head
+    kv_index = tp.rank * config.num_key_value_heads // tp.size
+    q = Shard(0, tp.rank * q_heads * d, (tp.rank + 1) * q_heads * d, config.q_size)
+    kv = Shard(0, kv_index * d, (kv_index + kv_heads) * d, config.kv_size)
+    return {"q_proj": q, "k_proj": kv, "v_proj": kv}
+
+
+def gate_up_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
+    """This rank's rows of gate_proj and up_proj."""
+    inter = config.intermediate_size
+    n = inter // tp.size
+    part = Shard(0, tp.rank * n, (tp.rank + 1) * n, inter)
+    return {"gate_proj": part, "up_proj": part}
+
+
+# --- layers -----------------------------------------------------------------------------
+class ColumnParallelLinear(nn.Linear):
+    """Checkpoint tensors ``parts`` (name -> this rank's shard of its rows), stacked in
+    one matmul in that order. No communication: the output stays split by rank."""
+
+    def __init__(self, in_features: int, parts: Mapping[str, Shard], bias: bool) -> None:
+        super().__init__(in_features, sum(s.size for s in parts.values()), bias=bias)
+        self.parts = dict(parts)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        out: dict[str, Placement] = {}
+        start = 0
+        module_path, _, own = prefix.rpartition(".")
+        for part, shard in self.parts.items():
+            rows = slice(start, start + shard.size)
+            name = f"{module_path}.{part}" if module_path else part
+            out[f"{name}.weight"] = Placement(f"{prefix}.weight", rows, shard)
+            if self.bias is not None:
+                out[f"{name}.bias"] = Placement(f"{prefix}.bias", rows, shard)
+            start += shard.size
+        return out
+
+
+class RowParallelLinear(nn.Linear):
+    """``in_features`` split over the ranks; one all-reduce sums the partial outputs (the
+    bias is added once, after it)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        self.tp = get_tp_group()
+        if in_features % self.tp.size:
+            raise ValueError(f"in_features ({in_features}) is not divisible by tp_size "
+                             f"({self.tp.size})")
+        local = in_features // self.tp.size
+        super().__init__(local, out_features, bias=bias)
+        self.shard = Shard(1, self.tp.rank * local, (self.tp.rank + 1) * local, in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        out = {f"{prefix}.weight": Placement(f"{prefix}.weight", None, self.shard)}
+        if self.bias is not None:
+            out[f"{prefix}.bias"] = Placement(f"{prefix}.bias")
+        return out
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows ``[vocab_start, vocab_start + rows)`` of the (padded) vocabulary on this rank."""
+
+    def __init__(self, vocab_size: int, hidden: int) -> None:
+        self.tp = get_tp_group()
+        self.vocab_size = vocab_size
+        rows = math.ceil(vocab_size / self.tp.size)
+        super().__init__(rows, hidden)
+        self.vocab_start = self.tp.rank * rows
+        # rows of this rank that the checkpoint fills (the rest pads the vocabulary)
+        self.valid_rows = max(min(vocab_size - self.vocab_start, rows), 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(ids)
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.num_embeddings)
+        x = F.embedding(local * mine, self.weight) * mine[:, None].to(self.weight.dtype)
+        return self.tp.all_reduce(x)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        shard = Shard(0, self.vocab_start, self.vocab_start + self.valid_rows, self.vocab_size)
+        return {f"{prefix}.weight": Placement(f"{prefix}.weight", slice(0, self.valid_rows),
+                                              shard)}
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """``hidden -> vocab`` logits: rank 0 gets all of them, the other ranks ``[M, 0]``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)  # [M, rows of this rank]
+        if self.tp.size == 1:
+            return logits
+        return self.tp.gather_last_dim(logits)[..., : self.vocab_size]
