@@ -177,7 +177,8 @@ def start_router(python: Path, policy: str, workers: list[ServerProcess], log: P
                  ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-           "--port", str(port), "--policy", policy, "--worker-urls", *[w.url for w in workers]]
+           "--port", str(port), "--policy", policy, "--worker-urls", *[w.url for w in workers],
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

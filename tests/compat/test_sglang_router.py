@@ -97,6 +97,8 @@ def router(workers, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("router-log") / "router.log", "w")
     cmd = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
            "--port", str(port), "--policy", "power_of_two",
+           # its metrics exporter on a free port too (default 29000: two routers collide)
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
            "--worker-urls", *[w.url for w in workers]]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -34,6 +34,8 @@ def pd(tmp_path_factory):
         port = free_port()
         proc = subprocess.Popen([str(router_python()), "-m", "sglang_router.launch_router",
                                  "--host", "127.0.0.1", "--port", str(port),
+                                 "--prometheus-host", "127.0.0.1",
+                                 "--prometheus-port", str(free_port()),
                                  "--pd-disaggregation", "--prefill", servers[1].url, str(bport),
                                  "--decode", servers[2].url], stdout=log,
                                 stderr=subprocess.STDOUT)
