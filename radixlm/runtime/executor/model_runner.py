@@ -53,6 +53,7 @@ class ModelRunner:
         self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                                 context_length=args.context_length)
         self.tp = self._init_tp(args, tp_rank)
+        self.tp_broken = False
         self.dtype = self.model_config.resolve_dtype(self.device)
         self.attention_backend = args.attention_backend
         if (self.attention_backend == "triton" and self.device.type != "cuda"
@@ -199,15 +200,29 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges`` (on a
-        tensor-parallel rank other than 0: ``[rows, 0]``). Rank 0 first tells the others."""
-        if self.tp.size > 1 and self.tp.is_first:
-            send_step(self.tp, forward_step(batch, req_to_token))
+        tensor-parallel rank other than 0: ``[rows, 0]``)."""
+        if self.tp.size > 1:
+            return self._tp_forward(batch, req_to_token)
         fb = self.build_forward_batch(batch, req_to_token)
         if batch.is_decode and self.graph_runner is not None:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
         return self.model(fb)
+
+    def _tp_forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
+        """Rank 0 first tells the others. A collective that fails (a rank died, or hung
+        past --dist-timeout) breaks the group for good (``tp_broken``)."""
+        try:
+            if self.tp.is_first:
+                send_step(self.tp, forward_step(batch, req_to_token))
+            return self.model(self.build_forward_batch(batch, req_to_token))
+        except RuntimeError as e:
+            self.tp_broken = True
+            raise RuntimeError(
+                f"tensor-parallel rank {self.tp.rank} of {self.tp.size}: a collective failed "
+                f"({e}); another rank died or did not answer within --dist-timeout "
+                f"({self.tp.timeout_s:g} s)") from None
 
     def _capture_cuda_graphs(self, args: ServerArgs,
                              graph_factory=None) -> CudaGraphRunner | None:
@@ -261,7 +276,7 @@ class ModelRunner:
         """Leave the tensor-parallel group; rank 0 first tells the other ranks to stop
         (unless ``notify`` is false: the group is broken)."""
         if self.tp.size > 1:
-            if self.tp.is_first and notify:
+            if self.tp.is_first and notify and not self.tp_broken:
                 send_step(self.tp, ShutdownStep())
             destroy_tp()
             self.tp = TpGroup()

@@ -90,10 +90,15 @@ class TpRanks:
         ranks to leave; whoever is still there after ``timeout`` is killed."""
         self.stopping = True
         if runner is not None:
+            broken = runner.tp_broken or self.exited() is not None
             try:
-                runner.shutdown_tp(notify=self.exited() is None)
-            except Exception:  # noqa: BLE001 - a broken group: the kill below ends it
-                logger.exception("tensor-parallel shutdown step failed")
+                runner.shutdown_tp(notify=not broken)
+            except Exception as e:  # noqa: BLE001 - a broken group: the kill below ends it
+                logger.error("tensor-parallel shutdown step failed: %s", e)
+                broken = True
+            if broken:  # a hung rank would never leave by itself
+                self.kill()
+                return
         deadline = time.monotonic() + timeout
         for proc in self.procs.values():
             try:
