@@ -7,13 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from radixlm.runtime.entrypoints.server_process import ServerProcess, child_pids, pid_alive
+from radixlm.runtime.entrypoints.server_process import (
+    ServerProcess,
+    child_pids,
+    free_port,
+    pid_alive,
+)
 
 PROMPTS = ["Once upon a time", "The capital of France is", "one two three four five"]
 # bounds for a server to notice a rank's end: the scheduler's watch polls every 0.2 s and
@@ -117,3 +123,28 @@ def test_dp2_tp2_server_runs_four_ranks(start_server, make_engine, tiny_llama_di
         PROMPTS, {"max_new_tokens": 12, "temperature": 0})]
     for _ in range(2):  # round robin: both replicas serve
         assert _generate(server.url) == expected
+
+
+def test_two_nodes_on_loopback(start_server, make_engine, tiny_llama_dir, tmp_path):
+    """--nnodes 2: node 1 (``radixlm serve --node-rank 1``) runs only rank 1, node 0
+    serves; stopping node 0 ends node 1 cleanly."""
+    addr = f"127.0.0.1:{free_port()}"
+    common = ["--model-path", str(tiny_llama_dir), "--dtype", "float32", "--cpu-threads", "1",
+              "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    with open(tmp_path / "node1.log", "w") as log:
+        node1 = subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", *common,
+                                  "--node-rank", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        server = start_server("--tp-size", "2", "--nnodes", "2", "--node-rank", "0",
+                              "--dist-init-addr", addr)
+        assert _follower_pids(server) == []  # rank 1 is node 1's
+        eng = make_engine(model_path=str(tiny_llama_dir), dtype="float32")
+        expected = [o["output_ids"] for o in eng.generate(
+            PROMPTS, {"max_new_tokens": 12, "temperature": 0})]
+        assert _generate(server.url) == expected
+        assert server.stop() == 0
+        assert node1.wait(DEAD_BOUND_S) == 0, (tmp_path / "node1.log").read_text()
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
