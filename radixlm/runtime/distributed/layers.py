@@ -110,7 +110,7 @@ class ColumnParallelLinear(nn.Linear):
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         out: dict[str, Placement] = {}
         start = 0
-        module_path, _, own = prefix.rpartition(".")
+        module_path = prefix.rpartition(".")[0]
         for part, shard in self.parts.items():
             rows = slice(start, start + shard.size)
             name = f"{module_path}.{part}" if module_path else part
