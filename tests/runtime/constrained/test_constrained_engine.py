@@ -295,7 +295,6 @@ def _deep_schema(depth: int) -> dict:
     ("json_schema", {"not": {"type": "integer"}}, "'not'"),
     ("ebnf", 'root ::= "unclosed', "ebnf"),
     ("ebnf", "root ::= missing_rule", "ebnf"),
-    ("ebnf", "", "ebnf is empty"),
     ("regex", 5, "regex: Input should be a valid string"),
 ])
 def test_bad_grammars_are_value_errors(eng, field, spec, match):
@@ -303,6 +302,14 @@ def test_bad_grammars_are_value_errors(eng, field, spec, match):
         eng.generate("x", {"max_new_tokens": 8, field: spec})
     # the engine keeps serving
     assert eng.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("field", ["regex", "json_schema", "ebnf"])
+def test_an_empty_grammar_is_no_grammar(eng, field):
+    # as in SGLang: "" for a grammar field means unconstrained
+    sp = {"max_new_tokens": 6, "temperature": 0}
+    want = eng.generate("Hello", sp)["output_ids"]
+    assert eng.generate("Hello", {**sp, field: ""})["output_ids"] == want
 
 
 def test_outlines_refuses_what_it_cannot_enforce(make_engine, tiny_llama_dir):
