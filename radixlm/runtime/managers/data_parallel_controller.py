@@ -305,13 +305,15 @@ class DataParallelController:
 
 
 def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
-    """The settings of replica ``dp_rank``: on GPUs its own device, ``cuda:(base_gpu_id +
-    dp_rank)`` (SGLang's placement); on a CPU the same settings."""
+    """The settings of replica ``dp_rank``: on GPUs its own devices, from ``cuda:(base_gpu_id
+    + dp_rank * ranks per machine)`` (its tensor-parallel ranks take the next ones, as in
+    SGLang); on a CPU the same settings."""
     on_cuda = args.device.startswith("cuda") or (args.device == "auto"
                                                  and torch.cuda.is_available())
     if not on_cuda or (args.dp_size == 1 and args.base_gpu_id == 0):
         return args
-    return dataclasses.replace(args, device=f"cuda:{args.base_gpu_id + dp_rank}")
+    first = args.base_gpu_id + dp_rank * (args.tp_size // args.nnodes)
+    return dataclasses.replace(args, device=f"cuda:{first}")
 
 
 class SchedulerReplicas:

@@ -355,3 +355,15 @@ def test_aggregate_infos_adds_grammar_compile_histograms() -> None:
                                           "sum": 2.5}}
     out = aggregate_infos([a, b])["grammar_compile_time"]
     assert out == {"buckets": [0.1, 1.0], "counts": [1, 3, 3], "sum": 7.5}
+
+
+def test_replica_devices_leave_room_for_tensor_parallel_ranks() -> None:
+    from radixlm.runtime.config import ServerArgs
+    from radixlm.runtime.managers.data_parallel_controller import replica_args
+
+    args = ServerArgs(device="cuda", dp_size=2, tp_size=2, base_gpu_id=1)
+    assert [replica_args(args, r).device for r in (0, 1)] == ["cuda:1", "cuda:3"]
+    one = ServerArgs(device="cuda", dp_size=3)
+    assert [replica_args(one, r).device for r in (0, 1, 2)] == ["cuda:0", "cuda:1", "cuda:2"]
+    cpu = ServerArgs(device="cpu", dp_size=2, tp_size=2)
+    assert replica_args(cpu, 1) is cpu
