@@ -13,8 +13,9 @@ Lengths: ``eq`` all sequences the same, ``var`` uniform between ctx/100 and ctx.
 
 The engine's two CPU paths at the small preset's head shape (Hq=12, Hkv=4, D=64), through
 ``AttentionPlan``: ``padded`` (K/V rows gathered per layer, torch's fused attention) and
-``paged`` (the compiled kernel reading the pool in place, ``kernels/cpu_paged``), for
-decode and for extend chunks of ``new`` tokens over ``ctx`` cached ones.
+``paged`` (the compiled kernel reading the pool in place, ``kernels/cpu_paged``, here for
+every chunk length), for decode and for extend chunks of ``new`` tokens over ``ctx``
+cached ones.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels import cpu_paged, reference
+from radixlm.kernels import cpu_paged, reference, shared_prefix
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
 
@@ -170,8 +171,12 @@ def run_paged(budget_s: float) -> None:
           "Hq=12 Hkv=4 D=64; ms, min of runs")
     print("| B | ctx | new | padded (ms) | paged (ms) | padded / paged |")
     print("|---|---|---|---|---|---|")
-    cases = [(32, 128, 1), (32, 512, 1), (8, 2048, 1), (1, 4096, 1), (8, 512, 8),
-             (8, 512, 64), (4, 512, 256), (2, 512, 512), (4, 0, 256)]
+    # the kernel for every extend chunk here, whatever its length, to find where it stops
+    # paying (the engine's threshold, shared_prefix.KERNEL_MAX_EXTEND_ROWS)
+    shared_prefix.KERNEL_MAX_EXTEND_ROWS = 1 << 30
+    cases = [(32, 128, 1), (32, 512, 1), (8, 2048, 1), (1, 4096, 1), (8, 512, 4),
+             (8, 512, 8), (8, 512, 16), (8, 512, 32), (8, 512, 64), (4, 512, 256),
+             (8, 0, 16), (8, 0, 32), (4, 0, 256)]
     for batch, ctx, new in cases:
         plans, args = paged_case(batch, ctx, new, gen)
         ref = planned_attention(plans["padded"], *args)
