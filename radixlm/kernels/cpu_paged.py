@@ -3,7 +3,8 @@ pool in place, no per-step gather.
 
 The C++ source is compiled once per machine with the system's C++ compiler against the
 installed torch (``make install`` does it; otherwise the first call does), cached under
-``~/.cache/radixlm/kernels/<hash of source, flags and torch version>/`` and loaded as the
+``~/.cache/radixlm/kernels/<hash of source, flags and torch version>/`` (or under
+``$RADIXLM_CACHE_DIR``) and loaded as the
 torch op ``torch.ops.radixlm_cpu.paged_attention``. Where no compiler is found or the
 build fails, ``available()`` is False and attention keeps the gathering torch path (the
 reason is logged once). ``RADIXLM_CPU_KERNEL=0`` turns the kernel off.
@@ -44,7 +45,7 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fass
 
 
 def _cache_dir() -> Path:
-    base = Path(os.environ.get("RADIXLM_CACHE", Path.home() / ".cache" / "radixlm"))
+    base = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radixlm"))
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()
                          + torch.__version__.encode()).hexdigest()[:16]
     return base / "kernels" / key

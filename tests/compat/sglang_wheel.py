@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 SGLANG_VERSION = os.environ.get("RADIXLM_SGLANG_VERSION", "0.5.23")
-CACHE = Path(os.environ.get("RADIXLM_CACHE", Path.home() / ".cache" / "radixlm"))
+CACHE = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radixlm"))
 
 
 def sglang_root() -> Path:

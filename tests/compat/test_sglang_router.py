@@ -21,7 +21,7 @@ import pytest
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 
 ROUTER_VERSION = os.environ.get("RADIXLM_SGLANG_ROUTER_VERSION", "0.3.2")
-CACHE = Path(os.environ.get("RADIXLM_CACHE", Path.home() / ".cache" / "radixlm"))
+CACHE = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radixlm"))
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning"]
 
 
