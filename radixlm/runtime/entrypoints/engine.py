@@ -35,6 +35,7 @@ from radixlm.runtime.managers.data_parallel_controller import (
     replica_args,
 )
 from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
+from radixlm.runtime.managers.kv_event_publisher import attach_publisher
 from radixlm.runtime.managers.messages import (
     AbortReq,
     FlushCacheReq,
@@ -85,6 +86,9 @@ class Engine:
         self.replicas = SchedulerReplicas(
             [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer)
                                for r in range(1, sa.dp_size))], sa)
+        # --kv-events-config: each replica publishes its tree's events, as in the server
+        self._kv_publishers = [p for r, s in enumerate(self.replicas.schedulers)
+                               if (p := attach_publisher(s, r)) is not None]
         self.model_config = self.scheduler.model_config
         if self.server_args.cpu_threads is not None:
             torch.set_num_threads(self.server_args.cpu_threads)
@@ -390,6 +394,8 @@ class Engine:
                     sched.abort(rid, "the engine shut down")
                 sched.grammar_compiler.shutdown()
             self._stopped = True
+            for publisher in self._kv_publishers:
+                publisher.shutdown()
             if self._tp_ranks is not None:
                 self._tp_ranks.stop(self.scheduler.model_runner)
 

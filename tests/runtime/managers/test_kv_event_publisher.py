@@ -28,7 +28,6 @@ from radixlm.runtime.config import KVEventsConfig, ServerArgs
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 from radixlm.runtime.managers.kv_event_publisher import (
     KVEventPublisher,
-    attach_publisher,
     endpoint_for_rank,
     should_bind,
 )
@@ -272,8 +271,9 @@ def test_engine_stream_rebuilds_the_tree(page_size: int) -> None:
     cfg = config()
     engine = Engine(max_total_tokens=192, page_size=page_size, random_seed=0,
                     kv_events_config=json.dumps(dataclasses.asdict(cfg)))
-    publisher = attach_publisher(engine.scheduler)
-    assert publisher is not None
+    publishers = engine._kv_publishers  # the Engine publishes as the server does
+    assert len(publishers) == 1
+    publisher = publishers[0]
     index = PrefixIndex(1, page_size)
     kinds: set[type] = set()
     sub = Dropping([ReplicaStream(publisher.endpoint, publisher.replay_endpoint)], index,
@@ -308,8 +308,7 @@ def test_engine_stream_rebuilds_the_tree(page_size: int) -> None:
         assert sub.replayed[0] >= 1 and sub.lost == [0]  # the dropped message came back
     finally:
         sub.close()
-        publisher.shutdown()
-        engine.shutdown()
+        engine.shutdown()  # stops the engine's publisher too
 
 
 # ---- the server: events over zmq from the scheduler process -----------------------------------
