@@ -35,6 +35,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+# K/V pool dtypes the kernel reads (converted to float32 as loaded; q and o are float32)
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2)
 # Reassociation lets the compiler vectorise the reductions. Not -ffast-math: linking with
 # it adds crtfastmath.o, which turns on flush-to-zero for the whole process when the
 # library loads (Python's own float arithmetic would change); and finite-math must stay
