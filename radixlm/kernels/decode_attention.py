@@ -8,6 +8,9 @@ Stage 2: one program per (sequence, query head) merges the splits by log-sum-exp
 Each sequence is cut into ``num_splits`` slices of its own length, so short sequences
 get short slices; ``num_splits`` follows the longest context and the multiprocessor
 count (a small fixed number under the interpreter).
+
+K/V rows are loaded in the pool's dtype (``--kv-cache-dtype``: bf16, fp16, fp8, float32)
+and converted to the dots' dtype: float32 when q or the pool is float32, else q's dtype.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _decode_stage1(
         q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
         mask=mask_h[:, None] & mask_d[None, :],
         other=0.0,
-    ).to(tl.float32 if DOT_FP32 else k_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
+    ).to(tl.float32 if DOT_FP32 else q_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
 
     kv_start = tl.load(kv_indptr_ptr + b)
     kv_len = tl.load(kv_indptr_ptr + b + 1) - kv_start

@@ -4,6 +4,10 @@ One program per (sequence, query head, block of new queries) runs one online sof
 first over the cached prefix, gathered from the pool through ``kv_indices``, then over
 the sequence's new tokens (from the ``k``/``v`` arguments) with the causal mask. A block
 past the end of a short sequence does no work.
+
+K/V are converted to the dots' dtype as loaded (see decode_attention.py). With a pool
+narrower than q the new tokens are first rounded to the pool's dtype, as the pool holds
+them, so a token attends alike whether its prefix was cached or computed in this chunk.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def _extend_kernel(
     head = tl.program_id(1)
     m_block = tl.program_id(2)
     kv_head = head // GROUP
-    dot_dtype = tl.float32 if DOT_FP32 else k_buf_ptr.dtype.element_ty
+    dot_dtype = tl.float32 if DOT_FP32 else q_ptr.dtype.element_ty
 
     q_start = tl.load(qo_indptr_ptr + b)
     q_len = tl.load(qo_indptr_ptr + b + 1) - q_start
@@ -181,6 +185,7 @@ def extend_attention_triton(
         out = torch.empty_like(q)
     if n == 0:
         return out
+    k, v = k.to(k_buf.dtype), v.to(v_buf.dtype)  # no copy when the pool has k's dtype
     q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
     assert out.shape == q.shape and out.stride(2) == 1, f"bad out {out.shape} {out.stride()}"
     block_m, block_n, stages = _launch_config(d, k_buf.dtype, q.is_cuda)

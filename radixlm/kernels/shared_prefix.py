@@ -95,7 +95,8 @@ class AttentionPlan:
               prefix_groups: PrefixGroups | None = None,
               paged_kernel: bool = False,
               new_slots: torch.Tensor | None = None) -> AttentionPlan:
-        """``paged_kernel``: attention through ``cpu_paged`` (CPU, float32, kernel built)
+        """``paged_kernel``: attention through ``cpu_paged`` (CPU, float32 q, K/V in
+        ``cpu_paged.KV_DTYPES``, kernel built)
         where it pays; in extend it needs ``new_slots``, the pool slots of the new tokens
         (``out_cache_loc``), stored before attention."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
@@ -220,9 +221,10 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
     """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend."""
     n, hq, d = q.shape
     if plan.paged is not None:  # its rows, and every row's lse (-inf where not its own)
-        if not q.dtype == k_buf.dtype == torch.float32:
-            raise ValueError(f"the paged CPU kernel is float32 only, got {q.dtype} / "
-                             f"{k_buf.dtype}: build the plan with paged_kernel=False")
+        if q.dtype != torch.float32 or k_buf.dtype not in cpu_paged.KV_DTYPES:
+            raise ValueError(f"the paged CPU kernel takes float32 q and K/V in "
+                             f"{cpu_paged.KV_DTYPES}, got {q.dtype} / {k_buf.dtype}: build "
+                             "the plan with paged_kernel=False")
         o, lse = _paged_pass(plan.paged, q.contiguous(), k_buf, v_buf, sm_scale)
     else:
         o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
@@ -262,7 +264,7 @@ def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:
     g, lq = p.q_rows.shape
     hq, hkv = q.shape[1], k_buf.shape[1]
     kk, vv = _rows(k_buf, p.slots), _rows(v_buf, p.slots)  # [g, lp, Hkv, D]
-    if k is not None:
+    if k is not None:  # new tokens rounded to the pool's dtype, as the pool holds them
         kk = torch.cat((kk, _rows(k, p.q_rows).to(kk.dtype)), dim=1)
         vv = torch.cat((vv, _rows(v, p.q_rows).to(vv.dtype)), dim=1)
     causal_only = k is not None and p.slots.shape[1] == 0 and p.valid.numel() == g * lq

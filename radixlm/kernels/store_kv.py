@@ -47,7 +47,9 @@ def store_kv_triton(
     k: torch.Tensor,  # [N, Hkv, D]
     v: torch.Tensor,  # [N, Hkv, D]
 ) -> None:
-    """Write row ``i`` of ``k``/``v`` into slot ``loc[i]`` of the pool, one program a row."""
+    """Write row ``i`` of ``k``/``v`` into slot ``loc[i]`` of the pool, one program a row.
+    Rows are cast to the pool's dtype by torch first (round to nearest even, bit for bit
+    the reference store; Triton's interpreter truncates to bfloat16 and mis-rounds fp8)."""
     check_store_layout(k_buf, v_buf, loc, k, v)
     for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
         if buf.stride(2) != 1 or buf.stride(1) != buf.shape[2]:
@@ -55,7 +57,7 @@ def store_kv_triton(
     n = loc.numel()
     if n == 0:
         return
-    k, v = _rows(k), _rows(v)
+    k, v = _rows(k.to(k_buf.dtype)), _rows(v.to(v_buf.dtype))
     row = k_buf.shape[1] * k_buf.shape[2]
     _store_kv_kernel[(n,)](
         k_buf,

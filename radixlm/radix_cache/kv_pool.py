@@ -4,12 +4,42 @@ from __future__ import annotations
 
 import torch
 
+# --kv-cache-dtype spellings (SGLang's, plus float16 / float32) -> the pool's torch dtype;
+# None: the model's dtype. fp8 rows are plain casts, with no scale (SGLang's default scale
+# is 1.0 without --quantization-param-path); torch saturates e4m3 at +-448.
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's dtype for ``--kv-cache-dtype`` (``auto``: ``model_dtype``)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype must be one of {sorted(KV_CACHE_DTYPES)}, "
+                         f"got {kv_cache_dtype!r}")
+    return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+
+
+def kv_cache_dtype_name(dtype: torch.dtype) -> str:
+    """``dtype`` as ``--kv-cache-dtype`` spells it (the last of its spellings above)."""
+    names = {d: n for n, d in KV_CACHE_DTYPES.items() if d is not None}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
+
 
 class KVPool:
     """Per-layer K and V buffers of ``size`` slots each: ``k_buffers[layer][slot]``.
 
-    A slot holds one token's K (or V) for every KV head: ``[size, num_kv_heads, head_dim]``.
-    Which slot belongs to whom is the allocator's and the radix tree's business.
+    A slot holds one token's K (or V) for every KV head: ``[size, num_kv_heads, head_dim]``,
+    in ``dtype`` (``--kv-cache-dtype``; writers cast to it, attention converts what it
+    reads to the compute dtype). Which slot belongs to whom is the allocator's and the
+    radix tree's business.
     """
 
     def __init__(

@@ -23,6 +23,11 @@ DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("zmq",)
 # SGLang's backends that need RDMA / NVLink libraries radixlm does not ship
 SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "mori", "fake")
+# --kv-cache-dtype: SGLang's spellings that apply to us, plus fp16 / float16 / float32
+# (radix_cache.kv_pool.KV_CACHE_DTYPES maps them to torch dtypes)
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "float32", "fp8_e5m2",
+                   "fp8_e4m3")
+SGLANG_KV_CACHE_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")  # block-scaled: refused
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,11 @@ class ServerArgs:
     dtype: str = field(default="auto", metadata={"help": "auto|float32|float16|bfloat16"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     context_length: int | None = field(default=None, metadata={"help": "override the model's"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "help": "|".join(KV_CACHE_DTYPES) + " (SGLang's flag): the KV pool's dtype; auto: the "
+                "model's. A narrower cache holds more tokens and is read faster; fp8 rows are "
+                "plain casts with no scale (SGLang's default scale 1.0, without "
+                "--quantization-param-path), e4m3 saturating at +-448"})
     # memory and cache
     page_size: int = field(default=1, metadata={"help": "tokens per KV page"})
     max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens"})
@@ -268,6 +278,10 @@ class ServerArgs:
              f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         need(self.dtype in ("auto", "float32", "float16", "bfloat16"),
              f"dtype must be auto|float32|float16|bfloat16, got {self.dtype!r}")
+        why = (" (SGLang's block-scaled mxfp8, nvfp4 and fp4_mx_block16 need CUDA kernels "
+               "radixlm does not have)" if self.kv_cache_dtype in SGLANG_KV_CACHE_DTYPES else "")
+        need(self.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype (--kv-cache-dtype) must "
+             f"be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}{why}")
         need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
              f"device must be auto|cpu|cuda, got {self.device!r}")
         need(self.radix_eviction_policy in RADIX_EVICTION_POLICIES,

@@ -193,6 +193,64 @@ def test_decode_matches_extend_of_one_token(backend: str) -> None:
     assert rel_err(run(decode, backend), as_extend) < 1e-5
 
 
+# --------------------------------------------------------------------------- narrow KV pools
+# --kv-cache-dtype: the pool holds a narrower dtype than q; both backends convert what they
+# read and round the new tokens to the pool's dtype, as store_kv does.
+KV_DTYPES = [torch.bfloat16, torch.float16, torch.float8_e5m2, torch.float8_e4m3fn]
+
+
+def _narrow_pool(b: Batch, kv_dtype: torch.dtype) -> tuple[Batch, Batch]:
+    """``b`` over a ``kv_dtype`` pool, and its oracle twin: the same rounded values in
+    q's dtype (new tokens rounded too)."""
+    def rounded(t):
+        return None if t is None else t.to(kv_dtype).to(b.q.dtype)
+
+    narrow = dataclasses.replace(b, k_buf=b.k_buf.to(kv_dtype), v_buf=b.v_buf.to(kv_dtype))
+    twin = dataclasses.replace(b, k=rounded(b.k), v=rounded(b.v), k_buf=rounded(b.k_buf),
+                               v_buf=rounded(b.v_buf))
+    return narrow, twin
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("extend", [False, True])
+def test_attention_over_a_narrow_pool(kv_dtype, backend, extend) -> None:
+    _needs_triton(backend)
+    q_lens = [3, 1, 17] if extend else [1, 1, 1]
+    b = make_batch(q_lens, [40, 0, 5] if extend else [40, 1, 70], 4, 2, 32, torch.float32,
+                   4, 11, extend)
+    narrow, twin = _narrow_pool(b, kv_dtype)
+    out = run(narrow, backend)
+    assert rel_err(out, dense_attention_f64(twin)) < 1e-5  # float32 math on rounded K/V
+    assert rel_err(out, run(twin, backend)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_queries_over_an_fp8_pool(backend) -> None:
+    """A bfloat16 model with --kv-cache-dtype fp8_e4m3: the dots run in q's dtype (never
+    the pool's) wherever they are not float32."""
+    _needs_triton(backend)
+    b = make_batch([5, 1], [9, 30], 4, 2, 32, torch.bfloat16, 1, 12, True)
+    narrow, twin = _narrow_pool(b, torch.float8_e4m3fn)
+    assert rel_err(run(narrow, backend), dense_attention_f64(twin)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_store_kv_rounds_like_torch(kv_dtype, backend) -> None:
+    """Both backends store ``k.to(pool dtype)`` bit for bit (round to nearest even)."""
+    _needs_triton(backend)
+    gen = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(9, 2, 16, generator=gen).to(DEVICE) * 3 for _ in range(2))
+    k_buf = torch.zeros(32, 2, 16, dtype=kv_dtype, device=DEVICE)
+    v_buf = torch.zeros_like(k_buf)
+    loc = torch.tensor([30, 2, 7, 8, 9, 0, 15, 16, 21], device=DEVICE)
+    kernels.store_kv(k_buf, v_buf, loc, k, v, backend=backend)
+    assert k_buf.dtype == kv_dtype
+    assert torch.equal(k_buf[loc].view(torch.uint8), k.to(kv_dtype).view(torch.uint8))
+    assert torch.equal(v_buf[loc].view(torch.uint8), v.to(kv_dtype).view(torch.uint8))
+
+
 # --------------------------------------------------------------------------- bad layouts
 
 

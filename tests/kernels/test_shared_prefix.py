@@ -79,6 +79,29 @@ def test_planned_attention_matches_f64(extend, heads, use_groups):
         assert err < 1e-5, err
 
 
+@pytest.mark.parametrize("extend", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
+@pytest.mark.parametrize("use_groups", [False, True])
+def test_planned_attention_over_a_narrow_pool_matches_f64(extend, kv_dtype, use_groups):
+    """--kv-cache-dtype: a pool narrower than q. The padded passes convert the rows they
+    gather; the oracle is float64 attention over the same rounded K/V (the new tokens of an
+    extend rounded too, as store_kv puts them in the pool)."""
+    q, k, v, kb, vb, qo, kvp, kvi, groups = _batch(5, extend, 4, 2, 32)
+    kb, vb = kb.to(kv_dtype), vb.to(kv_dtype)
+    plan = AttentionPlan.build(qo, kvp, kvi, 64, extend=extend,
+                               prefix_groups=groups if use_groups else None)
+    out = torch.full_like(q, float("nan"))
+    if extend:
+        kernels.extend_attention(q, k, v, kb, vb, qo, kvp, kvi, 0.17, backend="torch", out=out,
+                                 plan=plan)
+        k, v = k.to(kv_dtype), v.to(kv_dtype)
+    else:
+        kernels.decode_attention(q, kb, vb, kvp, kvi, 0.17, backend="torch", out=out, plan=plan)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    ref = _dense_f64(q, k, v, kb, vb, qo, kvp, kvi, 0.17)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
 def test_groups_that_do_not_share_are_rejected():
     q, k, v, kb, vb, qo, kvp, kvi, _ = _batch(0, False, 4, 2, 32)
     with pytest.raises(ValueError, match="share"):

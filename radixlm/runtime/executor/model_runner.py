@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from radixlm.kernels import cpu_paged
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
-from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.radix_cache.kv_pool import KVPool, kv_cache_dtype_name, kv_cache_torch_dtype
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import check_tp_split, local_kv_heads
 from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
@@ -55,6 +55,7 @@ class ModelRunner:
         self.tp = self._init_tp(args, tp_rank)
         self.tp_broken = False
         self.dtype = self.model_config.resolve_dtype(self.device)
+        self.kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, self.dtype)  # the pool's
         self.attention_backend = args.attention_backend
         if (self.attention_backend == "triton" and self.device.type != "cuda"
                 and os.environ.get("TRITON_INTERPRET") != "1"):
@@ -68,8 +69,11 @@ class ModelRunner:
         # one slot more than the allocator hands out: padding rows of CUDA-graph replays
         # write and read only that one (cuda_graph_runner.py)
         self.kv_pool = KVPool(self.pool_size + 1, cfg.num_layers,
-                              local_kv_heads(cfg, self.tp.size), cfg.head_dim, self.dtype,
+                              local_kv_heads(cfg, self.tp.size), cfg.head_dim, self.kv_dtype,
                               self.device)
+        logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
+                    self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
+                    kv_cache_dtype_name(self.dtype))
         self.graph_runner = self._capture_cuda_graphs(args)
 
     def _init_tp(self, args: ServerArgs, tp_rank: int) -> TpGroup:
@@ -93,10 +97,24 @@ class ModelRunner:
             return self.device.type != "cuda"
         return self.attention_backend == "torch"
 
-    def _pool_size(self, args: ServerArgs) -> int:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over every layer, in the pool's dtype (this rank's heads)."""
         cfg = self.model_config
-        per_token = KVPool.bytes_per_token(cfg.num_layers, local_kv_heads(cfg, self.tp.size),
-                                           cfg.head_dim, self.dtype)
+        return KVPool.bytes_per_token(cfg.num_layers, local_kv_heads(cfg, self.tp.size),
+                                      cfg.head_dim, self.kv_dtype)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.pool_size * self.kv_bytes_per_token
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The pool's dtype as --kv-cache-dtype spells it ("auto" resolved)."""
+        return kv_cache_dtype_name(self.kv_dtype)
+
+    def _pool_size(self, args: ServerArgs) -> int:
+        per_token = self.kv_bytes_per_token
         if args.max_total_tokens is not None:
             size = args.max_total_tokens
         elif self.device.type == "cuda":
@@ -157,9 +175,10 @@ class ModelRunner:
 
     @property
     def paged_kernel(self) -> bool:
-        """Whether decode attention runs in the compiled CPU kernel (K/V read in place)."""
+        """Whether decode attention runs in the compiled CPU kernel (K/V read in place, in
+        any of its pool dtypes; float8_e4m3 pools take the torch path)."""
         return (self.device.type == "cpu" and self.dtype == torch.float32
-                and cpu_paged.available())
+                and self.kv_dtype in cpu_paged.KV_DTYPES and cpu_paged.available())
 
     def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each

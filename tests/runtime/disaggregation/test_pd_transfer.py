@@ -132,6 +132,22 @@ def test_unreachable_prefill_fails_after_bootstrap_timeout():
     assert not dec.routes  # the next request asks again
 
 
+def test_kv_cache_dtype_mismatch_fails_naming_the_flag():
+    """A bfloat16 prefill pool and a float8 decode pool cannot copy slot for slot."""
+    net = FakeNetwork()
+    pbuf = pool(0, torch.bfloat16)
+    dbuf = pool(1, torch.float8_e5m2)
+    prefill = KVManager("prefill", pbuf, FakeTransport(net, pbuf.layout, ADDR), 10, 20, Clock())
+    dec = KVManager("decode", dbuf, FakeTransport(net), 10, 20, Clock())
+    prefill.create_sender(6)
+    receiver = dec.create_receiver(*ADDR, 6)
+    turn(prefill, dec)
+    assert receiver.poll() == KVPoll.Failed
+    why = receiver.failure_reason()
+    assert "--kv-cache-dtype" in why and "bfloat16" in why and "float8_e5m2" in why
+    assert not dec.routes
+
+
 def test_decode_dies_mid_transfer_prefill_times_out():
     clock = Clock()
     net, prefill, dec = fake_pair(clock)
@@ -230,7 +246,8 @@ def test_assign_rooms():
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e5m2,
+                                   torch.float8_e4m3fn])
 def test_zmq_moves_pages_bit_for_bit(dtype, device):
     """Two managers over real TCP sockets on loopback; several chunks (small CHUNK_BYTES)."""
     import radixlm.runtime.disaggregation.base as base
