@@ -35,7 +35,7 @@ def _demo(args: argparse.Namespace) -> int:
             )
         info = eng.get_server_info()
         print(
-            f"KV pool: {info['max_total_num_tokens']} tokens, "
+            f"KV pool: {info['max_total_num_tokens']} tokens of {info['kv_cache_dtype']}, "
             f"cache hit rate {100 * info['cache_hit_rate']:.1f}%"
         )
     return 0
