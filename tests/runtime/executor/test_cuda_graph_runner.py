@@ -62,9 +62,12 @@ def _decode_batch(runner, lens, gen):
 
 
 @pytest.mark.skipif(not CUDA and pytest.importorskip("triton") is None, reason="no triton")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
 def test_replay_equals_eager_decode_and_padding_touches_only_its_slot(tiny_llama_dir,
-                                                                      monkeypatch):
-    runner = _runner(tiny_llama_dir, cuda_graph_max_bs=4)
+                                                                      monkeypatch,
+                                                                      kv_cache_dtype):
+    runner = _runner(tiny_llama_dir, cuda_graph_max_bs=4, kv_cache_dtype=kv_cache_dtype)
+    assert runner.kv_pool.k_buffers[0].dtype == runner.kv_dtype
     if not CUDA:  # the eager stand-in for capture, through the same entry point
         assert runner.graph_runner is None
         runner.graph_runner = runner._capture_cuda_graphs(
@@ -94,7 +97,8 @@ def test_replay_equals_eager_decode_and_padding_touches_only_its_slot(tiny_llama
         torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)
         after = [t for layer in range(pool.num_layers) for t in pool.get_kv_buffer(layer)]
         for got, want in zip(after, after_eager):  # every slot but the pad slot as eager
-            torch.testing.assert_close(got[: runner.pool_size], want[: runner.pool_size])
+            torch.testing.assert_close(got[: runner.pool_size].float(),
+                                       want[: runner.pool_size].float())
 
 
 def _refuse(*args, **kwargs):
