@@ -70,6 +70,24 @@ def test_greedy_tp2_matches_tp1_and_transformers(arch_case, make_engine):
     assert _ids(tp1.generate(input_ids=prompts, sampling_params=_greedy())) == first
 
 
+def test_tp2_over_a_bf16_pool_matches_tp1(tiny_llama_dir, make_engine, monkeypatch):
+    """--kv-cache-dtype reaches every rank: each holds its heads' K/V in bfloat16 (the
+    torch path on every rank: the environment is inherited)."""
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+    monkeypatch.setenv("RADIXLM_CPU_KERNEL", "0")
+    monkeypatch.setattr(ModelRunner, "paged_kernel", property(lambda self: False))
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    prompts = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
+    tp2 = make_engine(model_path=str(tiny_llama_dir), tp_size=2, dtype="float32",
+                      kv_cache_dtype="bf16", **SMALL)
+    assert tp2.scheduler.model_runner.kv_pool.k_buffers[0].dtype == torch.bfloat16
+    got = _ids(tp2.generate(input_ids=prompts, sampling_params=_greedy()))
+    tp1 = make_engine(model_path=str(tiny_llama_dir), dtype="float32", kv_cache_dtype="bf16",
+                      **SMALL)
+    assert _ids(tp1.generate(input_ids=prompts, sampling_params=_greedy())) == got
+
+
 def test_seeded_sampling_same_tokens_as_one_rank(tiny_llama_dir, make_engine):
     """Only rank 0 samples (from logits gathered there), so a seed draws what it draws at
     tp_size 1."""
