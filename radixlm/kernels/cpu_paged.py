@@ -15,7 +15,8 @@ reason is logged once). ``RADIXLM_CPU_KERNEL=0`` turns the kernel off.
 
 Segment s: rows ``q_rows[q_indptr[s]:q_indptr[s+1]]`` attend to slots
 ``kv_indices[kv_indptr[s]:kv_indptr[s+1]]`` (with ``causal``, row i of n sees the first
-``n_keys - n + i + 1``); float32 only.
+``n_keys - n + i + 1``). q, o and lse are float32; the pool may hold any of ``KV_DTYPES``
+(widened to float32 as loaded).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fass
 
 def _cache_dir() -> Path:
     base = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radixlm"))
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()
+    sources = b"".join(f.read_bytes() for f in sorted(SOURCE.parent.iterdir()))
+    key = hashlib.sha256(sources + " ".join(FLAGS).encode()
                          + torch.__version__.encode()).hexdigest()[:16]
     return base / "kernels" / key
 

@@ -1,7 +1,8 @@
 """The CPU paged-attention kernel (``kernels/cpu_paged``, compiled C++ reading K/V from
 the pool in place) against a float64 oracle: decode over pages of several sizes, GQA
 ratios, head dims on and off its vector path, empty segments, and shared-prefix groups
-merged by log-sum-exp; outputs NaN-poisoned so a skipped row cannot pass."""
+merged by log-sum-exp; outputs NaN-poisoned so a skipped row cannot pass; pools stored in
+bfloat16 / float16 / float8_e5m2 against float64 over the values they hold."""
 
 from __future__ import annotations
 
@@ -127,12 +128,43 @@ def test_empty_segments_and_lse():
 
 
 @needs_kernel
-def test_float32_only():
+def test_queries_must_be_float32():
     q, kb, vb, kvp, kvi = _paged_batch(2, [3, 4], 1, 4, 2, 16)
-    plan = AttentionPlan.build(torch.arange(3), kvp, kvi, 32, extend=False, paged_kernel=True)
-    with pytest.raises(ValueError, match="float32"):
-        kernels.decode_attention(q.bfloat16(), kb.bfloat16(), vb.bfloat16(), kvp, kvi, 0.2,
-                                 backend="torch", plan=plan)
+    idx = torch.arange(2), torch.arange(3), kvp, kvi
+    with pytest.raises(RuntimeError, match="q: float32"):
+        cpu_paged.paged_attention(q.bfloat16(), kb, vb, *idx, 0.2)
+    with pytest.raises(RuntimeError, match="float8_e5m2, got"):  # e4m3: the torch path's
+        cpu_paged.paged_attention(q, kb.to(torch.float8_e4m3fn), vb.to(torch.float8_e4m3fn),
+                                  *idx, 0.2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", cpu_paged.KV_DTYPES)
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256, 40])  # every vector width, and scalar
+@pytest.mark.parametrize("causal", [False, True])
+def test_narrow_pools_match_f64_over_their_rounded_values(dtype, d, causal):
+    # K/V stored in a narrow dtype are widened as loaded: the output equals float64
+    # attention over the very values the pool holds (rounding is the pool's, not the kernel's)
+    assert dtype in cpu_paged.KV_DTYPES
+    lens = [1, 70, 129, 5]
+    q, kb, vb, kvp, kvi = _paged_batch(d, lens, 16, 12, 4, d)
+    kb, vb = (kb * 0.5).to(dtype), (vb * 0.5).to(dtype)
+    rows = [min(n, 3) if causal else 1 for n in lens]  # causal: the last rows of each
+    qo = torch.tensor([0] + rows).cumsum(0)
+    q = torch.randn(int(qo[-1]), 12, d, generator=torch.Generator().manual_seed(d))
+    o, lse = cpu_paged.paged_attention(q, kb, vb, torch.arange(len(q)), qo, kvp, kvi, 0.3,
+                                       causal)
+    kd, vd = kb.double(), vb.double()
+    for s, n in enumerate(lens):
+        keys = kvi[kvp[s]: kvp[s + 1]]
+        for i, row in enumerate(range(qo[s], qo[s + 1])):
+            seen = keys[: n - rows[s] + i + 1] if causal else keys
+            kk = kd[seen].repeat_interleave(3, 1)
+            sc = torch.einsum("hd,lhd->hl", q[row].double(), kk) * 0.3
+            ref = torch.einsum("hl,lhd->hd", sc.softmax(-1), vd[seen].repeat_interleave(3, 1))
+            torch.testing.assert_close(o[row].double(), ref, rtol=2e-5, atol=2e-5)
+            torch.testing.assert_close(lse[row].double(), sc.logsumexp(-1), rtol=2e-5,
+                                       atol=2e-5)
 
 
 def _extend_batch(seed, prefix_lens, q_lens, hq, hkv, d):

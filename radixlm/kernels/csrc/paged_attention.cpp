@@ -7,19 +7,26 @@
 // segment per sequence (its one query row over its whole KV); a shared-prefix group is one
 // segment (all its members' rows over the shared slots). A row is in at most one segment.
 //
-//   q      [N, Hq, D]  float32          k_buf, v_buf  [S, Hkv, D]  float32
+//   q      [N, Hq, D]  float32          k_buf, v_buf  [S, Hkv, D]  float32, bfloat16,
+//                                                     float16 or float8_e5m2
 //   o      [N, Hq, D]  float32 (rows in no segment: 0)
 //   lse    [N, Hq]     float32 (rows in no segment, or over no keys: -inf)
 //
-// One task per (segment, KV head): its rows are (query row, query head of that KV head),
-// so each key row is loaded once for the whole GQA group. Keys go in blocks of kBlock:
-// scores, then an online-softmax update (running max m, sum l, accumulator acc).
+// One task per (segment, KV head), or per segment when there are enough: its rows are
+// (query row, query head of that KV head), in tiles of up to 4 rows whose accumulators
+// stay in registers, so each key row is loaded once per tile of the GQA group. Keys go in
+// blocks of kBlock: scores, then an online-softmax update (running max m, sum l,
+// accumulator acc); the next block's rows are prefetched into L2 meanwhile (slots are
+// scattered, which the hardware prefetcher cannot follow). Head widths 32/64/96/128/256
+// have vector variants; others take the scalar path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
+
+#include "kv_load.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,11 +62,6 @@ inline float exp_neg(float x) {
   return p * scale;
 }
 
-// 16 floats: GCC's vector extension, so the inner loops are explicit vector code
-typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
-
-inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
-
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
@@ -70,143 +72,174 @@ inline float hsum(v16 x) {  // halving tree: 4 vector adds, no scalar loop
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// scores[r * kBlock] = scale * q_r . k for RT rows at once (each chunk of k loaded once);
-// D a multiple of 16
-template <int RT>
-inline void score_rows(const float* const* qr, const float* kp, int64_t d, float scale,
-                       float* scores) {
-  v16 acc[RT] = {};
-  for (int64_t i = 0; i < d; i += 16) {
-    const v16 k = load16(kp + i);
-    for (int r = 0; r < RT; ++r) acc[r] += load16(qr[r] + i) * k;
-  }
-  for (int r = 0; r < RT; ++r) scores[r * kBlock] = hsum(acc[r]) * scale;
+template <class KV>
+inline void prefetch_row(const typename KV::S* p, int64_t d) {
+  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(typename KV::S)))
+    __builtin_prefetch(p + i, 0, 2);
 }
 
-// acc_r += p_r * v for RT rows at once; D a multiple of 16
-template <int RT>
-inline void accumulate_rows(float* acc, const float* p, const float* vp, int64_t d) {
-  for (int64_t i = 0; i < d; i += 16) {
-    const v16 v = load16(vp + i);
-    for (int r = 0; r < RT; ++r) {
-      v16* a = reinterpret_cast<v16*>(acc + r * d + i);
-      *a += p[r * kBlock] * v;
-    }
-  }
-}
-
-inline float dot(const float* a, const float* b, int64_t d) {
-  float s = 0.f;
-  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// one key against all r_count rows: tiles of 4 rows, vector code when D % 16 == 0
-void score_key(const float* const* qr, int64_t r_count, const float* kp, int64_t d,
-               float scale, float* scores) {
-  int64_t r = 0;
-  if (d % 16 == 0) {
-    for (; r + 4 <= r_count; r += 4) score_rows<4>(qr + r, kp, d, scale, scores + r * kBlock);
-    switch (r_count - r) {
-      case 3: score_rows<3>(qr + r, kp, d, scale, scores + r * kBlock); return;
-      case 2: score_rows<2>(qr + r, kp, d, scale, scores + r * kBlock); return;
-      case 1: score_rows<1>(qr + r, kp, d, scale, scores + r * kBlock); return;
-      default: return;
-    }
-  }
-  for (; r < r_count; ++r) scores[r * kBlock] = dot(qr[r], kp, d) * scale;
-}
-
-void accumulate_key(float* acc, int64_t r_count, const float* p, const float* vp, int64_t d) {
-  int64_t r = 0;
-  if (d % 16 == 0) {
-    for (; r + 4 <= r_count; r += 4) accumulate_rows<4>(acc + r * d, p + r * kBlock, vp, d);
-    switch (r_count - r) {
-      case 3: accumulate_rows<3>(acc + r * d, p + r * kBlock, vp, d); return;
-      case 2: accumulate_rows<2>(acc + r * d, p + r * kBlock, vp, d); return;
-      case 1: accumulate_rows<1>(acc + r * d, p + r * kBlock, vp, d); return;
-      default: return;
-    }
-  }
-  for (; r < r_count; ++r)
-    for (int64_t i = 0; i < d; ++i) acc[r * d + i] += p[r * kBlock] * vp[i];
-}
-
-// Key rows are gathered through kv_indices, which the hardware prefetcher cannot follow:
-// ask for the row kAhead keys on while this one is scored.
-constexpr int64_t kAhead = 6;
-
-inline void prefetch_row(const float* p, int64_t d) {
-  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(p + i, 0, 3);
-}
-
+template <class KV>
 struct Task {
   const float* q;
-  const float* k;
-  const float* v;
+  const typename KV::S* k;
+  const typename KV::S* v;
   const int64_t* rows;     // this segment's query rows
   const int64_t* slots;    // this segment's key slots
-  int64_t n_rows, n_keys, hq, hkv, grp, d, h;
+  int64_t n_rows, n_keys, hq, hkv, grp, d;
   float scale;
   bool causal;  // row i of n sees the first n_keys - n + i + 1 keys (its own is the last)
+
+  // keys of the block starting at key b0 (nb of them) that row r (of a head) sees
+  int64_t seen(int64_t r, int64_t b0, int64_t nb) const {
+    return causal ? std::clamp<int64_t>(n_keys - n_rows + r / grp + 1 - b0, 0, nb) : nb;
+  }
 };
 
-// The online softmax over one block of keys, for all r_count rows of a task.
-// Keys [b0, b0 + nb) of the segment.
-void block_update(const Task& t, int64_t b0, int64_t nb, const float* const* qr,
-                  int64_t r_count, float* scores, float* m, float* l, float* acc) {
-  const int64_t* slots = t.slots + b0;
+// The online-softmax update of one row from its block scores s[0:nb) (the first `seen`
+// count): s becomes the probabilities; returns the factor the accumulator is scaled by.
+inline float softmax_update(float* s, int64_t nb, int64_t seen, float& m, float& l) {
+  float bm = kNegInf;
+  for (int64_t j = 0; j < seen; ++j) bm = std::max(bm, s[j]);
+  const float new_m = std::max(m, bm);
+  const float alpha = m == kNegInf ? 0.f : std::exp(m - new_m);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < nb; ++j) {
-    if (j + kAhead < nb) prefetch_row(t.k + (slots[j + kAhead] * t.hkv + t.h) * t.d, t.d);
-    score_key(qr, r_count, t.k + (slots[j] * t.hkv + t.h) * t.d, t.d, t.scale, scores + j);
+    s[j] = j < seen ? exp_neg(s[j] - new_m) : 0.f;
+    sum += s[j];
+  }
+  l = l * alpha + sum;
+  m = new_m;
+  return alpha;
+}
+
+// The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
+// tile's accumulators held in registers for the whole block. `ahead`: the next block's
+// slots (nullptr: none, or not this tile's job), whose rows of this head are prefetched
+// while this block is worked on.
+template <class KV, int DC, int RT>
+void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
+                const int64_t* slots, int64_t b0, int64_t nb, const int64_t* ahead,
+                int64_t n_ahead, const float* const* qr, int64_t r0, float* m, float* l,
+                float* acc) {
+  constexpr int64_t D = DC * 16;
+  const int64_t stride = t.hkv * D;
+  float s[RT][kBlock];
+  for (int64_t j = 0; j < nb; ++j) {
+    const typename KV::S* kp = kh + slots[j] * stride;
+    if (j < n_ahead) prefetch_row<KV>(kh + ahead[j] * stride, D);
+    v16 a[RT] = {};
+    for (int c = 0; c < DC; ++c) {
+      const v16 k = KV::load(kp + c * 16);
+      for (int r = 0; r < RT; ++r) a[r] += load16(qr[r] + c * 16) * k;
+    }
+    for (int r = 0; r < RT; ++r) s[r][j] = hsum(a[r]) * t.scale;
+  }
+  v16 o[RT][DC];
+  bool any = false;
+  for (int r = 0; r < RT; ++r) {
+    const int64_t seen = t.seen(r0 + r, b0, nb);
+    any |= seen > 0;
+    const float alpha = softmax_update(s[r], nb, seen, m[r], l[r]);
+    for (int c = 0; c < DC; ++c) o[r][c] = load16(acc + r * D + c * 16) * alpha;
+  }
+  if (!any) return;  // causal: no row of the tile reaches this block (nothing to add)
+  for (int64_t j = 0; j < nb; ++j) {
+    const typename KV::S* vp = vh + slots[j] * stride;
+    if (j < n_ahead) prefetch_row<KV>(vh + ahead[j] * stride, D);
+    for (int c = 0; c < DC; ++c) {
+      const v16 v = KV::load(vp + c * 16);
+      for (int r = 0; r < RT; ++r) o[r][c] += s[r][j] * v;
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < DC; ++c) std::memcpy(acc + r * D + c * 16, &o[r][c], sizeof(v16));
+}
+
+// Rows [r, r_count) of one head in tiles of RT (the last one smaller).
+template <class KV, int DC, int RT>
+void head_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
+                const int64_t* slots, int64_t b0, int64_t nb, const int64_t* ahead,
+                int64_t n_ahead, const float* const* qr, int64_t r, int64_t r_count, float* m,
+                float* l, float* acc) {
+  constexpr int64_t D = DC * 16;
+  for (; r + RT <= r_count; r += RT) {
+    tile_block<KV, DC, RT>(t, kh, vh, slots, b0, nb, ahead, n_ahead, qr + r, r, m + r, l + r,
+                           acc + r * D);
+    n_ahead = 0;  // the first tile prefetches for all
+  }
+  if constexpr (RT > 1) {
+    if (r < r_count)
+      head_block<KV, DC, RT - 1>(t, kh, vh, slots, b0, nb, ahead, n_ahead, qr, r, r_count, m,
+                                 l, acc);
+  }
+}
+
+// The scalar path (D not a multiple of 16, or a width the vector path has no variant for):
+// one key at a time, converted to float into a scratch row.
+template <class KV>
+void generic_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
+                   const int64_t* slots, int64_t b0, int64_t nb, const float* const* qr,
+                   int64_t r_count, float* m, float* l, float* acc) {
+  const int64_t d = t.d, stride = t.hkv * d;
+  std::vector<float> scores(r_count * kBlock), row(d);
+  for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t i = 0; i < d; ++i) row[i] = KV::one(kh + slots[j] * stride + i);
+    for (int64_t r = 0; r < r_count; ++r) {
+      float x = 0.f;
+      for (int64_t i = 0; i < d; ++i) x += qr[r][i] * row[i];
+      scores[r * kBlock + j] = x * t.scale;
+    }
   }
   for (int64_t r = 0; r < r_count; ++r) {
-    float* s = scores + r * kBlock;
-    // keys of this block the row sees: all, or up to its own position when causal
-    const int64_t seen = t.causal
-        ? std::clamp<int64_t>(t.n_keys - t.n_rows + r / t.grp + 1 - b0, 0, nb) : nb;
-    float bm = kNegInf;
-    for (int64_t j = 0; j < seen; ++j) bm = std::max(bm, s[j]);
-    const float new_m = std::max(m[r], bm);
-    const float alpha = m[r] == kNegInf ? 0.f : std::exp(m[r] - new_m);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < nb; ++j) {
-      s[j] = j < seen ? exp_neg(s[j] - new_m) : 0.f;
-      sum += s[j];
-    }
-    l[r] = l[r] * alpha + sum;
-    m[r] = new_m;
-    if (alpha != 1.f) {
-      float* a = acc + r * t.d;
-      for (int64_t i = 0; i < t.d; ++i) a[i] *= alpha;
-    }
+    const float alpha = softmax_update(scores.data() + r * kBlock, nb, t.seen(r, b0, nb), m[r],
+                                       l[r]);
+    for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= alpha;
   }
   for (int64_t j = 0; j < nb; ++j) {
-    if (j + kAhead < nb) prefetch_row(t.v + (slots[j + kAhead] * t.hkv + t.h) * t.d, t.d);
-    accumulate_key(acc, r_count, scores + j, t.v + (slots[j] * t.hkv + t.h) * t.d, t.d);
+    for (int64_t i = 0; i < d; ++i) row[i] = KV::one(vh + slots[j] * stride + i);
+    for (int64_t r = 0; r < r_count; ++r)
+      for (int64_t i = 0; i < d; ++i) acc[r * d + i] += scores[r * kBlock + j] * row[i];
   }
 }
 
 // Heads [h0, h1) of one segment. Per key block, every head of the range in turn: the
-// block's K and V rows (all heads of a token are one contiguous row) stay in cache.
-void run_task(Task t, int64_t h0, int64_t h1, float* o, float* lse) {
+// block's K and V rows (all heads of a token are one contiguous row) stay in cache, and
+// the next block's are prefetched meanwhile.
+template <class KV, int DC>
+void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
   const int64_t r_count = t.n_rows * t.grp;  // rows per head: (query row i, head j of group)
-  const int64_t nh = h1 - h0;
+  const int64_t nh = h1 - h0, d = t.d;
   std::vector<const float*> qr(nh * r_count);
   for (int64_t h = 0; h < nh; ++h)
     for (int64_t i = 0; i < t.n_rows; ++i)
       for (int64_t j = 0; j < t.grp; ++j)
-        qr[h * r_count + i * t.grp + j] = t.q + (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * t.d;
-  std::vector<float> scores(r_count * kBlock), m(nh * r_count, kNegInf),
-      l(nh * r_count, 0.f), acc(nh * r_count * t.d, 0.f);
+        qr[h * r_count + i * t.grp + j] = t.q + (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
+  std::vector<float> m(nh * r_count, kNegInf), l(nh * r_count, 0.f), acc(nh * r_count * d, 0.f);
+  if (t.n_keys > 0) {
+    const int64_t n0 = std::min(kBlock, t.n_keys);
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t j = 0; j < n0; ++j) {
+        prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h) * d, d);
+        prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h) * d, d);
+      }
+  }
+  constexpr int RT = DC == 0 ? 1 : std::max(1, std::min(4, 16 / DC));
   for (int64_t b = 0; b < t.n_keys; b += kBlock) {
     const int64_t nb = std::min(kBlock, t.n_keys - b);
+    const int64_t n_ahead = std::min(kBlock, std::max<int64_t>(t.n_keys - b - kBlock, 0));
     for (int64_t h = 0; h < nh; ++h) {
-      t.h = h0 + h;
-      block_update(t, b, nb, qr.data() + h * r_count, r_count, scores.data(),
-                   m.data() + h * r_count, l.data() + h * r_count,
-                   acc.data() + h * r_count * t.d);
+      const typename KV::S* kh = t.k + (h0 + h) * d;
+      const typename KV::S* vh = t.v + (h0 + h) * d;
+      const float* const* q = qr.data() + h * r_count;
+      float *mh = m.data() + h * r_count, *lh = l.data() + h * r_count;
+      float* ah = acc.data() + h * r_count * d;
+      if constexpr (DC == 0) {
+        generic_block<KV>(t, kh, vh, t.slots + b, b, nb, q, r_count, mh, lh, ah);
+      } else {
+        head_block<KV, DC, RT>(t, kh, vh, t.slots + b, b, nb, t.slots + b + kBlock, n_ahead, q,
+                               0, r_count, mh, lh, ah);
+      }
     }
   }
   for (int64_t h = 0; h < nh; ++h) {
@@ -215,11 +248,58 @@ void run_task(Task t, int64_t h0, int64_t h1, float* o, float* lse) {
       const int64_t x = h * r_count + r;
       if (l[x] > 0.f) {
         const float inv = 1.f / l[x];
-        for (int64_t i = 0; i < t.d; ++i) o[head * t.d + i] = acc[x * t.d + i] * inv;
+        for (int64_t i = 0; i < d; ++i) o[head * d + i] = acc[x * d + i] * inv;
         lse[head] = m[x] + std::log(l[x]);
       }
     }
   }
+}
+
+template <class KV, int DC>
+void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t segs,
+             float* op, float* lp) {
+  // a task is a whole segment (all KV heads) when there are segments enough to keep every
+  // thread busy, else one KV head of a segment
+  const int64_t hkv = base.hkv;
+  const int64_t split = segs >= 2 * at::get_num_threads() ? 1 : hkv;
+  at::parallel_for(0, segs * split, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / split, part = task % split;
+      Task<KV> t = base;
+      t.rows = base.rows + qi[s];
+      t.n_rows = qi[s + 1] - qi[s];
+      t.slots = base.slots + ki[s];
+      t.n_keys = ki[s + 1] - ki[s];
+      run_task<KV, DC>(t, part * hkv / split, (part + 1) * hkv / split, op, lp);
+    }
+  });
+}
+
+// The head width picks the vector variant (DC = D / 16), or the scalar one (DC = 0).
+template <class KV>
+void dispatch_width(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t segs,
+                    float* op, float* lp) {
+  switch (base.d) {
+    case 32: return run_all<KV, 2>(base, qi, ki, segs, op, lp);
+    case 64: return run_all<KV, 4>(base, qi, ki, segs, op, lp);
+    case 96: return run_all<KV, 6>(base, qi, ki, segs, op, lp);
+    case 128: return run_all<KV, 8>(base, qi, ki, segs, op, lp);
+    case 256: return run_all<KV, 16>(base, qi, ki, segs, op, lp);
+    default: return run_all<KV, 0>(base, qi, ki, segs, op, lp);
+  }
+}
+
+template <class KV>
+void launch(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+            const at::Tensor& q_rows, const at::Tensor& kv_indices, const int64_t* qi,
+            const int64_t* ki, int64_t segs, float scale, bool causal, float* op, float* lp) {
+  const int64_t hq = q.size(1), hkv = k_buf.size(1);
+  const Task<KV> base{q.data_ptr<float>(),
+                      static_cast<const typename KV::S*>(k_buf.data_ptr()),
+                      static_cast<const typename KV::S*>(v_buf.data_ptr()),
+                      q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
+                      hq / hkv, q.size(2), scale, causal};
+  dispatch_width<KV>(base, qi, ki, segs, op, lp);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_attention(
@@ -227,8 +307,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
     const at::Tensor& q_rows, const at::Tensor& q_indptr, const at::Tensor& kv_indptr,
     const at::Tensor& kv_indices, double sm_scale, bool causal) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf: 3-D");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_buf.scalar_type() == at::kFloat &&
-                  v_buf.scalar_type() == at::kFloat, "float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32 only");
+  TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "k_buf and v_buf: one dtype");
   TORCH_CHECK(q.is_contiguous() && k_buf.is_contiguous() && v_buf.is_contiguous(),
               "contiguous q, k_buf, v_buf");
   for (const at::Tensor* t : {&q_rows, &q_indptr, &kv_indptr, &kv_indices})
@@ -243,26 +323,26 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   at::Tensor lse = at::full({n, hq}, kNegInf, q.options());
   const int64_t* qi = q_indptr.data_ptr<int64_t>();
   const int64_t* ki = kv_indptr.data_ptr<int64_t>();
-  Task base{q.data_ptr<float>(), k_buf.data_ptr<float>(), v_buf.data_ptr<float>(),
-            q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
-            hq / hkv, d, 0, static_cast<float>(sm_scale), causal};
   float* op = o.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
-  // a task is a whole segment (all KV heads) when there are segments enough to keep every
-  // thread busy, else one KV head of a segment
-  const int64_t split = segs >= 2 * at::get_num_threads() ? 1 : hkv;
-  at::parallel_for(0, segs * split, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = task / split, part = task % split;
-      Task t = base;
-      t.rows = base.rows + qi[s];
-      t.n_rows = qi[s + 1] - qi[s];
-      t.slots = base.slots + ki[s];
-      t.n_keys = ki[s + 1] - ki[s];
-      const int64_t h0 = part * hkv / split, h1 = (part + 1) * hkv / split;
-      run_task(t, h0, h1, op, lp);
-    }
-  });
+  const float scale = static_cast<float>(sm_scale);
+  switch (k_buf.scalar_type()) {
+    case at::kFloat:
+      launch<F32>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
+      break;
+    case at::kBFloat16:
+      launch<BF16>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
+      break;
+    case at::kHalf:
+      launch<F16>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
+      break;
+    case at::kFloat8_e5m2:
+      launch<E5M2>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
+      break;
+    default:
+      TORCH_CHECK(false, "k_buf/v_buf: float32, bfloat16, float16 or float8_e5m2, got ",
+                  k_buf.scalar_type());
+  }
   return {o, lse};
 }
 

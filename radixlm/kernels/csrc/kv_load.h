@@ -1,0 +1,99 @@
+// Loading K/V rows of the pool as float32, whatever dtype the pool stores
+// (paged_attention.cpp's vector and scalar paths).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// 16 floats: GCC's vector extension, so the inner loops are explicit vector code
+typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
+
+// How a pool dtype is read: 16 elements at a time as floats (vector path), or one. bf16 is
+// the high half of a float, fp8 e5m2 the high byte of a float16; the conversions are x86
+// instructions where the compiler targets them (GCC scalarises _Float16 vectors without
+// AVX512-FP16), element by element otherwise.
+inline float bf16_bits(uint16_t x) {
+  const uint32_t w = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+inline float f16_bits(uint16_t x) {
+  _Float16 h;
+  std::memcpy(&h, &x, sizeof h);
+  return static_cast<float>(h);
+}
+
+template <class T, class F>
+inline v16 load_each(const T* p, F f) {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = f(p[i]);
+  return r;
+}
+
+#if defined(__AVX512F__)
+inline v16 from_m512(__m512 x) {
+  v16 r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+inline v16 f16x16(__m256i h) { return from_m512(_mm512_cvtph_ps(h)); }
+#elif defined(__AVX2__) && defined(__F16C__)
+inline v16 f16x16(__m256i h) {
+  const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  const __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  v16 r;
+  std::memcpy(&r, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&r) + sizeof lo, &hi, sizeof hi);
+  return r;
+}
+#endif
+
+struct F32 {
+  using S = float;
+  static v16 load(const S* p) { return load16(p); }
+  static float one(const S* p) { return *p; }
+};
+struct BF16 {
+  using S = uint16_t;
+  static v16 load(const S* p) {
+#if defined(__AVX512F__)
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return from_m512(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+#else
+    return load_each(p, bf16_bits);
+#endif
+  }
+  static float one(const S* p) { return bf16_bits(*p); }
+};
+struct F16 {
+  using S = uint16_t;
+  static v16 load(const S* p) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+    return f16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+    return load_each(p, f16_bits);
+#endif
+  }
+  static float one(const S* p) { return f16_bits(*p); }
+};
+struct E5M2 {
+  using S = uint8_t;
+  static float bits(uint8_t x) { return f16_bits(static_cast<uint16_t>(x << 8)); }
+  static v16 load(const S* p) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return f16x16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+#else
+    return load_each(p, bits);
+#endif
+  }
+  static float one(const S* p) { return bits(*p); }
+};
+
