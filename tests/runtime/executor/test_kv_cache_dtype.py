@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+import radixlm
 from radixlm import kernels
 from radixlm.kernels import cpu_paged
 from radixlm.radix_cache import kv_pool
@@ -71,8 +72,6 @@ def test_unsupported_choices_are_refused_naming_the_flag(bad):
 
 
 def test_engine_refuses_before_loading_anything():
-    import radixlm
-
     with pytest.raises(ValueError, match="--kv-cache-dtype.*block-scaled"):
         radixlm.Engine(kv_cache_dtype="mxfp8")
 
