@@ -1,6 +1,7 @@
 """One decode step of the engine's model runner, and the share of it spent in attention.
 
     python benchmarks/decode_step.py --preset small [--batch 32] [--context 512]
+        [--kv-cache-dtype bfloat16] [--disable-cpu-weight-prepack]
 
 A batch of ``--batch`` sequences, each with ``--context`` tokens already in the KV pool
 (random K/V, pages shuffled as a long-running pool's are), decodes one token; the step is
@@ -40,10 +41,12 @@ def _timed_decode_attention(fn):
     return wrapper
 
 
-def _setup(model_path: str, batch: int, context: int, threads: int):
+def _setup(model_path: str, batch: int, context: int, threads: int, kv_dtype: str,
+           no_prepack: bool):
     torch.set_num_threads(threads)
     pool = batch * (context + 1) + 64
-    args = ServerArgs(model_path=model_path, max_total_tokens=pool, device="cpu")
+    args = ServerArgs(model_path=model_path, max_total_tokens=pool, device="cpu",
+                      kv_cache_dtype=kv_dtype, disable_cpu_weight_prepack=no_prepack)
     runner = mr.ModelRunner(args, model_path)
     g = torch.Generator().manual_seed(0)
     for layer in range(runner.model_config.num_layers):
@@ -66,9 +69,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype")
+    ap.add_argument("--disable-cpu-weight-prepack", action="store_true")
     a = ap.parse_args()
     model_path = resolve_model(a.model_path, a.preset)
-    runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads)
+    runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads,
+                                      a.kv_cache_dtype, a.disable_cpu_weight_prepack)
     kernels.decode_attention = _timed_decode_attention(kernels.decode_attention)
     paths = {"paged": True, "gather": False} if cpu_paged.available() else {"gather": False}
     steps: dict[str, list[float]] = {p: [] for p in paths}
@@ -83,6 +89,7 @@ def main() -> None:
                 steps[name].append(time.perf_counter() - t0)
                 attn[name].append(_ATTN[0])
     print(f"model {model_path}; batch {a.batch}, context {a.context}, {a.threads} threads; "
+          f"{runner.kv_cache_dtype} K/V; {runner.prepacked_layers} prepacked linear layers; "
           f"medians of {a.rounds} alternating steps")
     print("| attention path | decode step (ms) | decode attention (ms) | attention share |")
     print("|---|---|---|---|")

@@ -143,6 +143,10 @@ class ServerArgs:
                 "path; default 160, fewer when the pool cannot hold that many requests)"})
     disable_cuda_graph: bool = field(default=False, metadata={
         "help": "run every decode forward eagerly (no CUDA graph capture at startup)"})
+    disable_cpu_weight_prepack: bool = field(default=False, metadata={
+        "help": "on a CPU in float32, multiply by the dense weights (torch's matmul repacks "
+                "them on every call) instead of oneDNN-prepacked copies made at startup; "
+                "the copies hold the linear and LM-head weights a second time"})
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "

@@ -125,13 +125,16 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   constexpr int64_t D = DC * 16;
   const int64_t stride = t.hkv * D;
   float s[RT][kBlock];
+  v16 qv[RT][DC];  // the tile's query rows, held in registers over the block
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < DC; ++c) qv[r][c] = load16(qr[r] + c * 16);
   for (int64_t j = 0; j < nb; ++j) {
     const typename KV::S* kp = kh + slots[j] * stride;
     if (j < n_ahead) prefetch_row<KV>(kh + ahead[j] * stride, D);
     v16 a[RT] = {};
     for (int c = 0; c < DC; ++c) {
       const v16 k = KV::load(kp + c * 16);
-      for (int r = 0; r < RT; ++r) a[r] += load16(qr[r] + c * 16) * k;
+      for (int r = 0; r < RT; ++r) a[r] += qv[r][c] * k;
     }
     for (int r = 0; r < RT; ++r) s[r][j] = hsum(a[r]) * t.scale;
   }

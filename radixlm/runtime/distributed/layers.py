@@ -16,6 +16,13 @@ vocabulary is padded to a multiple of ``tp_size`` (padded rows are zero and neve
 
 ``checkpoint_layout(prefix)`` says which slice of which checkpoint tensor fills which rows
 of the layer's parameters, so each rank reads only its slices (``models/weights.py``).
+
+On a CPU the linear layers and the LM head can hold a prepacked copy of their weight
+(``Prepackable.prepack``): oneDNN's blocked layout, made once, so a matmul no longer
+repacks the whole weight on every call. That is most of a decode step's matmul cost at
+small batches (measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows; see
+docs/benchmarks.md). The dense weight stays the parameter (checkpoint loading, weight
+updates and TP slicing write it), so whoever changes it must ``prepack`` again.
 """
 
 from __future__ import annotations
@@ -99,13 +106,57 @@ def gate_up_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
 
 
 # --- layers -----------------------------------------------------------------------------
-class ColumnParallelLinear(nn.Linear):
+def can_prepack(weight: torch.Tensor) -> bool:
+    """Whether this build of torch can prepack ``weight`` for oneDNN (CPU float32)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
+class Prepackable:
+    """A layer computing ``x @ weight.T (+ bias)``, optionally from a prepacked copy."""
+
+    weight: torch.Tensor
+    packed: torch.Tensor | None = None  # oneDNN's layout of ``weight``; None: use weight
+
+    def prepack(self) -> None:
+        """(Re)build the packed copy from the current weight."""
+        assert can_prepack(self.weight), f"cannot prepack a {self.weight.dtype} weight " \
+            f"on {self.weight.device}"
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+
+    def drop_packed(self) -> None:
+        self.packed = None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+def prepack_weights(model: nn.Module, on: bool = True) -> int:
+    """Prepack (or, with ``on`` false, drop the packed copies of) every Prepackable layer
+    of ``model``; returns how many layers hold a packed copy."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module, Prepackable):
+            if on and can_prepack(module.weight):
+                module.prepack()
+                n += 1
+            else:
+                module.drop_packed()
+    return n
+
+
+class ColumnParallelLinear(Prepackable, nn.Linear):
     """Checkpoint tensors ``parts`` (name -> this rank's shard of its rows), stacked in
     one matmul in that order. No communication: the output stays split by rank."""
 
     def __init__(self, in_features: int, parts: Mapping[str, Shard], bias: bool) -> None:
         super().__init__(in_features, sum(s.size for s in parts.values()), bias=bias)
         self.parts = dict(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         out: dict[str, Placement] = {}
@@ -121,7 +172,7 @@ class ColumnParallelLinear(nn.Linear):
         return out
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Prepackable, nn.Linear):
     """``in_features`` split over the ranks; one all-reduce sums the partial outputs (the
     bias is added once, after it)."""
 
@@ -136,8 +187,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+            return self.matmul(x, self.bias)
+        y = self.tp.all_reduce(self.matmul(x))
         return y if self.bias is None else y + self.bias
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
@@ -173,11 +224,11 @@ class VocabParallelEmbedding(nn.Embedding):
                                               shard)}
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(Prepackable, VocabParallelEmbedding):
     """``hidden -> vocab`` logits: rank 0 gets all of them, the other ranks ``[M, 0]``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.weight)  # [M, rows of this rank]
+        logits = self.matmul(x)  # [M, rows of this rank]
         if self.tp.size == 1:
             return logits
         return self.tp.gather_last_dim(logits)[..., : self.vocab_size]

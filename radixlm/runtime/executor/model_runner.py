@@ -16,7 +16,7 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool, kv_cache_dtype_name, kv_cache_torch_dtype
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.layers import check_tp_split, local_kv_heads
+from radixlm.runtime.distributed.layers import check_tp_split, local_kv_heads, prepack_weights
 from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
@@ -64,6 +64,8 @@ class ModelRunner:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device, self.tp)
+        self.prepack = not args.disable_cpu_weight_prepack
+        self.prepacked_layers = prepack_weights(self.model, self.prepack)
         self.pool_size = self._pool_size(args)
         cfg = self.model_config
         # one slot more than the allocator hands out: padding rows of CUDA-graph replays
@@ -74,6 +76,9 @@ class ModelRunner:
         logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))
+        if self.prepacked_layers:
+            logger.info("%d linear layers multiply by oneDNN-prepacked weights "
+                        "(--disable-cpu-weight-prepack: dense)", self.prepacked_layers)
         self.graph_runner = self._capture_cuda_graphs(args)
 
     def _init_tp(self, args: ServerArgs, tp_rank: int) -> TpGroup:
@@ -289,6 +294,8 @@ class ModelRunner:
             copy_weights(plan_load(self.model, previous), previous)
             raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
                              f"previous weights ({previous}) were reloaded") from None
+        finally:  # the packed copies are of the weights that were there before
+            prepack_weights(self.model, self.prepack)
         self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
 
     def shutdown_tp(self, notify: bool = True) -> None:

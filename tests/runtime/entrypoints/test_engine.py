@@ -96,6 +96,18 @@ def test_greedy_matches_transformers_without_the_cpu_kernel(arch_case, make_engi
     _check(eng.generate(input_ids=prompts, sampling_params=_greedy()), expected)
 
 
+def test_greedy_matches_transformers_with_and_without_prepacked_weights(arch_case,
+                                                                       make_engine):
+    # the default multiplies by oneDNN-prepacked weights on a CPU in float32; the flag keeps
+    # torch's dense matmul: both are the same model
+    path, prompts, expected = arch_case
+    for disable in (False, True):
+        eng = make_engine(model_path=path, disable_cpu_weight_prepack=disable)
+        runner = eng.scheduler.model_runner
+        assert (runner.prepacked_layers == 0) == disable
+        _check(eng.generate(input_ids=prompts, sampling_params=_greedy()), expected)
+
+
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs", "lof"])
 def test_policies_and_arrivals_while_decoding(arch_case, make_engine, policy):
     """Requests join while others decode (from other threads, at different times)."""

@@ -1,0 +1,84 @@
+"""Prepacked CPU weights (``layers.Prepackable``): the linear layers and the LM head give
+float64 F.linear's outputs whether they multiply by oneDNN's packed copy or the dense
+weight, at every row count a step can have; a weight changed in place needs ``prepack``
+again (what the model runner does after a weight update)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    Shard,
+    can_prepack,
+    prepack_weights,
+)
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="torch built without oneDNN")
+
+
+def _layers() -> list[torch.nn.Module]:
+    torch.manual_seed(0)
+    col = ColumnParallelLinear(48, {"q": Shard(0, 0, 32, 32), "k": Shard(0, 0, 16, 16)}, True)
+    row = RowParallelLinear(48, 40, bias=True)
+    head = ParallelLMHead(300, 48)
+    for m in (col, row, head):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_(0, 0.2)
+    return [col, row, head]
+
+
+def _f64(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    bias = getattr(m, "bias", None)
+    return F.linear(x.double(), m.weight.double(), None if bias is None else bias.double())
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [0, 1, 7, 33, 130])
+def test_packed_and_dense_both_match_f64(rows):
+    layers = _layers()
+    model = torch.nn.ModuleList(layers)
+    x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        dense = [m(x) for m in layers]
+        assert prepack_weights(model) == 3
+        assert all(m.packed is not None for m in layers)
+        packed = [m(x) for m in layers]
+    for m, a, b in zip(layers, dense, packed):
+        ref = _f64(m, x)
+        assert a.shape == b.shape == ref.shape
+        torch.testing.assert_close(a.double(), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.double(), ref, rtol=1e-5, atol=1e-5)
+    assert prepack_weights(model, on=False) == 0
+    assert all(m.packed is None for m in layers)
+
+
+@needs_onednn
+def test_a_weight_changed_in_place_needs_prepack_again():
+    col = _layers()[0]
+    col.prepack()
+    x = torch.randn(4, 48)
+    with torch.inference_mode():
+        col.weight.mul_(2.0)
+        stale = col(x)
+        col.prepack()
+        fresh = col(x)
+    ref = _f64(col, x)
+    assert not torch.allclose(stale.double(), ref, atol=1e-3)  # the copy is of the old weight
+    torch.testing.assert_close(fresh.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_only_cpu_float32_weights_are_packed():
+    layers = [m.to(torch.bfloat16) for m in _layers()]
+    assert not any(can_prepack(m.weight) for m in layers)
+    assert prepack_weights(torch.nn.ModuleList(layers)) == 0
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = layers[1](x)
+    torch.testing.assert_close(out.double(), _f64(layers[1], x), rtol=2e-2, atol=2e-2)
