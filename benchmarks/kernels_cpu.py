@@ -175,7 +175,8 @@ def run_paged(budget_s: float) -> None:
     # paying (the engine's threshold, shared_prefix.KERNEL_MAX_EXTEND_ROWS)
     shared_prefix.KERNEL_MAX_EXTEND_ROWS = 1 << 30
     cases = [(32, 128, 1), (32, 512, 1), (8, 2048, 1), (1, 4096, 1), (8, 512, 4),
-             (8, 512, 8), (8, 512, 16), (8, 512, 32), (8, 512, 64), (4, 512, 256),
+             (8, 512, 8), (8, 512, 16), (8, 512, 32), (8, 512, 64), (4, 512, 128),
+             (4, 512, 256),
              (8, 0, 16), (8, 0, 32), (4, 0, 256)]
     for batch, ctx, new in cases:
         plans, args = paged_case(batch, ctx, new, gen)

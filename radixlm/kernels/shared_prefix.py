@@ -68,10 +68,10 @@ class _Segments:
 
 # Extend segments of at most this many new tokens go through the kernel (their K/V read
 # in place, new tokens from the pool where store_kv just put them); longer ones through
-# the padded passes, where torch's fused attention does the matmuls faster than the
-# kernel's per-key loop (`benchmarks/kernels_cpu.py --paged`, 8 sequences over a 512-token
-# prefix: the kernel 2.1x faster at 8 new tokens, 1.24x at 32, 0.83x at 64).
-KERNEL_MAX_EXTEND_ROWS = 32
+# the padded passes, where torch's fused attention does the matmuls as fast or faster
+# (`benchmarks/kernels_cpu.py --paged` over a 512-token prefix: the kernel 2.7x faster at
+# 8 new tokens, 1.14x at 64, even at 96-128, 0.69x at 256).
+KERNEL_MAX_EXTEND_ROWS = 64
 
 
 @dataclass
