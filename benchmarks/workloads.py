@@ -1,5 +1,6 @@
-"""Offline throughput on three workloads, radixlm.Engine against transformers `generate`,
-side by side in one process, alternating, medians of rounds:
+"""Offline throughput on three workloads, radixlm.Engine against transformers `generate`
+(static batches) and transformers' continuous batching (paged KV cache, requests joining
+and leaving the batch), side by side in one process, alternating, medians of rounds:
 
 - shared-prefix: 4 groups x 8 prompts, a 512-token system prompt per group + 32-token
   questions, 32 output tokens (transformers: one static batch, no padding needed);
@@ -23,7 +24,7 @@ import statistics
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 import radixlm
 from radixlm.tiny_model import add_model_args, resolve_model
@@ -78,6 +79,27 @@ def run_hf(model, reqs: list[Request], batch: int) -> tuple[float, int]:
     return total, computed
 
 
+def run_hf_cb(model, reqs: list[Request]) -> float:
+    """transformers' continuous batching (``continuous_batching_context_manager``: paged KV
+    cache, requests joining and leaving the batch): seconds from the first request queued to
+    the last one finished; each request generates exactly its own output length."""
+    gc = GenerationConfig(do_sample=False, max_new_tokens=max(o for _, o in reqs),
+                          pad_token_id=0)
+    with model.continuous_batching_context_manager(generation_config=gc, block=True,
+                                                   timeout=5) as manager:
+        t0 = time.perf_counter()
+        rids = [manager.add_request(p, max_new_tokens=o, eos_token_id=-1) for p, o in reqs]
+        done: dict[str, int] = {}
+        while len(done) < len(rids):
+            out = manager.get_result(timeout=1)
+            if out is not None and out.is_finished():
+                assert out.error is None, out.error
+                done[out.request_id] = len(out.generated_tokens)
+        dt = time.perf_counter() - t0
+    assert [done[r] for r in rids] == [o for _, o in reqs], "outputs of the wrong length"
+    return dt
+
+
 def matmul_peak_gflops(threads: int) -> float:
     """The faster of torch's matmul and oneDNN's over a prepacked weight (what the engine
     uses on a CPU), 2048 x 2048 x 2048 in float32."""
@@ -116,6 +138,8 @@ def main() -> None:
     ap.add_argument("--workload", nargs="+", default=["shared-prefix", "unique", "variable"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hf-batch", type=int, default=16, help="transformers batch (variable)")
+    ap.add_argument("--no-cb", action="store_true",
+                    help="skip transformers' continuous batching")
     add_model_args(ap)
     args = ap.parse_args()
     path = resolve_model(args.model_path, args.preset)
@@ -128,29 +152,36 @@ def main() -> None:
     warm = workload("unique", cfg.vocab_size, seed=9)[:2]
     run_engine(eng, warm)
     run_hf(hf, warm, 2)
+    if not args.no_cb:
+        run_hf_cb(hf, warm)
     print(f"model {path}: hidden {cfg.hidden_size}, {cfg.num_layers} layers, vocabulary "
           f"{cfg.vocab_size}; {threads} torch threads each; measured matmul peak "
           f"{peak:.0f} GFLOP/s; median of {args.rounds} alternating rounds")
-    print("| workload | transformers (s) | radixlm (s) | ratio | useful / computed tokens "
-          "(transformers) | radixlm cache hit | radixlm % of matmul peak |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | transformers generate (s) | transformers CB (s) | radixlm (s) | "
+          "ratio vs generate | ratio vs CB | useful / computed tokens (generate) | "
+          "radixlm cache hit | radixlm % of matmul peak |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.workload:
         reqs = workload(name, cfg.vocab_size)
         batch = len(reqs) if name != "variable" else args.hf_batch
-        t_eng, t_hf = [], []
+        t_eng, t_hf, t_cb = [], [], []
         for _ in range(args.rounds):
             before = eng.get_server_info()
             t_eng.append(run_engine(eng, reqs))
             after = eng.get_server_info()
             dt, computed = run_hf(hf, reqs, batch)
             t_hf.append(dt)
+            if not args.no_cb:
+                t_cb.append(run_hf_cb(hf, reqs))
         cached = int(after["cached_tokens"] - before["cached_tokens"])
         useful = sum(len(p) + o for p, o in reqs)
         e, h = statistics.median(t_eng), statistics.median(t_hf)
+        cb = f"{statistics.median(t_cb):.2f}" if t_cb else "-"
+        vs_cb = f"{statistics.median(t_cb) / e:.2f}" if t_cb else "-"
         share = model_flops(cfg, reqs, cached) / e / 1e9 / peak
         hit = cached / sum(len(p) for p, _ in reqs)
-        print(f"| {name} | {h:.2f} | {e:.2f} | {h / e:.2f} | {useful} / {computed} | "
-              f"{100 * hit:.0f}% | {100 * share:.0f}% |", flush=True)
+        print(f"| {name} | {h:.2f} | {cb} | {e:.2f} | {h / e:.2f} | {vs_cb} | {useful} / "
+              f"{computed} | {100 * hit:.0f}% | {100 * share:.0f}% |", flush=True)
     eng.shutdown()
 
 

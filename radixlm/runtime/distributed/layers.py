@@ -27,6 +27,7 @@ updates and TP slicing write it), so whoever changes it must ``prepack`` again.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,14 +139,19 @@ class Prepackable:
 def prepack_weights(model: nn.Module, on: bool = True) -> int:
     """Prepack (or, with ``on`` false, drop the packed copies of) every Prepackable layer
     of ``model``; returns how many layers hold a packed copy."""
+    layers = [m for m in model.modules() if isinstance(m, Prepackable)]
     n = 0
-    for module in model.modules():
-        if isinstance(module, Prepackable):
-            if on and can_prepack(module.weight):
+    for module in layers:
+        module.drop_packed()
+        if on and can_prepack(module.weight):
+            try:
                 module.prepack()
-                n += 1
-            else:
-                module.drop_packed()
+            except RuntimeError as e:  # a oneDNN build without this op (some ARM builds)
+                logger.warning("cannot prepack weights (%s); using torch's matmul", e)
+                for m in layers:
+                    m.drop_packed()
+                return 0
+            n += 1
     return n
 
 

@@ -82,3 +82,21 @@ def test_only_cpu_float32_weights_are_packed():
     with torch.inference_mode():
         out = layers[1](x)
     torch.testing.assert_close(out.double(), _f64(layers[1], x), rtol=2e-2, atol=2e-2)
+
+
+def test_a_build_that_cannot_prepack_keeps_every_layer_dense(monkeypatch):
+    # some oneDNN builds (ARM's) lack the reorder op: the model must still load and serve
+    layers = _layers()
+    layers[0].prepack()  # a packed copy from before must not survive either
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("mkldnn reorder: unsupported on this build")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", unsupported)
+    monkeypatch.setattr("radixlm.runtime.distributed.layers.can_prepack", lambda w: True)
+    assert prepack_weights(torch.nn.ModuleList(layers)) == 0
+    assert all(m.packed is None for m in layers)
+    x = torch.randn(2, 48)
+    with torch.inference_mode():
+        torch.testing.assert_close(layers[2](x).double(), _f64(layers[2], x), rtol=1e-5,
+                                   atol=1e-5)
