@@ -72,6 +72,37 @@ inline float hsum(v16 x) {  // halving tree: 4 vector adds, no scalar loop
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+// r[j] = hsum(a[j]) for 16 vectors at once: a transposing tree of lane shuffles and adds
+// (45 vector ops for 16 sums, against 16 separate hsums' 128)
+inline v16 reduce16(const v16* a) {
+  v16 b[8], c[4], d[2];
+  for (int p = 0; p < 8; ++p) {  // within 128-bit lanes: pairs of elements, two vectors
+    const v16 x = a[2 * p], y = a[2 * p + 1];
+    b[p] = __builtin_shufflevector(x, y, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
+                                   13, 29) +
+           __builtin_shufflevector(x, y, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30,
+                                   15, 31);
+  }
+  for (int p = 0; p < 4; ++p) {  // whole 128-bit lanes, four vectors
+    const v16 x = b[2 * p], y = b[2 * p + 1];
+    c[p] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
+                                   28, 29) +
+           __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15,
+                                   30, 31);
+  }
+  for (int p = 0; p < 2; ++p) {  // pairs of 128-bit lanes
+    const v16 x = c[2 * p], y = c[2 * p + 1];
+    d[p] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                   27) +
+           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                   31);
+  }
+  return __builtin_shufflevector(d[0], d[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                                 26, 27) +
+         __builtin_shufflevector(d[0], d[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                                 29, 30, 31);
+}
+
 template <class KV>
 inline void prefetch_row(const typename KV::S* p, int64_t d) {
   for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(typename KV::S)))
@@ -99,6 +130,7 @@ struct Task {
 // count): s becomes the probabilities; returns the factor the accumulator is scaled by.
 inline float softmax_update(float* s, int64_t nb, int64_t seen, float& m, float& l) {
   float bm = kNegInf;
+#pragma omp simd reduction(max : bm)
   for (int64_t j = 0; j < seen; ++j) bm = std::max(bm, s[j]);
   const float new_m = std::max(m, bm);
   const float alpha = m == kNegInf ? 0.f : std::exp(m - new_m);
@@ -125,6 +157,7 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   constexpr int64_t D = DC * 16;
   const int64_t stride = t.hkv * D;
   float s[RT][kBlock];
+  v16 part[RT][16];
   v16 qv[RT][DC];  // the tile's query rows, held in registers over the block
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < DC; ++c) qv[r][c] = load16(qr[r] + c * 16);
@@ -136,8 +169,15 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
       const v16 k = KV::load(kp + c * 16);
       for (int r = 0; r < RT; ++r) a[r] += qv[r][c] * k;
     }
-    for (int r = 0; r < RT; ++r) s[r][j] = hsum(a[r]) * t.scale;
+    for (int r = 0; r < RT; ++r) part[r][j % 16] = a[r];
+    if (j % 16 == 15)
+      for (int r = 0; r < RT; ++r) {
+        const v16 x = reduce16(part[r]) * t.scale;
+        std::memcpy(&s[r][j - 15], &x, sizeof x);
+      }
   }
+  for (int64_t j = nb - nb % 16; j < nb; ++j)
+    for (int r = 0; r < RT; ++r) s[r][j] = hsum(part[r][j % 16]) * t.scale;
   v16 o[RT][DC];
   bool any = false;
   for (int r = 0; r < RT; ++r) {
