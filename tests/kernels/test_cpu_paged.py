@@ -6,7 +6,11 @@ bfloat16 / float16 / float8_e5m2 against float64 over the values they hold."""
 
 from __future__ import annotations
 
+import os
+import platform
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -220,3 +224,39 @@ def test_loading_the_kernel_leaves_the_process_floating_point_mode_alone():
     tiny, one = 5e-324, 1.0
     assert tiny * one == 5e-324
     assert torch.tensor([1e-40]).mul(1.0).item() != 0.0
+
+
+_PORTABLE_CHECK = """
+import sys, torch
+from radixlm.kernels import cpu_paged
+cpu_paged.FLAGS[:] = [f if f != "-march=native" else sys.argv[1] for f in cpu_paged.FLAGS]
+assert cpu_paged.available(), "the build failed"
+g = torch.Generator().manual_seed(0)
+for dtype in cpu_paged.KV_DTYPES:
+    for d in (64, 40):
+        kb = (torch.randn(300, 2, d, generator=g) * 0.5).to(dtype)
+        vb = (torch.randn(300, 2, d, generator=g) * 0.5).to(dtype)
+        q = torch.randn(2, 6, d, generator=g)
+        kvi = torch.randperm(300, generator=g)[:150]
+        o, _ = cpu_paged.paged_attention(q, kb, vb, torch.arange(2), torch.tensor([0, 1, 2]),
+                                         torch.tensor([0, 70, 150]), kvi, 0.3)
+        for s, (a, b) in enumerate(((0, 70), (70, 150))):
+            keys, vals = kb[kvi[a:b]].double(), vb[kvi[a:b]].double()
+            sc = torch.einsum("hd,lhd->hl", q[s].double(), keys.repeat_interleave(3, 1)) * 0.3
+            ref = torch.einsum("hl,lhd->hd", sc.softmax(-1), vals.repeat_interleave(3, 1))
+            torch.testing.assert_close(o[s].double(), ref, rtol=2e-5, atol=2e-5)
+print("ok")
+"""
+
+
+@needs_kernel
+@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+def test_builds_for_other_machines_compute_the_same(march, tmp_path):
+    # the kernel is compiled for the machine it runs on: its AVX2 and plain x86-64 paths
+    # (what a machine without AVX-512, or without AVX2, gets) must be as exact as this one's
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 targets")
+    env = {**os.environ, "RADIXLM_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _PORTABLE_CHECK, f"-march={march}"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

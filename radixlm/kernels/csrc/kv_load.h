@@ -66,6 +66,14 @@ struct BF16 {
 #if defined(__AVX512F__)
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return from_m512(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+#elif defined(__AVX2__)
+    const __m128i* h = reinterpret_cast<const __m128i*>(p);
+    const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+    const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)), 16));
+    v16 r;
+    std::memcpy(&r, &lo, sizeof lo);
+    std::memcpy(reinterpret_cast<char*>(&r) + sizeof lo, &hi, sizeof hi);
+    return r;
 #else
     return load_each(p, bf16_bits);
 #endif
