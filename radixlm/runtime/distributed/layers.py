@@ -136,6 +136,12 @@ class Prepackable:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
+def packed_bytes(model: nn.Module) -> int:
+    """Memory held by the packed copies (besides the dense weights)."""
+    return sum(m.weight.nbytes for m in model.modules()
+               if isinstance(m, Prepackable) and m.packed is not None)
+
+
 def prepack_weights(model: nn.Module, on: bool = True) -> int:
     """Prepack (or, with ``on`` false, drop the packed copies of) every Prepackable layer
     of ``model``; returns how many layers hold a packed copy."""

@@ -16,7 +16,12 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool, kv_cache_dtype_name, kv_cache_torch_dtype
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.layers import check_tp_split, local_kv_heads, prepack_weights
+from radixlm.runtime.distributed.layers import (
+    check_tp_split,
+    local_kv_heads,
+    packed_bytes,
+    prepack_weights,
+)
 from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
@@ -77,8 +82,9 @@ class ModelRunner:
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))
         if self.prepacked_layers:
-            logger.info("%d linear layers multiply by oneDNN-prepacked weights "
-                        "(--disable-cpu-weight-prepack: dense)", self.prepacked_layers)
+            logger.info("%d linear layers multiply by oneDNN-prepacked weights, %.2f GiB "
+                        "besides the dense ones (--disable-cpu-weight-prepack: dense only)",
+                        self.prepacked_layers, self.prepacked_weight_bytes / (1 << 30))
         self.graph_runner = self._capture_cuda_graphs(args)
 
     def _init_tp(self, args: ServerArgs, tp_rank: int) -> TpGroup:
@@ -108,6 +114,11 @@ class ModelRunner:
         cfg = self.model_config
         return KVPool.bytes_per_token(cfg.num_layers, local_kv_heads(cfg, self.tp.size),
                                       cfg.head_dim, self.kv_dtype)
+
+    @property
+    def prepacked_weight_bytes(self) -> int:
+        """Memory of the prepacked weight copies (0 with --disable-cpu-weight-prepack)."""
+        return packed_bytes(self.model)
 
     @property
     def kv_pool_bytes(self) -> int:

@@ -476,6 +476,7 @@ class Scheduler:
             "max_total_num_tokens": self.cache.pool_size,
             "page_size": self.cache.page_size,
             "kv_cache_dtype": self.model_runner.kv_cache_dtype,  # "auto" resolved
+            "prepacked_weight_bytes": self.model_runner.prepacked_weight_bytes,
             "context_length": self.context_len,
             "max_running_requests": self.max_running_requests,
             "num_running_reqs": len(self.running) + (self.chunked_req is not None),

@@ -105,6 +105,10 @@ def test_greedy_matches_transformers_with_and_without_prepacked_weights(arch_cas
         eng = make_engine(model_path=path, disable_cpu_weight_prepack=disable)
         runner = eng.scheduler.model_runner
         assert (runner.prepacked_layers == 0) == disable
+        # the copies' memory is reported: every linear weight and the LM head once more
+        linear = sum(m.weight.nbytes for n, m in runner.model.named_modules()
+                     if n.endswith(("_proj", "lm_head")))
+        assert eng.get_server_info()["prepacked_weight_bytes"] == (0 if disable else linear)
         _check(eng.generate(input_ids=prompts, sampling_params=_greedy()), expected)
 
 
