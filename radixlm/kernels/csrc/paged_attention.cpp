@@ -369,19 +369,15 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   float* op = o.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
+  const auto run = [&](auto kv) {  // kv: the pool dtype's loader (kv_load.h)
+    launch<decltype(kv)>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op,
+                         lp);
+  };
   switch (k_buf.scalar_type()) {
-    case at::kFloat:
-      launch<F32>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
-      break;
-    case at::kBFloat16:
-      launch<BF16>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
-      break;
-    case at::kHalf:
-      launch<F16>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
-      break;
-    case at::kFloat8_e5m2:
-      launch<E5M2>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op, lp);
-      break;
+    case at::kFloat: run(F32{}); break;
+    case at::kBFloat16: run(BF16{}); break;
+    case at::kHalf: run(F16{}); break;
+    case at::kFloat8_e5m2: run(E5M2{}); break;
     default:
       TORCH_CHECK(false, "k_buf/v_buf: float32, bfloat16, float16 or float8_e5m2, got ",
                   k_buf.scalar_type());

@@ -153,12 +153,12 @@ class KVBuffers:
         return frames
 
     def scatter(self, slots: torch.Tensor, frames: list[torch.Tensor]) -> None:
-        """Write frames as ``gather`` made them into ``slots`` (cast to the pool's dtype,
-        a no-op: both sides' layouts name the same dtype)."""
+        """Write frames as ``gather`` made them into ``slots`` (the peers' layouts, dtype
+        included, were checked equal when they met)."""
         idx = slots.to(self.k[0].device)
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
-            k[idx] = frames[2 * layer].to(k.device, k.dtype)
-            v[idx] = frames[2 * layer + 1].to(v.device, v.dtype)
+            k[idx] = frames[2 * layer].to(k.device)
+            v[idx] = frames[2 * layer + 1].to(v.device)
 
 
 # --- transports ---------------------------------------------------------------------------------
@@ -454,14 +454,11 @@ class KVManager:
         sender._to(KVPoll.WaitingForInput, None)
 
     def _route(self, addr: Any, info: RouteInfo) -> None:
-        if info.layout.dtype != self.buffers.layout.dtype:
-            self._peer_gone(addr, f"the prefill server's KV cache holds {info.layout.dtype}, "
-                                  f"this decode server's {self.buffers.layout.dtype}: both "
-                                  "servers must use the same --kv-cache-dtype (and --dtype)")
-            return
         if info.layout != self.buffers.layout:
+            hint = ("; both servers must use the same --kv-cache-dtype (and --dtype)"
+                    if info.layout.dtype != self.buffers.layout.dtype else "")
             self._peer_gone(addr, f"the prefill server's KV layout {info.layout} differs "
-                                  f"from this decode server's {self.buffers.layout}")
+                                  f"from this decode server's {self.buffers.layout}{hint}")
             return
         self.routes[addr] = info
         for r in self.receivers.values():

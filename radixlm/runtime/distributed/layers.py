@@ -136,10 +136,9 @@ class Prepackable:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-def packed_bytes(model: nn.Module) -> int:
-    """Memory held by the packed copies (besides the dense weights)."""
-    return sum(m.weight.nbytes for m in model.modules()
-               if isinstance(m, Prepackable) and m.packed is not None)
+def packed_layers(model: nn.Module) -> list[Prepackable]:
+    """The layers of ``model`` that hold a packed copy of their weight."""
+    return [m for m in model.modules() if isinstance(m, Prepackable) and m.packed is not None]
 
 
 def prepack_weights(model: nn.Module, on: bool = True) -> int:

@@ -19,7 +19,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import (
     check_tp_split,
     local_kv_heads,
-    packed_bytes,
+    packed_layers,
     prepack_weights,
 )
 from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
@@ -70,7 +70,7 @@ class ModelRunner:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device, self.tp)
         self.prepack = not args.disable_cpu_weight_prepack
-        self.prepacked_layers = prepack_weights(self.model, self.prepack)
+        prepack_weights(self.model, self.prepack)
         self.pool_size = self._pool_size(args)
         cfg = self.model_config
         # one slot more than the allocator hands out: padding rows of CUDA-graph replays
@@ -116,9 +116,15 @@ class ModelRunner:
                                       cfg.head_dim, self.kv_dtype)
 
     @property
+    def prepacked_layers(self) -> int:
+        """Layers multiplying by a prepacked weight copy (0 with --disable-cpu-weight-prepack,
+        or where oneDNN cannot pack)."""
+        return len(packed_layers(self.model))
+
+    @property
     def prepacked_weight_bytes(self) -> int:
-        """Memory of the prepacked weight copies (0 with --disable-cpu-weight-prepack)."""
-        return packed_bytes(self.model)
+        """Memory of the prepacked weight copies, besides the dense weights."""
+        return sum(m.weight.nbytes for m in packed_layers(self.model))
 
     @property
     def kv_pool_bytes(self) -> int:
