@@ -30,7 +30,7 @@ import msgspec
 import zmq
 
 from radixlm.radix_cache.kv_events import KVEventBatch
-from radixlm.runtime.config import KVEventsConfig
+from radixlm.runtime.kv_events_config import KVEventsConfig
 from radixlm.runtime.managers.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,9 @@ from radixlm.radix_cache.kv_events import (
 )
 from radixlm.radix_cache.prefix_index import PrefixIndex
 from radixlm.radix_cache.radix_tree import RadixCache
-from radixlm.runtime.config import KVEventsConfig, ServerArgs
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
+from radixlm.runtime.kv_events_config import KVEventsConfig
 from radixlm.runtime.managers.kv_event_publisher import (
     KVEventPublisher,
     endpoint_for_rank,
