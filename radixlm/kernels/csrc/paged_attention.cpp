@@ -16,8 +16,11 @@
 // (query row, query head of that KV head), in tiles of up to 4 rows whose accumulators
 // stay in registers, so each key row is loaded once per tile of the GQA group. Keys go in
 // blocks of kBlock: scores, then an online-softmax update (running max m, sum l,
-// accumulator acc); the next block's rows are prefetched into L2 meanwhile (slots are
-// scattered, which the hardware prefetcher cannot follow). Head widths 32/64/96/128/256
+// accumulator acc). A task visits (block, head) in order; while it works on one, the rows
+// of the next visit (the block's next head, or the next block's first) are prefetched into
+// L2 (slots are scattered, which the hardware prefetcher cannot follow). One visit ahead
+// is enough to hide DRAM latency; prefetching further (the next block of every head, or
+// two blocks ahead) was 1.2-1.7x slower over a bf16 pool (benchmarks/kernels_cpu.py). Head widths 32/64/96/128/256
 // have vector variants; others take the scalar path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -146,14 +149,14 @@ inline float softmax_update(float* s, int64_t nb, int64_t seen, float& m, float&
 }
 
 // The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
-// tile's accumulators held in registers for the whole block. `ahead`: the next block's
-// slots (nullptr: none, or not this tile's job), whose rows of this head are prefetched
-// while this block is worked on.
+// tile's accumulators held in registers for the whole block. The rows to prefetch meanwhile:
+// slots ahead[0:n_ahead) (n_ahead 0: none, or not this tile's job) of the head whose rows
+// start at kn / vn.
 template <class KV, int DC, int RT>
 void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
                 const int64_t* slots, int64_t b0, int64_t nb, const int64_t* ahead,
-                int64_t n_ahead, const float* const* qr, int64_t r0, float* m, float* l,
-                float* acc) {
+                int64_t n_ahead, const typename KV::S* kn, const typename KV::S* vn,
+                const float* const* qr, int64_t r0, float* m, float* l, float* acc) {
   constexpr int64_t D = DC * 16;
   const int64_t stride = t.hkv * D;
   float s[RT][kBlock];
@@ -163,7 +166,7 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
     for (int c = 0; c < DC; ++c) qv[r][c] = load16(qr[r] + c * 16);
   for (int64_t j = 0; j < nb; ++j) {
     const typename KV::S* kp = kh + slots[j] * stride;
-    if (j < n_ahead) prefetch_row<KV>(kh + ahead[j] * stride, D);
+    if (j < n_ahead) prefetch_row<KV>(kn + ahead[j] * stride, D);
     v16 a[RT] = {};
     for (int c = 0; c < DC; ++c) {
       const v16 k = KV::load(kp + c * 16);
@@ -189,7 +192,7 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   if (!any) return;  // causal: no row of the tile reaches this block (nothing to add)
   for (int64_t j = 0; j < nb; ++j) {
     const typename KV::S* vp = vh + slots[j] * stride;
-    if (j < n_ahead) prefetch_row<KV>(vh + ahead[j] * stride, D);
+    if (j < n_ahead) prefetch_row<KV>(vn + ahead[j] * stride, D);
     for (int c = 0; c < DC; ++c) {
       const v16 v = KV::load(vp + c * 16);
       for (int r = 0; r < RT; ++r) o[r][c] += s[r][j] * v;
@@ -203,18 +206,19 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
 template <class KV, int DC, int RT>
 void head_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
                 const int64_t* slots, int64_t b0, int64_t nb, const int64_t* ahead,
-                int64_t n_ahead, const float* const* qr, int64_t r, int64_t r_count, float* m,
-                float* l, float* acc) {
+                int64_t n_ahead, const typename KV::S* kn, const typename KV::S* vn,
+                const float* const* qr, int64_t r, int64_t r_count, float* m, float* l,
+                float* acc) {
   constexpr int64_t D = DC * 16;
   for (; r + RT <= r_count; r += RT) {
-    tile_block<KV, DC, RT>(t, kh, vh, slots, b0, nb, ahead, n_ahead, qr + r, r, m + r, l + r,
-                           acc + r * D);
+    tile_block<KV, DC, RT>(t, kh, vh, slots, b0, nb, ahead, n_ahead, kn, vn, qr + r, r, m + r,
+                           l + r, acc + r * D);
     n_ahead = 0;  // the first tile prefetches for all
   }
   if constexpr (RT > 1) {
     if (r < r_count)
-      head_block<KV, DC, RT - 1>(t, kh, vh, slots, b0, nb, ahead, n_ahead, qr, r, r_count, m,
-                                 l, acc);
+      head_block<KV, DC, RT - 1>(t, kh, vh, slots, b0, nb, ahead, n_ahead, kn, vn, qr, r,
+                                 r_count, m, l, acc);
   }
 }
 
@@ -246,9 +250,8 @@ void generic_block(const Task<KV>& t, const typename KV::S* kh, const typename K
   }
 }
 
-// Heads [h0, h1) of one segment. Per key block, every head of the range in turn: the
-// block's K and V rows (all heads of a token are one contiguous row) stay in cache, and
-// the next block's are prefetched meanwhile.
+// Heads [h0, h1) of one segment. Per key block, every head of the range in turn, each
+// visit prefetching the next one's rows (the first visit's are prefetched here).
 template <class KV, int DC>
 void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
   const int64_t r_count = t.n_rows * t.grp;  // rows per head: (query row i, head j of group)
@@ -259,19 +262,19 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
       for (int64_t j = 0; j < t.grp; ++j)
         qr[h * r_count + i * t.grp + j] = t.q + (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
   std::vector<float> m(nh * r_count, kNegInf), l(nh * r_count, 0.f), acc(nh * r_count * d, 0.f);
-  if (t.n_keys > 0) {
-    const int64_t n0 = std::min(kBlock, t.n_keys);
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t j = 0; j < n0; ++j) {
-        prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h) * d, d);
-        prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h) * d, d);
-      }
+  for (int64_t j = 0; j < std::min(kBlock, t.n_keys); ++j) {
+    prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h0) * d, d);
+    prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h0) * d, d);
   }
   constexpr int RT = DC == 0 ? 1 : std::max(1, std::min(4, 16 / DC));
   for (int64_t b = 0; b < t.n_keys; b += kBlock) {
     const int64_t nb = std::min(kBlock, t.n_keys - b);
-    const int64_t n_ahead = std::min(kBlock, std::max<int64_t>(t.n_keys - b - kBlock, 0));
     for (int64_t h = 0; h < nh; ++h) {
+      const bool last = h + 1 == nh;  // next visit: the next block's first head
+      const int64_t* ahead = t.slots + (last ? b + kBlock : b);
+      const int64_t n_ahead = last ? std::clamp<int64_t>(t.n_keys - b - kBlock, 0, kBlock) : nb;
+      const typename KV::S* kn = t.k + (last ? h0 : h0 + h + 1) * d;
+      const typename KV::S* vn = t.v + (last ? h0 : h0 + h + 1) * d;
       const typename KV::S* kh = t.k + (h0 + h) * d;
       const typename KV::S* vh = t.v + (h0 + h) * d;
       const float* const* q = qr.data() + h * r_count;
@@ -280,8 +283,8 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
       if constexpr (DC == 0) {
         generic_block<KV>(t, kh, vh, t.slots + b, b, nb, q, r_count, mh, lh, ah);
       } else {
-        head_block<KV, DC, RT>(t, kh, vh, t.slots + b, b, nb, t.slots + b + kBlock, n_ahead, q,
-                               0, r_count, mh, lh, ah);
+        head_block<KV, DC, RT>(t, kh, vh, t.slots + b, b, nb, ahead, n_ahead, kn, vn, q, 0,
+                               r_count, mh, lh, ah);
       }
     }
   }
