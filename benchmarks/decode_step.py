@@ -9,7 +9,9 @@ A batch of ``--batch`` sequences, each with ``--context`` tokens already in the 
 is timed by wrapping ``kernels.decode_attention`` (CPU work is synchronous, so wall time
 around the call is its cost). Two attention paths alternate in one process: the compiled
 CPU kernel reading K/V in place (``paged``) and the padded torch passes that gather each
-sequence's K/V rows every layer (``gather``). Medians of ``--rounds`` steps.
+sequence's K/V rows every layer (``gather``); ``--paths paged`` runs the kernel alone (the
+gather path's copies otherwise flush the caches between its steps). Medians of
+``--rounds`` steps.
 """
 
 from __future__ import annotations
@@ -71,12 +73,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype")
     ap.add_argument("--disable-cpu-weight-prepack", action="store_true")
+    ap.add_argument("--paths", default="paged,gather",
+                    help="attention paths to time, alternating: paged, gather or both")
     a = ap.parse_args()
     model_path = resolve_model(a.model_path, a.preset)
     runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads,
                                       a.kv_cache_dtype, a.disable_cpu_weight_prepack)
     kernels.decode_attention = _timed_decode_attention(kernels.decode_attention)
-    paths = {"paged": True, "gather": False} if cpu_paged.available() else {"gather": False}
+    wanted = set(a.paths.split(","))
+    if not wanted or wanted - {"paged", "gather"}:
+        ap.error(f"--paths: paged, gather or paged,gather, got {a.paths!r}")
+    if not cpu_paged.available():
+        wanted.discard("paged")
+    paths = {p: p == "paged" for p in ("paged", "gather") if p in wanted}
+    if not paths:
+        ap.error("the CPU kernel is not available here; time --paths gather")
     steps: dict[str, list[float]] = {p: [] for p in paths}
     attn: dict[str, list[float]] = {p: [] for p in paths}
     for r in range(a.rounds + 1):

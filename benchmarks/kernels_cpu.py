@@ -176,8 +176,8 @@ def run_paged(budget_s: float) -> None:
     shared_prefix.KERNEL_MAX_EXTEND_ROWS = 1 << 30
     cases = [(32, 128, 1), (32, 512, 1), (8, 2048, 1), (1, 4096, 1), (8, 512, 4),
              (8, 512, 8), (8, 512, 16), (8, 512, 32), (8, 512, 64), (4, 512, 128),
-             (4, 512, 256),
-             (8, 0, 16), (8, 0, 32), (4, 0, 256)]
+             (4, 512, 256), (1, 512, 512), (1, 512, 1024),
+             (8, 0, 16), (8, 0, 32), (4, 0, 256), (1, 0, 512), (1, 0, 1024), (1, 0, 2048)]
     for batch, ctx, new in cases:
         plans, args = paged_case(batch, ctx, new, gen)
         ref = planned_attention(plans["padded"], *args)

@@ -69,9 +69,10 @@ class _Segments:
 # Extend segments of at most this many new tokens go through the kernel (their K/V read
 # in place, new tokens from the pool where store_kv just put them); longer ones through
 # the padded passes, where torch's fused attention does the matmuls as fast or faster
-# (`benchmarks/kernels_cpu.py --paged` over a 512-token prefix: the kernel 2.7x faster at
-# 8 new tokens, 1.14x at 64, even at 96-128, 0.69x at 256).
-KERNEL_MAX_EXTEND_ROWS = 64
+# (`benchmarks/kernels_cpu.py --paged`, two runs: over a 512-token prefix the kernel is
+# 2.6-3.7x faster at 8 new tokens, 1.13-1.48x at 128, 1.03-1.18x at 256, even at 512,
+# 0.96x at 1024; from an empty prefix 1.12-1.35x at 256, 0.55x at 2048).
+KERNEL_MAX_EXTEND_ROWS = 256
 
 
 @dataclass
