@@ -1,7 +1,8 @@
 """One decode step of the engine's model runner, and the share of it spent in attention.
 
     python benchmarks/decode_step.py --preset small [--batch 32] [--context 512]
-        [--kv-cache-dtype bfloat16] [--disable-cpu-weight-prepack]
+        [--kv-cache-dtype bfloat16] [--disable-cpu-weight-prepack] [--paths paged]
+        [--no-huge-pages]
 
 A batch of ``--batch`` sequences, each with ``--context`` tokens already in the KV pool
 (random K/V, pages shuffled as a long-running pool's are), decodes one token; the step is
@@ -24,6 +25,7 @@ import torch
 
 from radixlm import kernels
 from radixlm.kernels import cpu_paged
+from radixlm.radix_cache import kv_pool
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor import model_runner as mr
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
@@ -73,10 +75,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype")
     ap.add_argument("--disable-cpu-weight-prepack", action="store_true")
+    ap.add_argument("--no-huge-pages", action="store_true",
+                    help="the KV pool in ordinary pages (without kv_pool's huge-page advice)")
     ap.add_argument("--paths", default="paged,gather",
                     help="attention paths to time, alternating: paged, gather or both")
     a = ap.parse_args()
     model_path = resolve_model(a.model_path, a.preset)
+    if a.no_huge_pages:
+        kv_pool._advise_huge_pages = lambda t: False
     runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads,
                                       a.kv_cache_dtype, a.disable_cpu_weight_prepack)
     kernels.decode_attention = _timed_decode_attention(kernels.decode_attention)

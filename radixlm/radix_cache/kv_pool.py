@@ -62,8 +62,9 @@ def pool_buffers(count: int, shape: tuple[int, ...], dtype: torch.dtype,
     """``count`` zeroed buffers of ``shape``. On a Linux CPU they are views of one slab that
     starts on a 2 MB boundary and is advised into transparent huge pages before it is
     first written: decode attention reads K/V rows at scattered slots, and with 4 KB pages
-    nearly every row costs a TLB miss (a bf16 pool's attention step went from 8.3 to
-    6.6 ms with huge pages, benchmarks/decode_step.py). Elsewhere, plain tensors."""
+    nearly every row costs a TLB miss (`benchmarks/decode_step.py --preset small --paths
+    paged [--no-huge-pages]`: a bf16 pool's decode attention 7.3 -> 6.7 ms per step, a
+    float32 pool's unchanged). Elsewhere, plain tensors."""
     if device.type != "cpu" or not sys.platform.startswith("linux"):
         return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
     itemsize = torch.empty((), dtype=dtype).element_size()
