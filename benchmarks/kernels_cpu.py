@@ -16,11 +16,20 @@ The engine's two CPU paths at the small preset's head shape (Hq=12, Hkv=4, D=64)
 ``paged`` (the compiled kernel reading the pool in place, ``kernels/cpu_paged``, here for
 every chunk length), for decode and for extend chunks of ``new`` tokens over ``ctx``
 cached ones.
+
+    python benchmarks/kernels_cpu.py --decode-pool [--threads 2]
+
+The kernel alone over one decode step's K/V at ``decode_step.py``'s shape (32 sequences x
+512 tokens at scattered slots, 12 layers each with its own buffers in the engine's
+huge-page pool, Hq=12, Hkv=4, D=64), per pool dtype: ``cold`` reads K/V from memory as a
+step does; ``hot`` has every sequence read the same 512 slots, so K/V come from cache and
+the kernel's own arithmetic is what is timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
@@ -29,6 +38,7 @@ import torch.nn.functional as F
 
 from radixlm.kernels import cpu_paged, reference, shared_prefix
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
+from radixlm.radix_cache import kv_pool
 
 
 def loop_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, scale):
@@ -189,15 +199,55 @@ def run_paged(budget_s: float) -> None:
               f"{t['padded'] / t['paged']:.2f} |")
 
 
+def run_decode_pool(rounds: int) -> None:
+    if not cpu_paged.available():
+        raise SystemExit("the CPU kernel is not built (no C++ compiler?)")
+    b, ctx, hq, hkv, d, layers = 32, 512, 12, 4, 64, 12
+    gen = torch.Generator().manual_seed(0)
+    size = b * (ctx + 1) + 64
+    q = torch.randn(b, hq, d, generator=gen)
+    rows, q_indptr = torch.arange(b), torch.arange(b + 1)
+    kv_indptr = torch.arange(b + 1) * ctx
+    cold = torch.randperm(size, generator=gen)[: b * ctx]
+    hot = cold[:ctx].repeat(b)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {layers} layers x "
+          f"{b} sequences x {ctx} tokens, Hq={hq} Hkv={hkv} D={d}; ms per step, "
+          f"median of {rounds}")
+    print("| K/V dtype | cold (ms) | K/V read rate (GB/s) | hot (ms) |")
+    print("|---|---|---|---|")
+    for dtype in cpu_paged.KV_DTYPES:
+        bufs = kv_pool.pool_buffers(2 * layers, (size, hkv, d), dtype, torch.device("cpu"))
+        for buf in bufs:
+            buf.copy_(torch.randn(buf.shape, generator=gen) * 0.5)
+        t = {}
+        for name, idx in (("cold", cold), ("hot", hot)):
+            times = []
+            for r in range(rounds + 1):  # round 0 warms up
+                t0 = time.perf_counter()
+                for i in range(layers):
+                    cpu_paged.paged_attention(q, bufs[i], bufs[layers + i], rows, q_indptr,
+                                              kv_indptr, idx, d**-0.5)
+                times += [time.perf_counter() - t0] if r else []
+            t[name] = statistics.median(times)
+        nbytes = 2 * layers * b * ctx * hkv * d * bufs[0].element_size()
+        print(f"| {str(dtype).removeprefix('torch.')} | {t['cold'] * 1e3:.2f} | "
+              f"{nbytes / t['cold'] / 1e9:.1f} | {t['hot'] * 1e3:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--paged", action="store_true",
                         help="the engine's padded vs paged (compiled kernel) CPU paths")
+    parser.add_argument("--decode-pool", action="store_true",
+                        help="the compiled kernel over a decode step's pool, per K/V dtype")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.decode_pool:
+        run_decode_pool(5 if args.quick else 15)
+        return
     if args.paged:
         run_paged(0.05 if args.quick else 0.3)
         return
