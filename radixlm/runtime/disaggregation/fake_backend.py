@@ -14,16 +14,8 @@ from typing import Any
 
 import torch
 
-from radixlm.runtime.disaggregation.base import (
-    Event,
-    KVLayout,
-    Peer,
-    RouteInfo,
-    Transport,
-    WireMsg,
-    decode,
-    encode,
-)
+from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
+from radixlm.runtime.disaggregation.wire import KVLayout, RouteInfo, WireMsg, decode, encode
 
 
 class FakeNetwork:

@@ -27,13 +27,11 @@ import msgspec
 import torch
 import zmq
 
-from radixlm.runtime.disaggregation.base import (
-    Event,
+from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
+from radixlm.runtime.disaggregation.wire import (
     KVLayout,
-    Peer,
     RouteInfo,
     RouteQuery,
-    Transport,
     WireMsg,
     decode,
     encode,

@@ -26,7 +26,9 @@ import logging
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.disaggregation.base import KVBuffers, KVManager, KVPoll
+from radixlm.runtime.disaggregation.base import KVPoll
+from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
+from radixlm.runtime.disaggregation.manager import KVManager
 from radixlm.runtime.disaggregation.zmq_backend import ZmqTransport
 from radixlm.runtime.managers.schedule_batch import Req
 from radixlm.runtime.managers.schedule_policy import decode_reserve

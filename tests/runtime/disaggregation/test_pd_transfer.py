@@ -8,15 +8,12 @@ import time
 import pytest
 import torch
 
-from radixlm.runtime.disaggregation.base import (
-    Abort,
-    Claim,
-    KVBuffers,
-    KVManager,
-    KVPoll,
-)
+from radixlm.runtime.disaggregation.base import KVPoll
 from radixlm.runtime.disaggregation.fake_backend import FakeNetwork, FakeTransport
+from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
+from radixlm.runtime.disaggregation.manager import KVManager
 from radixlm.runtime.disaggregation.rooms import assign_rooms
+from radixlm.runtime.disaggregation.wire import Abort, Claim
 from radixlm.runtime.disaggregation.zmq_backend import ZmqTransport
 
 PAGE, LAYERS, HEADS, DIM, POOL = 4, 3, 2, 8, 64
@@ -216,7 +213,8 @@ def test_bad_chunk_is_refused_not_written():
     turn(prefill, dec)
     before = dec.buffers.k[0].clone()
     receiver.send_metadata(slots(1), 0, 4)
-    from radixlm.runtime.disaggregation.base import Event, KVChunk
+    from radixlm.runtime.disaggregation.transport import Event
+    from radixlm.runtime.disaggregation.wire import KVChunk
     dec.transport.deliver(Event(ADDR, KVChunk(11, 0, PAGE, True, 1), [torch.zeros(3)]))
     dec.poll()
     assert receiver.poll() == KVPoll.Failed and "frames" in receiver.failure_reason()
@@ -250,15 +248,15 @@ def test_assign_rooms():
                                    torch.float8_e4m3fn])
 def test_zmq_moves_pages_bit_for_bit(dtype, device):
     """Two managers over real TCP sockets on loopback; several chunks (small CHUNK_BYTES)."""
-    import radixlm.runtime.disaggregation.base as base
+    import radixlm.runtime.disaggregation.kv_buffers as kv_buffers
     from radixlm.runtime.entrypoints.server_process import free_port
 
     port = free_port()
     pbuf, dbuf = pool(0, dtype, device), pool(1, dtype, device)
     prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 30)
     dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
-    old = base.CHUNK_BYTES
-    base.CHUNK_BYTES = 1  # one page per chunk
+    old = kv_buffers.CHUNK_BYTES
+    kv_buffers.CHUNK_BYTES = 1  # one page per chunk
     try:
         sender = prefill.create_sender(123)
         receiver = dec.create_receiver("127.0.0.1", port, 123)
@@ -278,7 +276,7 @@ def test_zmq_moves_pages_bit_for_bit(dtype, device):
         assert torch.equal(dbuf.k[0][untouched.to(device)],
                            pool(1, dtype, device).k[0][untouched.to(device)])
     finally:
-        base.CHUNK_BYTES = old
+        kv_buffers.CHUNK_BYTES = old
         prefill.close()
         dec.close()
 

@@ -1,0 +1,45 @@
+"""One side's view of its KV pool for a transfer: slots read into frames (prefill) and
+frames written to slots (decode)."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.disaggregation.wire import KVLayout
+
+CHUNK_BYTES = 4 << 20  # one KVChunk message carries at most this much K/V (whole pages)
+
+
+class KVBuffers:
+    """The per-layer K and V buffers of one side's pool (``KVPool.k_buffers`` /
+    ``v_buffers``): ``gather`` reads slots into frames, ``scatter`` writes frames to slots."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], page_size: int) -> None:
+        assert len(k) == len(v) and k, f"{len(k)} K buffers, {len(v)} V buffers"
+        self.k, self.v, self.page_size = k, v, page_size
+        _, heads, dim = k[0].shape
+        self.layout = KVLayout(len(k), heads, dim, str(k[0].dtype).removeprefix("torch."),
+                               page_size)
+        self.token_bytes = heads * dim * k[0].element_size()
+
+    def chunk_tokens(self) -> int:
+        """Tokens per KVChunk: whole pages, about CHUNK_BYTES of K and V over all layers."""
+        per_page = 2 * len(self.k) * self.token_bytes * self.page_size
+        return max(CHUNK_BYTES // per_page, 1) * self.page_size
+
+    def gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """[K_0, V_0, K_1, V_1, ...] at ``slots``, each [n, heads, dim], contiguous, on CPU."""
+        idx = slots.to(self.k[0].device)
+        frames = []
+        for k, v in zip(self.k, self.v):
+            frames += [k[idx].cpu().contiguous(), v[idx].cpu().contiguous()]
+        return frames
+
+    def scatter(self, slots: torch.Tensor, frames: list[torch.Tensor]) -> None:
+        """Write frames as ``gather`` made them into ``slots`` (the peers' layouts, dtype
+        included, were checked equal when they met)."""
+        idx = slots.to(self.k[0].device)
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            k[idx] = frames[2 * layer].to(k.device)
+            v[idx] = frames[2 * layer + 1].to(v.device)
+

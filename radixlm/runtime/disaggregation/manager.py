@@ -1,0 +1,239 @@
+"""KVManager: one server's transfers over one transport, driven from the scheduler's
+thread (the transfer states and their deadlines: ``base.py``)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from radixlm.runtime.disaggregation.base import KVPoll, KVReceiver, KVSender, _Transfer
+from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
+from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
+from radixlm.runtime.disaggregation.wire import Abort, Ack, Claim, KVChunk, RouteInfo
+
+logger = logging.getLogger(__name__)
+
+
+class KVManager:
+    """One server's transfers (``mode`` "prefill": senders; "decode": receivers) over one
+    transport. ``poll`` (scheduler thread, once a loop turn) applies what arrived and ends
+    transfers past their deadline."""
+
+    def __init__(self, mode: str, buffers: KVBuffers, transport: Transport,
+                 bootstrap_timeout: float, waiting_timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        assert mode in ("prefill", "decode"), f"mode {mode!r}"
+        self.mode, self.buffers, self.transport = mode, buffers, transport
+        self.bootstrap_timeout, self.waiting_timeout = bootstrap_timeout, waiting_timeout
+        self.clock = clock
+        self.senders: dict[int, KVSender] = {}
+        self.receivers: dict[int, KVReceiver] = {}
+        # prefill: claims that came before their request, with their arrival time
+        self.early_claims: dict[int, tuple[Peer, Claim, float]] = {}
+        # decode: (host, port) -> RouteInfo, or the time it was asked for
+        self.routes: dict[tuple[str, int], RouteInfo | float] = {}
+        self.sent_tokens = self.received_tokens = 0
+        self.transfer_seconds = 0.0  # prefill: send() to ack, summed over acked rooms
+
+    # --- creation ---------------------------------------------------------------------
+    def create_sender(self, room: int) -> KVSender:
+        assert self.mode == "prefill", "senders live on the prefill server"
+        sender = KVSender(self, room, self.clock() + self.bootstrap_timeout)
+        if room in self.senders:
+            sender._fail(f"bootstrap_room {room} is already in use on this prefill server")
+            return sender
+        self.senders[room] = sender
+        early = self.early_claims.pop(room, None)
+        if early is not None:
+            self._claimed(sender, early[0], early[1])
+        return sender
+
+    def create_receiver(self, host: str, port: int, room: int) -> KVReceiver:
+        assert self.mode == "decode", "receivers live on the decode server"
+        addr = (host, port)
+        receiver = KVReceiver(self, room, addr, self.clock() + self.bootstrap_timeout)
+        if room in self.receivers:
+            receiver._fail(f"bootstrap_room {room} is already in use on this decode server")
+            return receiver
+        self.receivers[room] = receiver
+        route = self.routes.get(addr)
+        if isinstance(route, RouteInfo):
+            receiver._to(KVPoll.WaitingForInput, None)
+        elif route is None:
+            self.routes[addr] = self.clock()
+            self.transport.resolve(host, port)
+        return receiver
+
+    # --- the scheduler's turn -----------------------------------------------------------
+    def poll(self) -> None:
+        while True:
+            try:
+                event = self.transport.inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._apply(event)
+        self._expire(self.clock())
+
+    def wait(self, timeout: float) -> None:
+        """Nap until something arrives (or ``timeout``): the scheduler has nothing to run."""
+        if self.transport.inbox.empty():
+            self.transport.wakeup.wait(timeout)
+        self.transport.wakeup.clear()
+
+    def busy(self) -> bool:
+        return bool(self.senders or self.receivers)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def _apply(self, ev: Event) -> None:
+        msg = ev.msg
+        if msg is None:
+            self._peer_gone(ev.peer, ev.error or "unreachable")
+        elif isinstance(msg, RouteInfo):
+            self._route(ev.peer, msg)
+        elif isinstance(msg, Claim):
+            self._claim(ev.peer, msg)
+        elif isinstance(msg, KVChunk):
+            receiver = self.receivers.get(msg.room)
+            if receiver is not None and receiver.addr == ev.peer:
+                receiver._on_chunk(msg, ev.frames)
+        elif isinstance(msg, Ack):
+            sender = self.senders.get(msg.room)
+            if sender is not None and sender.peer == ev.peer and \
+                    sender.state == KVPoll.Transferring:
+                sender._to(KVPoll.Success, None)
+                self.transfer_seconds += self.clock() - sender.sent_at
+        elif isinstance(msg, Abort):
+            self._peer_abort(ev.peer, msg)
+
+    def _claim(self, peer: Peer, claim: Claim) -> None:
+        sender = self.senders.get(claim.room)
+        if sender is None:
+            self.early_claims[claim.room] = (peer, claim, self.clock())
+        elif sender.claim is not None or sender.state != KVPoll.Bootstrapping:
+            self.transport.send(peer, Abort(claim.room, f"room {claim.room} was already "
+                                                        "claimed or is closed"))
+        else:
+            self._claimed(sender, peer, claim)
+
+    def _claimed(self, sender: KVSender, peer: Peer, claim: Claim) -> None:
+        sender.peer, sender.claim = peer, claim
+        page = self.buffers.page_size
+        if claim.prefix_len % page or claim.num_tokens % page or claim.prefix_len < 0:
+            sender.abort(f"claim of room {claim.room} is not page-aligned (page size {page})")
+            return
+        sender._to(KVPoll.WaitingForInput, None)
+
+    def _route(self, addr: Any, info: RouteInfo) -> None:
+        if info.layout != self.buffers.layout:
+            hint = ("; both servers must use the same --kv-cache-dtype (and --dtype)"
+                    if info.layout.dtype != self.buffers.layout.dtype else "")
+            self._peer_gone(addr, f"the prefill server's KV layout {info.layout} differs "
+                                  f"from this decode server's {self.buffers.layout}{hint}")
+            return
+        self.routes[addr] = info
+        for r in self.receivers.values():
+            if r.addr == addr and r.state == KVPoll.Bootstrapping:
+                r._to(KVPoll.WaitingForInput, None)
+
+    def _peer_abort(self, peer: Peer, msg: Abort) -> None:
+        if self.mode == "prefill":
+            self.early_claims.pop(msg.room, None)
+            sender = self.senders.get(msg.room)
+            if sender is not None and sender.peer == peer:
+                sender._fail(f"the decode server aborted the transfer: {msg.reason}")
+        else:
+            receiver = self.receivers.get(msg.room)
+            if receiver is not None and receiver.addr == peer:
+                receiver._fail(f"the prefill server aborted the transfer: {msg.reason}")
+
+    def _peer_gone(self, peer: Peer, why: str) -> None:
+        if self.mode == "prefill":
+            for s in self.senders.values():
+                if s.peer == peer:
+                    s._fail(f"the decode server is gone: {why}")
+            return
+        self.routes.pop(peer, None)
+        self.transport.forget(peer)
+        for r in self.receivers.values():
+            if r.addr == peer:
+                r._fail(f"prefill server {peer[0]}:{peer[1]}: {why}")
+
+    def _expire(self, now: float) -> None:
+        for room, (peer, _, t) in list(self.early_claims.items()):
+            if now - t > self.bootstrap_timeout:
+                del self.early_claims[room]
+                self.transport.send(peer, Abort(room, "no request with this bootstrap_room "
+                                                      "reached the prefill server within "
+                                                      f"{self.bootstrap_timeout:g} s"))
+        for t in (*self.senders.values(), *self.receivers.values()):
+            if t.deadline is not None and now > t.deadline:
+                t.abort(self._timeout_reason(t))
+                if isinstance(t, KVReceiver):
+                    self._maybe_forget(t.addr)
+        if self.mode == "decode":
+            for addr, route in list(self.routes.items()):
+                if not isinstance(route, RouteInfo) and now - route > self.bootstrap_timeout:
+                    self._peer_gone(addr, "its bootstrap service did not answer within "
+                                          f"{self.bootstrap_timeout:g} s")
+
+    def _maybe_forget(self, addr: tuple[str, int]) -> None:
+        """A prefill server that let a claim time out may have restarted (on a new transfer
+        port): once none of its rooms is live here, the next request asks its bootstrap
+        service again."""
+        live = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring)
+        if isinstance(self.routes.get(addr), RouteInfo) and not any(
+                r.addr == addr and r.state in live for r in self.receivers.values()):
+            del self.routes[addr]
+            self.transport.forget(addr)
+
+    def _timeout_reason(self, t: _Transfer) -> str:
+        if t.state == KVPoll.Bootstrapping:
+            what = ("no decode server claimed the room" if self.mode == "prefill"
+                    else "the prefill server's bootstrap service did not answer")
+            return f"{what} within {self.bootstrap_timeout:g} s (bootstrap timeout)"
+        what = ("the decode server did not acknowledge the KV" if self.mode == "prefill"
+                else "the prefill server sent no KV")
+        return f"{what} within {self.waiting_timeout:g} s (waiting timeout)"
+
+    # --- checking what arrived ---------------------------------------------------------------
+    def check_chunk(self, chunk: KVChunk, frames: list[Any], reserved: int,
+                    received: int) -> str | None:
+        """Why this chunk cannot be written (None: it can)."""
+        layers = self.buffers.layout.num_layers
+        if chunk.offset != received or chunk.num_tokens <= 0:
+            return f"chunk at {chunk.offset} (+{chunk.num_tokens}) after {received} tokens"
+        if chunk.offset + chunk.num_tokens > reserved:
+            return f"chunk ends at {chunk.offset + chunk.num_tokens}, {reserved} reserved"
+        if len(frames) != 2 * layers:
+            return f"{len(frames)} frames, expected {2 * layers}"
+        want = chunk.num_tokens * self.buffers.token_bytes
+        sizes = {self.frame_nbytes(f) for f in frames}
+        if sizes != {want}:
+            return f"frame sizes {sorted(sizes)}, expected {want} bytes"
+        return None
+
+    @staticmethod
+    def frame_nbytes(frame: Any) -> int:
+        if isinstance(frame, torch.Tensor):
+            return frame.numel() * frame.element_size()
+        return memoryview(frame).nbytes
+
+    def frames_to_tensors(self, frames: list[Any], n: int) -> list[torch.Tensor]:
+        """Frames as [n, heads, dim] tensors of the pool's dtype (views, no copy)."""
+        lay = self.buffers.layout
+        dtype = self.buffers.k[0].dtype
+        out = []
+        for f in frames:
+            if isinstance(f, torch.Tensor):
+                out.append(f.view(n, lay.num_kv_heads, lay.head_dim))
+                continue
+            raw = torch.frombuffer(memoryview(f), dtype=torch.uint8)
+            out.append(raw.view(dtype).view(n, lay.num_kv_heads, lay.head_dim))
+        return out

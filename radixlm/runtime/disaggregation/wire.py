@@ -1,0 +1,75 @@
+"""The messages the prefill and decode sides exchange (msgpack through msgspec; never
+pickle), and their encoding. Their order in a transfer: ``base.py``."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class KVLayout(msgspec.Struct, frozen=True):
+    """What both sides must agree on for pages to be copied slot for slot."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+
+
+class RouteQuery(msgspec.Struct, tag=True):
+    """decode -> prefill's bootstrap service: where is your transfer endpoint?"""
+
+
+class RouteInfo(msgspec.Struct, tag=True):
+    """bootstrap service -> decode: the transfer port (on the same host) and the layout."""
+
+    transfer_port: int
+    layout: KVLayout
+
+
+class Claim(msgspec.Struct, tag=True):
+    """decode -> prefill: send room ``room``'s prompt KV from position ``prefix_len`` (the
+    decode side's cached, page-aligned prefix): ``num_tokens`` slots are reserved."""
+
+    room: int
+    prompt_len: int
+    prefix_len: int
+    num_tokens: int
+
+
+class KVChunk(msgspec.Struct, tag=True):
+    """prefill -> decode: tokens ``offset .. offset + num_tokens`` of the claimed range, then
+    2 * num_layers frames; the last chunk carries the first sampled token."""
+
+    room: int
+    offset: int
+    num_tokens: int
+    last: bool
+    first_token: int | None = None
+
+
+class Ack(msgspec.Struct, tag=True):
+    """decode -> prefill: every chunk of ``room`` is in place."""
+
+    room: int
+
+
+class Abort(msgspec.Struct, tag=True):
+    """either way: the room is dead, and why."""
+
+    room: int
+    reason: str
+
+
+WireMsg = RouteQuery | RouteInfo | Claim | KVChunk | Ack | Abort
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(WireMsg)
+
+
+def encode(msg: WireMsg) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | memoryview) -> WireMsg:
+    return _decoder.decode(data)
+
