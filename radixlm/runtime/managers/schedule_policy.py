@@ -45,6 +45,15 @@ class SchedulePolicy:
         ranked = sorted(running, key=lambda r: (-self.urgency(r), -r.arrival_time))
         return list(itertools.takewhile(lambda r: self.urgency(r) - mine > threshold, ranked))
 
+    def queue_victim(self, req: Req, queued: list[Req]) -> Req | None:
+        """With priorities, the queued request a full queue drops for ``req``: the least
+        urgent (the newest among equals), if ``req`` is strictly more urgent; None: ``req``
+        itself is refused (SGLang's rule for ``--max-queued-requests``)."""
+        if self.priority_sign is None or not queued:
+            return None
+        victim = max(queued, key=lambda r: (self.urgency(r), r.arrival_time))
+        return victim if self.urgency(req) < self.urgency(victim) else None
+
     def order(self, waiting: list[Req]) -> list[Req]:
         ordered, prefix = self._order_by_policy(waiting)
         if self.priority_sign is not None:

@@ -155,6 +155,8 @@ class Scheduler:
         if msg.bootstrap_room is not None and self.pd is not None:
             self._add_disaggregated(msg, req)
             return
+        if not self._room_in_queue(req):
+            return
         grammar = params.grammar
         if grammar is not None:
             req.grammar_future = self.grammar_compiler.submit(*grammar)
@@ -179,6 +181,29 @@ class Scheduler:
         req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,
                                   msg.bootstrap_room)
         self.pd.add(req)
+
+    def _room_in_queue(self, req: Req) -> bool:
+        """``--max-queued-requests`` with priority scheduling, enforced here (the front end
+        cannot see who is queued): a full queue drops its least urgent request for a
+        strictly more urgent ``req``, else refuses ``req``; either gets a 503."""
+        limit = self.args.max_queued_requests
+        queued = [*self.waiting, *self.grammar_waiting]
+        if limit is None or self.policy.priority_sign is None or len(queued) < limit:
+            return True
+        victim = self.policy.queue_victim(req, queued)
+        if victim is None:
+            reason = {"type": "abort", "status_code": 503, "message":
+                      f"the request queue is full: the limit is {limit} (--max-queued-requests)"}
+            self.outputs.emit_later(self.outputs.refuse(req.rid, len(req.origin_input_ids),
+                                                        reason))
+            return False
+        (self.waiting if victim in self.waiting else self.grammar_waiting).remove(victim)
+        logger.info("queued request %s (priority %d) dropped for %s (priority %d)",
+                    victim.rid, victim.priority, req.rid, req.priority)
+        reason = {"type": "abort", "status_code": 503, "message": "aborted by a more urgent "
+                  f"request: the queue is full ({limit}, --max-queued-requests)"}
+        self.outputs.emit_later(self.outputs.finish(victim, reason, release=False))
+        return True
 
     def check_request(self, req: Req) -> None:
         """What the scheduler relies on; raises ValueError (the front end checked it too)."""

@@ -336,11 +336,13 @@ class TokenizerManager:
             p.bootstrap = samples
 
     def check_capacity(self, n_new: int) -> None:
-        """503 while shutting down or when ``--max-queued-requests`` are already queued."""
+        """503 while shutting down or when ``--max-queued-requests`` are already queued
+        (with priority scheduling the scheduler enforces the limit: it may drop a less
+        urgent queued request instead)."""
         if self.draining:
             raise ApiError(503, "the server is shutting down", "service_unavailable")
         limit = self.args.max_queued_requests
-        if limit is not None:
+        if limit is not None and not self.args.enable_priority_scheduling:
             running = self.server_info["max_running_requests"]
             queued = len(self.states) + n_new - running
             if queued > limit:
@@ -410,8 +412,10 @@ class TokenizerManager:
                 status = (out.finish_reason or {}).get("status_code")
                 if status is not None:  # a bad grammar, a stuck scheduler, a failed decode
                     state.finished = status < 500  # the scheduler may still hold a 5xx one
+                    kind = ("invalid_request_error" if status < 500 else
+                            "service_unavailable" if status == 503 else "server_error")
                     raise ApiError(status, out.finish_reason.get("message", "request failed"),
-                                   "invalid_request_error" if status < 500 else "server_error")
+                                   kind)
                 yield out
                 if out.finished:
                     return
