@@ -151,13 +151,17 @@ class StreamExecutor:
             self.cond.notify_all()
 
     def wait_for(self, predicate: Callable[[], bool]) -> None:
-        """Wait (until the deadline) for ``predicate``; raise the executor's error."""
+        """Wait (until the deadline) for ``predicate``; raise the executor's error. The
+        deadline is checked even when ``predicate`` already holds: a stream reader that
+        finds new text at every call must still see the program time out."""
         timed_out = False
         with self.cond:
-            while not predicate() and self.error is None:
+            while self.error is None:
                 left = None if self.deadline is None else self.deadline - time.monotonic()
-                if left is not None and left <= 0:
+                if left is not None and left <= 0 and not self.finished:
                     timed_out = True
+                    break
+                if predicate():
                     break
                 self.cond.wait(left)
         if timed_out:

@@ -278,7 +278,17 @@ def test_failed_backend_call_stops_the_program(engine):
     _wait_no_threads()
 
 
-def test_timeout_aborts_and_raises(engine, backend):
+def test_timeout_aborts_and_raises(engine, backend, monkeypatch):
+    # every scheduler step takes at least 5 ms, so the 3000 tokens (or as many as the
+    # context holds) cannot finish within the timeout, however fast the machine
+    step = engine.scheduler.step
+
+    def slow_step():
+        time.sleep(0.005)
+        return step()
+
+    monkeypatch.setattr(engine.scheduler, "step", slow_step)
+
     @sgl.function
     def slow(s):
         s += "Go:" + sgl.gen("x", max_tokens=3000, ignore_eos=True)
@@ -287,7 +297,8 @@ def test_timeout_aborts_and_raises(engine, backend):
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             state = slow.run(backend=backend, timeout=0.3, stream=stream)
-            list(state.text_iter())
+            for _ in state.text_iter():
+                time.sleep(0.02)  # a reader slower than the stream: new text at every wait
         assert time.monotonic() - t0 < 5
         engine.wait_idle(timeout=10)  # the request was aborted, not left running
     _wait_no_threads()
