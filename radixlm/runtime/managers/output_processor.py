@@ -196,8 +196,8 @@ class OutputProcessor:
         left; append the text the grammar forces (canonical jump-forward), each forced
         token checked for stops like a sampled one."""
         g = req.grammar
-        if g is None or req.finished:
-            return
+        if g is None or req.finished or self._prefill_side(req):
+            return  # a prefill server's request: the decode server advances its own
         if not g.accept_token(tok):  # the mask allowed it: a backend bug, not the user's
             req.finish_reason = {"type": "abort", "status_code": 500,
                                  "message": f"the grammar backend rejected token {tok} "
@@ -222,8 +222,12 @@ class OutputProcessor:
         if g.is_terminated():
             req.finish_reason = {"type": "stop", "matched": None}
 
+    def _prefill_side(self, req: Req) -> bool:
+        """A request this prefill server only computes the prompt and first token of."""
+        return req.bootstrap is not None and self.s.args.disaggregation_mode == "prefill"
+
     def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
-        if req.bootstrap is not None and self.s.args.disaggregation_mode == "prefill":
+        if self._prefill_side(req):
             return None  # the decode server checks the first token (pd_queues)
         sp = req.sampling_params
         if sp.stop_token_ids and tok in sp.stop_token_ids:

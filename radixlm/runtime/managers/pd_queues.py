@@ -12,7 +12,13 @@ Decode server (``DecodeQueues``)::
     add -> prealloc: route resolved? pages free? -> admit (match this server's own radix
            cache) + reserve the rest of the prompt's pages -> claim (prefix_len, slots)
         -> transferring -> KV written: kv_len = prompt_len, first token appended, prompt
-           into the tree, finish checks, then scheduler.running (decode as usual)
+           into the tree, finish checks, grammar advanced over the first token (and
+           any text it forces), then scheduler.running (decode as usual)
+
+A request with a grammar compiles it on both servers: the prefill masks the first token
+with it (a claimed room waits in bootstrapping until it compiles), the decode claims its
+room only once it compiled. A grammar that fails is a 400 where it fails, and its room
+ends (the other server sees the abort).
 
 A transfer that fails (timeout, abort on the other side, a peer that died) finishes its
 request with a 503 naming the cause; every page the request reserved goes back (KV that
@@ -93,7 +99,11 @@ class PrefillQueues(_Queues):
         for req in self.bootstrapping:
             state = req.kv_transfer.poll()
             if state == KVPoll.WaitingForInput:
-                self.s.waiting.append(req)
+                ready = self.s.grammar_ready(req)  # None: a bad grammar; _reap ends the room
+                if ready:
+                    self.s.waiting.append(req)
+                elif ready is not None:
+                    still.append(req)  # claimed, its grammar still compiling
             elif state == KVPoll.Failed:
                 self._finish(req, transfer_failed(req.kv_transfer.failure_reason()), False)
             else:
@@ -194,15 +204,20 @@ class DecodeQueues(_Queues):
 
     def _reserve(self) -> None:
         """FIFO: claim rooms while rows and pages (beyond the running requests' decode
-        reserve) are free."""
+        reserve) are free; a request with a grammar once it compiled (it goes on from the
+        first token as soon as its KV is in)."""
         still = []
         blocked = False
         for req in self.prealloc:
             state = req.kv_transfer.poll()
+            ready = state == KVPoll.Failed or self.s.grammar_ready(req)
             if state == KVPoll.Failed:
                 self._finish(req, transfer_failed(req.kv_transfer.failure_reason()), False)
-            elif state != KVPoll.WaitingForInput or blocked or not self._claim(req):
-                blocked = blocked or state == KVPoll.WaitingForInput
+            elif ready is None:  # a bad grammar: finished as a 400; end the room too
+                req.kv_transfer.abort("the request's grammar failed on the decode server")
+                req.kv_transfer.clear()
+            elif not ready or state != KVPoll.WaitingForInput or blocked or not self._claim(req):
+                blocked = blocked or (ready and state == KVPoll.WaitingForInput)
                 still.append(req)
         self.prealloc = still
 
@@ -232,11 +247,13 @@ class DecodeQueues(_Queues):
         token = req.kv_transfer.first_token
         req.kv_transfer.clear()
         req.kv_len = req.prompt_len
+        start = len(req.output_ids)
         req.output_ids.append(token)
         s.stats["generation_tokens"] += 1
         s.cache.cache_unfinished(req)
         req.finish_reason = s.outputs._check_finish(req, token)
-        s.outputs.emit_later(s.outputs._output(req, [token], None, None))
+        s.outputs._advance_grammar(req, token)  # the prefill's mask chose it; go on from it
+        s.outputs.emit_later(s.outputs._output(req, req.output_ids[start:], None, None))
         if req.finished:
             s.cache.release(req, cache=True)
         else:

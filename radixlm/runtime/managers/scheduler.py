@@ -165,19 +165,17 @@ class Scheduler:
             self.waiting.append(req)
 
     def _add_disaggregated(self, msg: GenerateReqInput, req: Req) -> None:
-        """A request with a room goes to the transfer queues; what they cannot serve is a
-        400 naming the field."""
-        why = None
-        if req.sampling_params.grammar is not None:
-            why = ("regex/json_schema/ebnf are not supported with --disaggregation-mode: the "
-                   "grammar state of the first token is not transferred")
-        elif req.return_logprob and self.pd.mode == "decode":
+        """A request with a room goes to the transfer queues (its grammar compiling
+        meanwhile: both servers build it, the prefill to constrain the first token, the
+        decode to go on from it); what they cannot serve is a 400 naming the field."""
+        if req.return_logprob and self.pd.mode == "decode":
             why = ("return_logprob is not supported on a decode server: the first token's "
                    "logprob stays on the prefill server")
-        if why is not None:
             reason = {"type": "abort", "message": why, "status_code": 400}
             self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
             return
+        if req.sampling_params.grammar is not None:
+            req.grammar_future = self.grammar_compiler.submit(*req.sampling_params.grammar)
         req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,
                                   msg.bootstrap_room)
         self.pd.add(req)
@@ -301,22 +299,34 @@ class Scheduler:
                     or (self.pd is not None and self.pd.busy()))
 
     def _poll_grammars(self) -> None:
-        """Requests whose grammar compiled join the waiting queue; failures finish as
-        bad requests (HTTP 400, ValueError in the Engine)."""
+        """Requests whose grammar compiled join the waiting queue."""
         still = []
         for req in self.grammar_waiting:
-            if not req.grammar_future.done():
+            ready = self.grammar_ready(req)
+            if ready:
+                self.waiting.append(req)
+            elif ready is not None:
                 still.append(req)
-                continue
-            try:
-                req.grammar = req.grammar_future.result().new_matcher()
-            except Exception as e:  # noqa: BLE001 - a bad grammar fails its request only
-                message = str(e) if isinstance(e, ValueError) else f"invalid grammar: {e!r}"
-                reason = {"type": "abort", "message": message, "status_code": 400}
-                self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
-                continue
-            self.waiting.append(req)
         self.grammar_waiting = still
+
+    def grammar_ready(self, req: Req) -> bool | None:
+        """Whether ``req`` has its matcher (True also without a grammar; False: still
+        compiling). None: the grammar failed and the request finished as a bad request
+        (HTTP 400, ValueError in the Engine), holding no KV."""
+        future = req.grammar_future
+        if future is None:
+            return True
+        if not future.done():
+            return False
+        req.grammar_future = None
+        try:
+            req.grammar = future.result().new_matcher()
+        except Exception as e:  # noqa: BLE001 - a bad grammar fails its request only
+            message = str(e) if isinstance(e, ValueError) else f"invalid grammar: {e!r}"
+            reason = {"type": "abort", "message": message, "status_code": 400}
+            self.outputs.emit_later(self.outputs.finish(req, reason, release=False))
+            return None
+        return True
 
     def step(self) -> list[ReqOutput]:
         if self.pd is not None:

@@ -194,3 +194,47 @@ def test_decode_dies_mid_transfer(tiny_llama_dir, sides):
     reason = prefill.finished("doomed").finish_reason
     assert reason["status_code"] == 503 and "decode" in reason["message"]
     assert_clean(prefill)
+
+
+GRAMMARS = {
+    # literal text the grammar forces after the first token: jump-forward on the decode side
+    "regex-forced": {"regex": r'\{"id": [0-9]{2,4}, "tag": "[a-z]{1,6}"\}'},
+    "json_schema": {"json_schema": '{"type": "object", "properties": {"n": {"type": '
+                                   '"integer"}}, "required": ["n"]}'},
+    "ends-at-first-token": {"regex": "[0-9]"},
+}
+
+
+@pytest.mark.parametrize("name", list(GRAMMARS))
+def test_grammar_matches_monolithic(sides, name):
+    """Both servers compile the grammar: the prefill masks the first token, the decode
+    advances its matcher over it and goes on; ids and finish reason equal one server's."""
+    mono, prefill, dec, port = sides
+    params = {"max_new_tokens": 40, "temperature": 0.0, **GRAMMARS[name]}
+    ids = prompt(30, 11)
+    want = run_mono(mono, f"mono-g-{name}", ids, params)
+    want_reason = mono.finished(f"mono-g-{name}").finish_reason
+    rid, room = f"pd-g-{name}", 700 + len(name)
+    prefill.inbox.append(req(rid, ids, room, port, params))
+    dec.inbox.append(req(rid, ids, room, port, params))
+    drive(prefill, dec, until=lambda: dec.finished(rid) and prefill.finished(rid))
+    assert dec.ids(rid) == want
+    assert dec.finished(rid).finish_reason == want_reason
+    assert prefill.ids(rid) == want[:1]
+    if name == "ends-at-first-token":
+        assert len(want) == 1 and want_reason["type"] == "stop"
+    assert_clean(prefill, dec)
+
+
+def test_bad_grammar_ends_the_room(sides):
+    """A grammar that does not compile: a 400 on the decode server, which never claims the
+    room and aborts it, so the prefill ends too; no page stays reserved on either side."""
+    _, prefill, dec, port = sides
+    params = {"max_new_tokens": 8, "regex": "(unclosed"}
+    ids = prompt(20, 12)
+    prefill.inbox.append(req("bad-g", ids, 750, port, params))
+    dec.inbox.append(req("bad-g", ids, 750, port, params))
+    drive(prefill, dec, until=lambda: dec.finished("bad-g") and prefill.finished("bad-g"))
+    assert dec.finished("bad-g").finish_reason["status_code"] == 400
+    assert prefill.finished("bad-g").finish_reason["type"] == "abort"
+    assert_clean(prefill, dec)

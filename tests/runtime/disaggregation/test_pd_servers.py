@@ -4,10 +4,12 @@ every page free or evictable."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import httpx
+import jsonschema
 import pytest
 import uvicorn
 
@@ -74,6 +76,22 @@ def test_greedy_matches_single_server(cluster, text):
     got = generate(router, text=text, sampling_params=GREEDY).json()
     assert got["output_ids"] == want["output_ids"] and got["text"] == want["text"]
     assert got["meta_info"]["prompt_tokens"] == want["meta_info"]["prompt_tokens"]
+    assert_clean(prefill.url, dec.url)
+
+
+def test_json_schema_through_pd_matches_single_server(cluster):
+    """Constrained decoding across the split: the prefill masks the first token, the
+    decode server goes on from it; the JSON is valid and equals one server's."""
+    mono, prefill, dec, router, _ = cluster
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "rank": {"type": "integer"}},
+              "required": ["city", "rank"]}
+    params = {"max_new_tokens": 64, "temperature": 0.0, "json_schema": json.dumps(schema)}
+    want = generate(mono.url, text="A city as JSON:", sampling_params=params).json()
+    got = generate(router, text="A city as JSON:", sampling_params=params).json()
+    assert got["output_ids"] == want["output_ids"] and got["text"] == want["text"]
+    assert got["meta_info"]["finish_reason"]["type"] == "stop"  # the object closed
+    jsonschema.validate(json.loads(got["text"]), schema)
     assert_clean(prefill.url, dec.url)
 
 
