@@ -29,17 +29,16 @@ from radixlm.runtime.managers.messages import (
     GetInfoReq,
     InfoOutput,
     ReqOutput,
-    UpdateWeightFromDiskOutput,
     UpdateWeightFromDiskReq,
 )
 from radixlm.runtime.managers.output_processor import OutputProcessor
 from radixlm.runtime.managers.pd_queues import create_queues
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
+from radixlm.runtime.managers.scheduler_reports import SchedulerReports
+from radixlm.runtime.managers.scheduler_weights import SchedulerWeightUpdates
 from radixlm.runtime.managers.validation import (
-    MAX_NAMESPACE_LABELS,
     RequestLimits,
-    namespace_label,
     validate_request,
 )
 
@@ -60,7 +59,7 @@ def wants_kv_events(args: ServerArgs) -> bool:
         args.dp_size > 1 and args.load_balance_method == "cache_aware")
 
 
-class Scheduler:
+class Scheduler(SchedulerReports, SchedulerWeightUpdates):
     def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any) -> None:
         self.args = args
         self.model_runner = ModelRunner(args, model_path)
@@ -250,49 +249,6 @@ class Scheduler:
         for req in active:
             self.outputs.emit_later(self.outputs.finish(req, dict(ABORT_RUNNING), True))
 
-    # --- weight updates -----------------------------------------------------------------
-    def request_weight_update(self, msg: UpdateWeightFromDiskReq
-                              ) -> UpdateWeightFromDiskOutput | None:
-        """Check the checkpoint now (headers only; a bad one is refused before anything
-        waits), then apply it in ``run_once`` once the requests ahead of it are done, or
-        at once after aborting them (``abort_all_requests``). None: the reply comes then."""
-        if self.weight_update is not None:
-            return self._update_reply(False, "another weight update is in progress")
-        try:
-            self.model_runner.check_weights(msg.model_path)
-        except ValueError as e:
-            return self._update_reply(False, f"Failed to update weights: {e}")
-        self.weight_update = msg
-        if msg.abort_all_requests:
-            self.abort_all()
-        return None
-
-    def _apply_weight_update(self) -> UpdateWeightFromDiskOutput:
-        """Between steps, with no request holding KV: load, then drop every cached KV
-        (it was computed by the old weights), then admit the requests held meanwhile."""
-        msg, self.weight_update = self.weight_update, None
-        assert msg is not None and not self.cache.running, "weight update with KV in use"
-        try:
-            self.model_runner.update_weights_from_disk(msg.model_path)
-            ok, message = True, "Succeeded to update model weights."
-            if msg.weight_version is not None:
-                self.weight_version = msg.weight_version
-                message += f" Weight version updated to {msg.weight_version}."
-        except ValueError as e:
-            ok, message = False, f"Failed to update weights: {e}"
-        self.cache.flush()  # also after a failure: the weights may have been reloaded
-        if msg.torch_empty_cache and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        self.model_config = self.model_runner.model_config
-        held, self.held = self.held, []
-        for m in held:
-            self.add_request(m)
-        logger.info("weight update from %s: %s", msg.model_path, message)
-        return self._update_reply(ok, message)
-
-    def _update_reply(self, ok: bool, message: str) -> UpdateWeightFromDiskOutput:
-        return UpdateWeightFromDiskOutput(ok, message, 0, self.weight_version)
-
     # --- one step ---------------------------------------------------------------------
     def is_idle(self) -> bool:
         return not (self.waiting or self.running or self.chunked_req or self.grammar_waiting
@@ -436,14 +392,6 @@ class Scheduler:
                         victim.priority, req.rid, req.priority)
         return self._fits(req, adder)
 
-    def _count_namespace(self, req: Req) -> None:
-        label = namespace_label(req.namespace)
-        if label not in self.namespace_stats and len(self.namespace_stats) >= MAX_NAMESPACE_LABELS:
-            label = "other"
-        counts = self.namespace_stats.setdefault(label, [0, 0])
-        counts[0] += req.seq_len
-        counts[1] += req.prefix_len
-
     def _prepare_decode(self) -> list[Req]:
         """KV slots for the next token(s) of every running request (more than one after a
         jump-forward); evict, then retract, if short."""
@@ -479,70 +427,6 @@ class Scheduler:
                                    MIN_NEW_TOKEN_RATIO)
         if self.stats["decode_steps"] % self.args.decode_log_interval == 0:
             self._log_decode(batch_size)
-
-    # --- logging and info ---------------------------------------------------------------
-    def token_usage(self) -> float:
-        return self.cache.used_size() / self.cache.pool_size
-
-    def cache_hit_rate(self) -> float:
-        return self.stats["cached_tokens"] / max(self.stats["prompt_tokens"], 1)
-
-    def _log_prefill(self, adder: PrefillAdder) -> None:
-        cached = sum(r.prefix_len for r in adder.reqs)
-        logger.info(
-            "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: "
-            "%.2f, #running-req: %d, #queue-req: %d", len(adder.reqs), sum(adder.extend_lens),
-            cached, self.token_usage(), len(self.running), len(self.waiting))
-
-    def _log_decode(self, batch_size: int) -> None:
-        now = time.monotonic()
-        gen = self.stats["generation_tokens"] - self._gen_tokens_at_log
-        throughput = gen / max(now - self._last_log_time, 1e-9)
-        self.gen_throughput = throughput
-        self._gen_tokens_at_log, self._last_log_time = self.stats["generation_tokens"], now
-        logger.info(
-            "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, cache hit rate: "
-            "%.1f%%, gen throughput (token/s): %.2f, #queue-req: %d", batch_size,
-            self.cache.used_size(), self.token_usage(), 100 * self.cache_hit_rate(),
-            throughput, len(self.waiting))
-
-    def get_info(self) -> dict[str, Any]:
-        return {
-            "max_total_num_tokens": self.cache.pool_size,
-            "page_size": self.cache.page_size,
-            "kv_cache_dtype": self.model_runner.kv_cache_dtype,  # "auto" resolved
-            "prepacked_weight_bytes": self.model_runner.prepacked_weight_bytes,
-            "context_length": self.context_len,
-            "max_running_requests": self.max_running_requests,
-            "num_running_reqs": len(self.running) + (self.chunked_req is not None),
-            "num_waiting_reqs": len(self.waiting) + len(self.grammar_waiting),
-            "num_queue_reqs": len(self.waiting),  # SGLang's split of the two
-            "num_grammar_queue_reqs": len(self.grammar_waiting),
-            "gen_throughput": self.gen_throughput,
-            "evicted_tokens": self.cache.evicted_tokens,
-            "grammar_cache_hits": self.grammar_compiler.cache_hits,
-            "grammar_compile_time": self.grammar_compiler.compile_time.snapshot(),
-            "num_waiting_tokens": sum(r.seq_len for r in (*self.waiting, *self.grammar_waiting)),
-            "token_usage": self.token_usage(),
-            "used_tokens": self.cache.used_size(),
-            "free_tokens": self.cache.allocator.available_size(),
-            "evictable_tokens": self.cache.tree.evictable_size(),
-            "protected_tokens": self.cache.tree.protected_size(),
-            "cache_hit_rate": self.cache_hit_rate(),
-            "namespace_cache": {k: {"prompt_tokens": p, "cached_tokens": c}
-                                for k, (p, c) in self.namespace_stats.items()},
-            "weight_version": self.weight_version,
-            **(self.pd.info() if self.pd is not None else {}),
-            **{k: int(v) for k, v in self.stats.items()},
-        }
-
-    def check_idle_invariants(self, deep: bool = True) -> None:
-        """The KV accounting of docs/design.md; run (cheaply, ``deep=False``) every time the
-        scheduler becomes idle, and in full by tests and ``Engine.check_invariants``."""
-        assert self.is_idle(), "invariants are checked only when idle"
-        assert not self.cache.running, f"rows still held: {list(self.cache.running)}"
-        assert self.cache.tree.protected_size() == 0, "locked nodes with no running request"
-        self.cache.check_accounting(deep=deep)
 
     # --- the loop -----------------------------------------------------------------------
     @torch.inference_mode()
