@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -96,8 +97,10 @@ class PDRouter:
             return _error_response(pre, "prefill")
         resp = await dec
         await asyncio.gather(pre, return_exceptions=True)
-        return Response(resp.content, resp.status_code,
-                        media_type=resp.headers.get("content-type"))
+        content = resp.content
+        if body.get("return_logprob") and path == "/generate" and resp.status_code == 200:
+            content = merge_prompt_logprobs(pre, content)
+        return Response(content, resp.status_code, media_type=resp.headers.get("content-type"))
 
     async def _stream(self, path: str, body: dict[str, Any], pre: asyncio.Task) -> Any:
         try:
@@ -124,6 +127,31 @@ class PDRouter:
                                              "content-type", "application/json")})
         return Response(resp.content, resp.status_code,
                         media_type=resp.headers.get("content-type"))
+
+
+# the prompt's logprobs are computed on the prefill server only
+PROMPT_LOGPROB_FIELDS = ("input_token_logprobs", "input_top_logprobs",
+                         "input_token_ids_logprobs")
+
+
+def merge_prompt_logprobs(pre: asyncio.Task, decode_body: bytes) -> bytes:
+    """A /generate answer with return_logprob: the decode server's, with the prefill
+    server's prompt logprobs put in front of its own (sglang-router merges
+    ``input_token_logprobs`` the same way), per result of a batch."""
+    if pre.exception() is not None or pre.result().status_code != 200:
+        return decode_body
+    try:
+        prefill, decode = json.loads(pre.result().content), json.loads(decode_body)
+    except ValueError:
+        return decode_body
+    pairs = zip(prefill, decode) if isinstance(decode, list) and isinstance(prefill, list) \
+        else [(prefill, decode)]
+    for p, d in pairs:
+        pm, dm = p.get("meta_info", {}), d.get("meta_info", {})
+        for key in PROMPT_LOGPROB_FIELDS:
+            if isinstance(pm.get(key), list) and isinstance(dm.get(key), list):
+                dm[key] = pm[key] + dm[key]
+    return json.dumps(decode).encode()
 
 
 def _error_response(task: asyncio.Task, who: str) -> Response:

@@ -19,6 +19,10 @@ from radixlm.runtime.disaggregation.wire import Abort, Ack, Claim, KVChunk, Rout
 
 logger = logging.getLogger(__name__)
 
+# the first token's (logprob, top logprobs, logprobs of the asked ids), prefill -> decode
+FirstLogprobs = tuple[float | None, list[tuple[float, int]] | None,
+                      list[tuple[float, int]] | None]
+
 
 # --- one transfer, each side -------------------------------------------------------------------
 class _Transfer:
@@ -60,9 +64,11 @@ class KVSender(_Transfer):
         assert self.claim is not None, f"room {self.room} not claimed"
         return self.claim.prefix_len
 
-    def send(self, slots: torch.Tensor, first_token: int, prompt_len: int) -> None:
+    def send(self, slots: torch.Tensor, first_token: int, prompt_len: int,
+             first_logprobs: FirstLogprobs | None = None) -> None:
         """Ship the pool's ``slots`` (prompt positions ``decode_prefix_len ..``, whole pages)
-        and the first token; the transfer fails (never raises) if they do not fit the claim."""
+        and the first token (with its logprobs, when the request asked for them); the
+        transfer fails (never raises) if they do not fit the claim."""
         claim = self.claim
         assert self.state == KVPoll.WaitingForInput and claim is not None, (
             f"send on room {self.room} in state {self.state.name}")
@@ -77,6 +83,9 @@ class KVSender(_Transfer):
             part = slots[start: start + step]
             last = start + step >= len(slots)
             head = KVChunk(self.room, start, len(part), last, first_token if last else None)
+            if last and first_logprobs is not None:
+                head.first_logprob, head.first_top_logprobs, head.first_ids_logprobs = (
+                    first_logprobs)
             self.manager.transport.send(self.peer, head, self.manager.buffers.gather(part))
         self.manager.sent_tokens += len(slots)
         self.sent_at = self.manager.clock()
@@ -103,6 +112,7 @@ class KVReceiver(_Transfer):
         self.addr = addr
         self.slots: torch.Tensor | None = None
         self.first_token: int | None = None
+        self.first_logprobs: FirstLogprobs = (None, None, None)
         self.received = 0  # tokens written so far
 
     @property
@@ -149,6 +159,8 @@ class KVReceiver(_Transfer):
                        "tokens, or no first token")
             return
         self.first_token = chunk.first_token
+        self.first_logprobs = (chunk.first_logprob, chunk.first_top_logprobs,
+                               chunk.first_ids_logprobs)
         self.manager.transport.send(self.addr, Ack(self.room))
         self._to(KVPoll.Success, None)
 

@@ -46,6 +46,11 @@ class KVChunk(msgspec.Struct, tag=True):
     num_tokens: int
     last: bool
     first_token: int | None = None
+    # with return_logprob: the first token's logprob, its top logprobs (top_logprobs_num)
+    # and the logprobs of token_ids_logprob's ids, as (logprob, id) pairs
+    first_logprob: float | None = None
+    first_top_logprobs: list[tuple[float, int]] | None = None
+    first_ids_logprobs: list[tuple[float, int]] | None = None
 
 
 class Ack(msgspec.Struct, tag=True):

@@ -158,6 +158,9 @@ class OutputProcessor:
             asked = None
             if out.token_ids_logprobs is not None and req.token_ids_logprob is not None:
                 asked = [_pairs(out.token_ids_logprobs[i], req.token_ids_logprob)]
+            if req.return_logprob and self._prefill_side(req):  # the decode server's too
+                req.first_token_logprobs = (lps[i], top[0] if top else None,
+                                            asked[0] if asked else None)
             outs.append(self._output(req, new_ids, [(lps[i], tok)], top, asked))
             if req.finished:
                 self.s.cache.release(req, cache=True)

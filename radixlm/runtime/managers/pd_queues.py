@@ -146,7 +146,7 @@ class PrefillQueues(_Queues):
             row = self.s.cache.req_to_token_pool.req_to_token[req.req_pool_idx]
             if sender.poll() == KVPoll.WaitingForInput:
                 sender.send(row[sender.decode_prefix_len: end].clone(), req.output_ids[0],
-                            req.prompt_len)
+                            req.prompt_len, req.first_token_logprobs)
             self.inflight.append(req)
 
     def abort(self, rid: str, message: str | None) -> bool:
@@ -245,6 +245,7 @@ class DecodeQueues(_Queues):
         """The prompt's KV is in place: the request continues as if it had prefilled here."""
         s = self.s
         token = req.kv_transfer.first_token
+        lp, top, asked = req.kv_transfer.first_logprobs
         req.kv_transfer.clear()
         req.kv_len = req.prompt_len
         start = len(req.output_ids)
@@ -253,7 +254,8 @@ class DecodeQueues(_Queues):
         s.cache.cache_unfinished(req)
         req.finish_reason = s.outputs._check_finish(req, token)
         s.outputs._advance_grammar(req, token)  # the prefill's mask chose it; go on from it
-        s.outputs.emit_later(s.outputs._output(req, req.output_ids[start:], None, None))
+        s.outputs.emit_later(s.outputs._output(  # the prompt's logprobs stay on the prefill
+            req, req.output_ids[start:], [(lp, token)], [top], [asked]))
         if req.finished:
             s.cache.release(req, cache=True)
         else:

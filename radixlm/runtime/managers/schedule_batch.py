@@ -67,6 +67,8 @@ class Req:
         self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
         self.input_token_ids_logprobs: list[list[tuple[float, int]] | None] = []
         self.input_logprobs_sent = False
+        # a prefill server's request: its first token's logprobs, sent with its KV
+        self.first_token_logprobs: tuple | None = None
         self.grammar: Any = None  # a constrained-decoding matcher, when the request has one
         self.grammar_future: Any = None  # its compilation, while the request waits for it
         # prefill/decode disaggregation: the room (rooms.Bootstrap) and its KVSender or

@@ -166,13 +166,7 @@ class Scheduler(SchedulerReports, SchedulerWeightUpdates):
     def _add_disaggregated(self, msg: GenerateReqInput, req: Req) -> None:
         """A request with a room goes to the transfer queues (its grammar compiling
         meanwhile: both servers build it, the prefill to constrain the first token, the
-        decode to go on from it); what they cannot serve is a 400 naming the field."""
-        if req.return_logprob and self.pd.mode == "decode":
-            why = ("return_logprob is not supported on a decode server: the first token's "
-                   "logprob stays on the prefill server")
-            reason = {"type": "abort", "message": why, "status_code": 400}
-            self.outputs.emit_later(self.outputs.refuse(msg.rid, len(msg.input_ids), reason))
-            return
+        decode to go on from it)."""
         if req.sampling_params.grammar is not None:
             req.grammar_future = self.grammar_compiler.submit(*req.sampling_params.grammar)
         req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 
+import msgspec
 import pytest
 
 from radixlm.runtime.config import ServerArgs
@@ -237,4 +238,37 @@ def test_bad_grammar_ends_the_room(sides):
     drive(prefill, dec, until=lambda: dec.finished("bad-g") and prefill.finished("bad-g"))
     assert dec.finished("bad-g").finish_reason["status_code"] == 400
     assert prefill.finished("bad-g").finish_reason["type"] == "abort"
+    assert_clean(prefill, dec)
+
+
+def test_output_logprobs_match_monolithic(sides):
+    """return_logprob on the decode server: the first token's logprob, top logprobs and
+    asked ids' logprobs come with the KV; every output token's equal one server's. The
+    prompt's logprobs stay on the prefill server (the router merges them)."""
+    mono, prefill, dec, port = sides
+    ids = prompt(40, 13)
+    asks = dict(return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 77],
+                logprob_start_len=30)
+
+    def logprob_req(rid: str, room: int | None) -> GenerateReqInput:
+        r = req(rid, ids, room, port, {**GREEDY, "max_new_tokens": 6})
+        return msgspec.structs.replace(r, **asks)
+
+    mono.inbox.append(logprob_req("mono-lp", None))
+    drive(mono, until=lambda: mono.finished("mono-lp"))
+    prefill.inbox.append(logprob_req("pd-lp", 800))
+    dec.inbox.append(logprob_req("pd-lp", 800))
+    drive(prefill, dec, until=lambda: dec.finished("pd-lp") and prefill.finished("pd-lp"))
+
+    def joined(side: Side, rid: str, field: str) -> list:
+        return [x for o in side.outs[rid] for x in (getattr(o, field) or [])]
+
+    assert dec.ids("pd-lp") == mono.ids("mono-lp")
+    for field in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+        want = joined(mono, "mono-lp", field)
+        assert len(want) == 6 and joined(dec, "pd-lp", field) == want, field
+    # the prefill's own answer holds the prompt's logprobs, as one server's does
+    assert joined(prefill, "pd-lp", "input_token_logprobs") == joined(
+        mono, "mono-lp", "input_token_logprobs")
+    assert len(joined(mono, "mono-lp", "input_token_logprobs")) == 10
     assert_clean(prefill, dec)
