@@ -45,6 +45,7 @@ from radixlm.runtime.managers.messages import (
     UpdateWeightFromDiskOutput,
     UpdateWeightFromDiskReq,
 )
+from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.scheduler import Scheduler
 from radixlm.runtime.managers.tp_ranks import start_tp_ranks
@@ -101,6 +102,7 @@ class Engine:
         self._versions: dict[str, str] = {}  # rid -> weight version of its latest output
         self._update_replies: queue.Queue = queue.Queue()
         self._update_lock = threading.Lock()  # one weight update at a time
+        self.request_log = RequestLog.from_args(sa)  # --log-requests / --log-requests-file
         if self._tp_ranks is not None:
             self._tp_ranks.watch(self._on_rank_exit)
 
@@ -270,15 +272,16 @@ class Engine:
         resolved_priority = request_priority(priority, self.server_args)
         for msg, _ in prepared:
             msg.priority = resolved_priority
+        texts = [None if ids_list else prompts[i] for i in range(n_items)]
         if stream:
             if n_items != 1 or prepared[0][1].n != 1:
                 raise ValueError("stream=True takes one prompt and n=1")
-            return self._stream(*prepared[0], return_text_in_logprobs)
-        results = self._run_all(prepared, return_text_in_logprobs)
+            return self._stream(*prepared[0], return_text_in_logprobs, texts[0])
+        results = self._run_all(prepared, return_text_in_logprobs, texts)
         return results if batch or len(results) > 1 else results[0]
 
     def _run_all(self, prepared: list[tuple[GenerateReqInput, SamplingParams]],
-                 text_in_logprobs: bool) -> list[dict]:
+                 text_in_logprobs: bool, texts: list[str | None]) -> list[dict]:
         """Submit everything, then collect; n > 1 first caches the prompt once so the n
         samples share its KV instead of computing it n times."""
         if not self.server_args.disable_radix_cache:
@@ -288,35 +291,47 @@ class Engine:
             for m, _ in warm:
                 list(self._outputs(m.rid, self._submit(m)))
         jobs = []
-        for m, p in prepared:
+        for (m, p), text in zip(prepared, texts):
             for j in range(p.n):
                 sub = m if p.n == 1 else msgspec.structs.replace(m, rid=f"{m.rid}-{j}")
-                jobs.append((sub, p, self._submit(sub), time.monotonic()))
-        return [self._collect(m, p, q, t0, text_in_logprobs) for m, p, q, t0 in jobs]
+                result = _Result(self.tokenizer, sub, p, text_in_logprobs)
+                jobs.append((result, self._submit(sub), text))
+        return [self._collect(result, q, text) for result, q, text in jobs]
 
-    def _collect(self, msg: GenerateReqInput, params: SamplingParams, q: queue.Queue,
-                 t0: float, text_in_logprobs: bool) -> dict:
-        result = _Result(self.tokenizer, msg, params, text_in_logprobs)
-        for out in self._outputs(msg.rid, q):
+    def _collect(self, result: _Result, q: queue.Queue, text: str | None) -> dict:
+        rid = result.msg.rid
+        for out in self._outputs(rid, q):
             result.add(out)
-            result.builder.weight_version = self._versions.get(msg.rid)
-        return result.to_dict(time.monotonic() - t0)
+            result.builder.weight_version = self._versions.get(rid)
+            self._log_finished(result, out, text, stream=False)
+        return result.to_dict(time.monotonic() - result.t0)
 
     def _stream(self, msg: GenerateReqInput, params: SamplingParams,
-                text_in_logprobs: bool) -> Iterator[dict]:
-        t0 = time.monotonic()
-        q = self._submit(msg)
+                text_in_logprobs: bool, text: str | None) -> Iterator[dict]:
         result = _Result(self.tokenizer, msg, params, text_in_logprobs)
+        q = self._submit(msg)
         finished = False
         try:
             for out in self._outputs(msg.rid, q):
                 result.add(out)
                 result.builder.weight_version = self._versions.get(msg.rid)
                 finished = out.finished
-                yield result.chunk(time.monotonic() - t0)
+                self._log_finished(result, out, text, stream=True)
+                yield result.chunk(time.monotonic() - result.t0)
         finally:
             if not finished:
                 self.abort(msg.rid)
+
+    def _log_finished(self, result: _Result, out: ReqOutput, text: str | None,
+                      stream: bool) -> None:
+        """``--log-requests`` / ``--log-requests-file``: the record of a finished request,
+        as the server writes it (route ``Engine.generate``)."""
+        if self.request_log is None or not out.finished:
+            return
+        timings = Timings(result.t0, result.first_token_time, time.monotonic(),
+                          out.completion_tokens)
+        self.request_log.add(result.msg, RequestOrigin("Engine.generate", text, None, stream),
+                             out, timings)
 
     def abort(self, rid: str) -> None:
         self._inbox.put(AbortReq(rid))
@@ -396,6 +411,8 @@ class Engine:
             self._stopped = True
             for publisher in self._kv_publishers:
                 publisher.shutdown()
+            if self.request_log is not None:
+                self.request_log.close()
             if self._tp_ranks is not None:
                 self._tp_ranks.stop(self.scheduler.model_runner)
 
@@ -411,12 +428,17 @@ class _Result:
 
     def __init__(self, tokenizer: Any, msg: GenerateReqInput, params: SamplingParams,
                  text_in_logprobs: bool) -> None:
+        self.msg = msg
+        self.t0 = time.monotonic()  # submitted (just before)
+        self.first_token_time: float | None = None
         self.detok = RequestDetokenizer(tokenizer, make_register(msg.rid, params,
                                                                  text_in_logprobs))
         self.builder = ResultBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num,
                                      msg.token_ids_logprob is not None)
 
     def add(self, out: ReqOutput) -> None:
+        if self.first_token_time is None and out.new_token_ids:
+            self.first_token_time = time.monotonic()
         self.builder.add(self.detok.process(out))
 
     def to_dict(self, latency: float) -> dict[str, Any]:

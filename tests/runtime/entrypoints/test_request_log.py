@@ -162,3 +162,30 @@ def test_prefix_report_reads_the_log(logged, tmp_path):
     report = prefix_report(prompts)
     assert report["requests"] == 10 and report["truncated_prompts"] == 1
     assert report["observed_hit_rate"] is not None
+
+
+def test_engine_writes_the_same_records(make_engine, tmp_path, caplog):
+    """The offline Engine honours --log-requests / --log-requests-file too (route
+    ``Engine.generate``): text or ids, stream or not, batches one record per prompt."""
+    path = tmp_path / "engine.jsonl"
+    eng = make_engine(log_requests_file=str(path), log_requests=True, log_requests_level=1,
+                      log_requests_max_chars=MAX_CHARS)
+    with caplog.at_level("INFO", logger="radixlm.runtime.managers.request_log"):
+        eng.generate("Hello there", SP, rid="eng-text")
+        eng.generate(input_ids=[[5, 6, 7], [8, 9]], sampling_params=SP, rid=["eng-a", "eng-b"])
+        list(eng.generate(LONG, SP, stream=True, rid="eng-stream"))
+        eng.shutdown()  # writes what is queued
+    records = {r["rid"]: r for r in map(json.loads, path.read_text().splitlines())}
+    assert set(records) == {"eng-text", "eng-a", "eng-b", "eng-stream"}
+    for r in records.values():
+        assert r["route"] == "Engine.generate" and r["completion_tokens"] == 4
+        assert r["finish_reason"]["type"] == "length"
+        assert r["sampling_params"]["max_new_tokens"] == 4
+        assert r["latency"]["ttft"] is not None and r["latency"]["e2e"] >= r["latency"]["ttft"]
+    assert records["eng-text"]["text"] == "Hello there" and not records["eng-text"]["stream"]
+    assert records["eng-a"]["input_ids"] == [5, 6, 7] and records["eng-b"]["input_ids"] == [8, 9]
+    stream = records["eng-stream"]
+    assert stream["stream"] and stream["truncated"]
+    assert TRUNCATION_MARK.split("{")[0] in stream["text"]
+    console = [m for m in caplog.messages if m.startswith("request ")]
+    assert len(console) == 4 and all('"text"' not in m for m in console)  # level 1: no prompt
