@@ -71,6 +71,36 @@ def make_module_engine():
     _shutdown(made)
 
 
+def _servers(tmp_path_factory):
+    """``start(flags, name)`` -> a healthy ``radixlm serve`` on a free loopback port (its
+    log under a temporary ``name`` directory); the generator stops them all after."""
+    from radixlm.runtime.entrypoints.server_process import ServerProcess
+
+    started = []
+
+    def start(flags: list[str], name: str = "server") -> ServerProcess:
+        srv = ServerProcess(flags, tmp_path_factory.mktemp(name) / "server.log")
+        started.append(srv)
+        srv.wait_healthy()
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def make_server(tmp_path_factory):
+    """``make_server(flags, name)``: servers stopped after the test."""
+    yield from _servers(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory):
+    """``module_server(flags, name)``: servers shared by a module's tests."""
+    yield from _servers(tmp_path_factory)
+
+
 def _check_engines(engines) -> None:
     for eng in engines:
         if eng.is_alive:

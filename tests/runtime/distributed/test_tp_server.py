@@ -55,20 +55,12 @@ def _generate(url: str) -> list[list[int]]:
 
 
 @pytest.fixture
-def start_server(tmp_path, tiny_llama_dir):
-    started: list[ServerProcess] = []
-
+def start_server(make_server, tiny_llama_dir):
     def start(*flags: str) -> ServerProcess:
-        server = ServerProcess(["--model-path", str(tiny_llama_dir), "--dtype", "float32",
-                                "--cpu-threads", "1", *flags],
-                               tmp_path / f"server{len(started)}.log")
-        started.append(server)
-        server.wait_healthy()
-        return server
+        return make_server(["--model-path", str(tiny_llama_dir), "--dtype", "float32",
+                            "--cpu-threads", "1", *flags], "tp_server")
 
-    yield start
-    for server in started:
-        server.stop()
+    return start
 
 
 def test_tp2_server_matches_one_rank(start_server, make_engine, tiny_llama_dir):

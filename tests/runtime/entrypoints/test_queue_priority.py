@@ -17,11 +17,8 @@ FLAGS = ["--max-total-tokens", "8192", "--log-level", "warning", "--max-running-
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(FLAGS, tmp_path_factory.mktemp("server") / "server.log")
-    srv.wait_healthy()
-    yield srv
-    srv.stop()
+def server(module_server) -> ServerProcess:
+    return module_server(FLAGS, "queue_priority")
 
 
 def _wait_load(srv: ServerProcess, running: int, waiting: int) -> None:

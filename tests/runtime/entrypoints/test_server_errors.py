@@ -35,11 +35,8 @@ LONG = {"text": "a long one", "sampling_params": {"max_new_tokens": 600, "ignore
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(FLAGS, tmp_path_factory.mktemp("server") / "server.log")
-    srv.wait_healthy()
-    yield srv
-    srv.stop()
+def server(module_server) -> ServerProcess:
+    return module_server(FLAGS)
 
 
 def _wait_running(srv: ServerProcess, n: int) -> None:

@@ -176,11 +176,8 @@ def mutated(draw, base: st.SearchStrategy) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(FLAGS, tmp_path_factory.mktemp("fuzz") / "server.log")
-    srv.wait_healthy()
-    yield srv
-    srv.stop()
+def server(module_server) -> ServerProcess:
+    return module_server(FLAGS, "fuzz")
 
 
 @pytest.fixture(scope="module")
