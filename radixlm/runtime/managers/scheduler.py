@@ -178,10 +178,10 @@ class Scheduler(SchedulerReports, SchedulerWeightUpdates):
         cannot see who is queued): a full queue drops its least urgent request for a
         strictly more urgent ``req``, else refuses ``req``; either gets a 503."""
         limit = self.args.max_queued_requests
-        queued = [*self.waiting, *self.grammar_waiting]
-        if limit is None or self.policy.priority_sign is None or len(queued) < limit:
+        if (limit is None or self.policy.priority_sign is None
+                or len(self.waiting) + len(self.grammar_waiting) < limit):
             return True
-        victim = self.policy.queue_victim(req, queued)
+        victim = self.policy.queue_victim(req, [*self.waiting, *self.grammar_waiting])
         if victim is None:
             reason = {"type": "abort", "status_code": 503, "message":
                       f"the request queue is full: the limit is {limit} (--max-queued-requests)"}
