@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from radixlm.runtime.disaggregation.launcher import PDRouter
+from radixlm.runtime.disaggregation.pd_router import PDRouter
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 
 

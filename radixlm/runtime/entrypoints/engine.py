@@ -23,11 +23,11 @@ from pydantic import ValidationError
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.protocol import (
     UpdateWeightFromDiskRequest,
-    describe,
-    refuse_options,
     token_ids_for_item,
     typed_sampling_params,
 )
+from radixlm.runtime.entrypoints.refused_fields import refuse_options
+from radixlm.runtime.entrypoints.validation_errors import describe
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.data_parallel_controller import (
     SchedulerReplicas,
@@ -250,7 +250,7 @@ class Engine:
         position. ``priority``: with ``enable_priority_scheduling``, the request's place in
         the queue (``validation.request_priority``). SGLang's other arguments
         (``image_data``, ``lora_path``, ...) are accepted only at their defaults
-        (``protocol.refuse_options``)."""
+        (``refused_fields.refuse_options``)."""
         refuse_options(sglang_options)
         batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
                                              and isinstance(input_ids[0], list))

@@ -1,4 +1,4 @@
-"""HTTP helpers shared by the native routes (http_server.py) and OpenAI's (openai_api.py):
+"""HTTP helpers shared by the native routes (native_api.py) and OpenAI's (openai_api.py):
 JSON bodies, responses, server-sent events, client-disconnect handling, the API-key
 middleware (one key, or a file of tenants' keys) and the error handlers (every error in
 OpenAI's shape)."""
@@ -23,8 +23,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.runtime.entrypoints.protocol import describe
-from radixlm.runtime.managers.tokenizer_manager import ApiError
+from radixlm.runtime.entrypoints.validation_errors import describe
+from radixlm.runtime.managers.api_error import ApiError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -29,7 +29,8 @@ from radixlm.runtime.entrypoints.protocol import (
     ResponseFormat,
     custom_labels_from_header,
 )
-from radixlm.runtime.managers.tokenizer_manager import ApiError, TokenizerManager
+from radixlm.runtime.managers.api_error import ApiError
+from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # OpenAI / vLLM request field -> SamplingParams field

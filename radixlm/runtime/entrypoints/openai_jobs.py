@@ -11,8 +11,8 @@ from typing import Any
 
 from radixlm.runtime.entrypoints.http_utils import SSE_DONE, finish_reason_str, sse
 from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from radixlm.runtime.managers.admission import Prepared
 from radixlm.runtime.managers.messages import TextOutput
-from radixlm.runtime.managers.tokenizer_manager import Prepared
 
 
 class Job(abc.ABC):

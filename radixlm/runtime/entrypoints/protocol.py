@@ -17,6 +17,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from radixlm.runtime.entrypoints.refused_fields import (
+    REFUSED_REQUEST_FIELDS,
+    REFUSED_SAMPLING_FIELDS,
+    drop_neutral,
+)
+from radixlm.runtime.entrypoints.validation_errors import describe
+
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
 
@@ -38,105 +45,6 @@ class _Lenient(BaseModel):
     are ignored, as OpenAI-compatible servers do; the ones it uses are typed."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
-
-
-# --- what SGLang 0.5 accepts and radixlm refuses ---------------------------------------------
-# Field -> (values that mean "not used", why radixlm lacks it). A field holding one of its
-# neutral values (SGLang's default, or null) is dropped before parsing, so clients that
-# send defaults explicitly (SGLang's own frontend does) work; any other value is a 400
-# that names the field and gives the reason. ``tests/.../test_sglang_parity.py`` reads
-# SGLang's source and fails when one of its fields is in neither this table nor a model.
-_MEDIA = "radixlm serves text-only models: no image, video or audio input"
-_EMBEDS = "radixlm takes text or token ids, not embeddings"
-_DISAGG = ("radixlm pairs one prefill scheduler with one decode scheduler (--dp-size 1, "
-           "--tp-size 1 on both): there is no rank or pair to choose")
-_SESSION = ("radixlm has no sessions; a repeated prefix is reused through the radix cache "
-            "without one")
-_REASONING = "radixlm has no reasoning-model controls"
-_SGLANG_INTERNAL = "internal to SGLang's server, not a request field"
-_OFF: tuple[Any, ...] = (None, False)
-
-REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "session_id": ((None,), _SESSION),
-    "session_params": ((None,), _SESSION),
-    "input_embeds": ((None,), _EMBEDS),
-    "positional_embed_overrides": ((None,), _EMBEDS),
-    **{name: ((None,), _MEDIA) for name in (
-        "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
-        "video_config", "modalities", "max_dynamic_patch", "min_dynamic_patch",
-        "image_max_dynamic_patch", "video_max_dynamic_patch", "images_config",
-        "mm_processor_kwargs", "need_wait_for_mm_inputs", "num_items_assigned",
-        "encoder_urls")},
-    "use_audio_in_video": (_OFF, _MEDIA),
-    "return_bytes": (_OFF, "radixlm does not generate images"),
-    "watermark": ((None,), "radixlm does not watermark its output"),
-    "return_sampling_mask": (_OFF, "radixlm returns logprobs of the model's distribution, "
-                                   "not of the sampling support"),
-    "sampling_logprobs_mode": ((None,), "radixlm returns logprobs of the model's "
-                                        "distribution, not of the sampling support"),
-    **{name: (_OFF, "radixlm returns top logprobs nested, [logprob, token_id, text] "
-                    "per entry, not as flat arrays") for name in (
-        "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
-        "return_flat_raw_top_logprobs_b64")},
-    "return_hidden_states": (_OFF, "radixlm does not return hidden states"),
-    "return_routed_experts": (_OFF, "radixlm's models are dense: there are no experts"),
-    "routed_experts_start_len": ((None, 0), "radixlm's models are dense: there are no "
-                                           "experts"),
-    "return_indexer_topk": (_OFF, "radixlm has no sparse-attention indexer"),
-    "return_entropy": (_OFF, "radixlm does not compute output entropies; use "
-                             "top_logprobs_num"),
-    "lora_path": ((None,), "radixlm does not serve LoRA adapters"),
-    "lora_id": ((None,), "radixlm does not serve LoRA adapters"),
-    "custom_logit_processor": ((None,), "radixlm does not run custom logit processors "
-                                        "(serialized code from the client)"),
-    **{name: ((None,), _DISAGG) for name in (
-        "bootstrap_pair_key", "decode_tp_size", "disagg_prefill_dp_rank")},
-    "conversation_id": ((None,), "radixlm has no request tracing"),
-    "external_trace_header": ((None,), "radixlm has no request tracing"),
-    "background": (_OFF, "radixlm has no background responses (OpenAI Responses API)"),
-    "require_reasoning": (_OFF, _REASONING),
-    "max_thinking_tokens": ((None,), _REASONING),
-    "multi_item_delimiter_indices": ((None,), "radixlm has no multi-item scoring"),
-    "token_indices_to_pool": ((None,), "radixlm has no multi-item scoring"),
-    "kv_hints": ((None,), "radixlm has no hierarchical KV cache (HiCache)"),
-    "http_worker_ipc": ((None,), _SGLANG_INTERNAL),
-    "received_time": ((None,), _SGLANG_INTERNAL),
-}
-
-_SAMPLING_INTERNAL = "internal to SGLang's SamplingParams, not a request field"
-REFUSED_SAMPLING_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "beam_width": ((None, 1), "radixlm has no beam search; n gives independent samples"),
-    "structural_tag": ((None, ""), "radixlm's grammars are regex, json_schema and ebnf; "
-                                   "it has no structural tags"),
-    "stream_interval": ((None, 1), "radixlm streams every scheduler step"),
-    "custom_params": ((None,), "custom_params feed custom logit processors, which radixlm "
-                               "does not run"),
-    "watermark": ((None,), "radixlm does not watermark its output"),
-    "stop_strs": ((None,), _SAMPLING_INTERNAL),
-    "stop_regex_strs": ((None,), _SAMPLING_INTERNAL),
-    "stop_str_max_len": ((None, 0), _SAMPLING_INTERNAL),
-    "stop_regex_max_len": ((None, 0), _SAMPLING_INTERNAL),
-    "is_normalized": (_OFF, _SAMPLING_INTERNAL),
-    "ebnf_full_assistant": (_OFF, _SAMPLING_INTERNAL),
-}
-
-
-def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    """``value`` is one of ``neutral`` with the same JSON type (``0`` is not ``false``)."""
-    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
-
-
-def drop_neutral(data: Any, table: dict[str, tuple[tuple[Any, ...], str]]) -> Any:
-    """``data`` without the refused fields that hold a neutral value."""
-    if not isinstance(data, dict):
-        return data
-    return {k: v for k, v in data.items() if k not in table or not _neutral(v, table[k][0])}
-
-
-def refusal(name: str) -> str | None:
-    """Why radixlm refuses SGLang's field ``name`` (None: not a refused field)."""
-    found = REFUSED_REQUEST_FIELDS.get(name) or REFUSED_SAMPLING_FIELDS.get(name)
-    return None if found is None else found[1]
 
 
 # --- native (SGLang) ---------------------------------------------------------------------------
@@ -274,24 +182,6 @@ def custom_labels_from_header(value: str | None, allowed: tuple[str, ...]
     return {k: v for k, v in labels.items() if k in allowed} or None
 
 
-def refuse_options(options: dict[str, Any]) -> None:
-    """``Engine.generate``'s keyword arguments beyond radixlm's: SGLang's refused fields
-    at a neutral value pass; other values are a ValueError saying why; unknown names are
-    a TypeError, as for any Python function."""
-    for name, value in options.items():
-        if name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
-            if value is not None:  # SGLang's Engine takes them; null is its default
-                raise ValueError(f"{name} is not supported: the offline Engine has no "
-                                 "prefill/decode disaggregation (radixlm serve "
-                                 "--disaggregation-mode prefill|decode has)")
-            continue
-        if name not in REFUSED_REQUEST_FIELDS:
-            raise TypeError(f"generate() got an unexpected keyword argument {name!r}")
-        neutral, why = REFUSED_REQUEST_FIELDS[name]
-        if not _neutral(value, neutral):
-            raise ValueError(f"{name} is not supported: {why}")
-
-
 class AbortRequest(_Strict):
     rid: str | None = None
     abort_all: bool = False
@@ -426,9 +316,6 @@ class ChatCompletionRequest(OpenAISampling):
     response_format: ResponseFormat | None = None
 
 
-_MODEL_NAMES = {"SamplingParamsIn", "StreamOptions", "ContentPart", "ChatMessage",
-                "JsonSchemaFormat", "ResponseFormat"}
-
 ROUTE_MODELS: dict[str, type[BaseModel]] = {
     "/generate": GenerateRequest,
     "/abort_request": AbortRequest,
@@ -438,63 +325,6 @@ ROUTE_MODELS: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
 }
-
-
-# --- errors --------------------------------------------------------------------------------------
-def describe(err: ValidationError) -> tuple[str, str | None]:
-    """A 400's message for a validation error: the field's path, the value's problem and
-    the limit (pydantic's message carries the bound). Where a field takes one of several
-    forms, the form that got furthest into the value explains it best; where none got in,
-    one line lists the forms."""
-    found = [(_path(e["loc"]), e) for e in err.errors(include_url=False)]
-    deepest = max(len(p) for p, _ in found)
-    by_path: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for path, e in found:
-        if len(path) == deepest:
-            by_path.setdefault(path, []).append(e)
-    parts = [_problem(path, errs) for path, errs in list(by_path.items())[:3]]
-    first = ".".join(str(x) for x in found[0][0]) if deepest else None
-    return "; ".join(parts), first
-
-
-_KINDS = {"dict_type": "an object", "model_type": "an object", "model_attributes_type":
-          "an object", "list_type": "an array", "string_type": "a string", "bool_type":
-          "a boolean", "int_type": "an integer", "float_type": "a number"}
-
-
-def _problem(path: tuple[Any, ...], errs: list[dict[str, Any]]) -> str:
-    loc = ".".join(str(x) for x in path)
-    e = errs[0]
-    if e["type"] == "json_invalid":
-        why = e["ctx"].get("error", "")
-        return (f"the request body is nested too deeply to parse ({why})"
-                if "recursion limit" in why else f"the request body is not valid JSON ({why})")
-    kinds = list(dict.fromkeys(_KINDS.get(x["type"], "") for x in errs))
-    if len(errs) > 1 and all(kinds):
-        forms = ", ".join(kinds[:-1]) + f" or {kinds[-1]}" if len(kinds) > 1 else kinds[0]
-        problem = f"Input should be {forms}"
-    else:
-        problem = e["msg"]
-    if e["type"] == "extra_forbidden" and path and refusal(str(path[-1])):
-        return f"{loc} is not supported: {refusal(str(path[-1]))}"
-    if "input" in e and e["type"] not in ("missing", "extra_forbidden"):
-        problem += f", got {_short(e['input'])}"
-    return f"{loc}: {problem}" if loc else problem
-
-
-def _path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The field path without pydantic's names of union members (``str``, ``list[int]``)."""
-    return tuple(p for p in loc if not (isinstance(p, str) and (
-        "[" in p or p in _TYPE_TAGS or p in _MODEL_NAMES)))
-
-
-_TYPE_TAGS = {"str", "int", "bool", "float", "constrained-int", "constrained-float", "dict",
-              "function-after", "literal"}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- OpenAPI -------------------------------------------------------------------------------------

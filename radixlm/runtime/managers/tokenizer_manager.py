@@ -11,7 +11,6 @@ import asyncio
 import collections
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,71 +21,28 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.disaggregation.rooms import Bootstrap, assign_rooms
-from radixlm.runtime.executor.sampling_params import SamplingParams
-from radixlm.runtime.managers.data_parallel_controller import (
-    DataParallelController,
-    NoReplica,
-    aggregate_infos,
-)
+from radixlm.runtime.managers.admission import Admission, Prepared, with_rooms
+from radixlm.runtime.managers.api_error import ApiError
+from radixlm.runtime.managers.control_calls import CONTROL_REPLIES, ControlCalls
+from radixlm.runtime.managers.data_parallel_controller import DataParallelController, NoReplica
 from radixlm.runtime.managers.messages import (
     AbortReq,
-    FlushCacheOutput,
-    FlushCacheReq,
     GenerateReqInput,
-    GetInfoReq,
-    InfoOutput,
     ReplicaKVEvents,
     ReplicaLoad,
     SchedulerReady,
     TextBatch,
     TextOutput,
     UpdateWeightFromDiskOutput,
-    UpdateWeightFromDiskReq,
     decode,
     encode,
 )
 from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
-from radixlm.runtime.managers.validation import (
-    PriorityRefused,
-    RequestLimits,
-    cache_namespace,
-    request_priority,
-    validate_request,
-)
+from radixlm.runtime.managers.validation import RequestLimits
 from radixlm.runtime.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
-
-CONTROL_TIMEOUT_S = 60.0
-
-
-class ApiError(Exception):
-    """An error for the HTTP client, rendered as OpenAI's ``{"error": {...}}``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type_, param
-        self.code = code if code is not None else str(status)
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
 
 # texts longer than this are tokenized on a worker thread, not on the event loop
 LONG_TEXT_CHARS = 4096
@@ -105,18 +61,10 @@ class ReqState:
     origin: RequestOrigin | None = None  # set when the request log is on
 
 
-@dataclass
-class Prepared:
-    """A validated request, before it is split into its ``n`` samples."""
+class TokenizerManager(Admission, ControlCalls):
+    """Requests in (``Admission`` checks them), outputs routed back per request, control
+    calls to the replicas (``ControlCalls``)."""
 
-    msg: GenerateReqInput
-    params: SamplingParams
-    labels: tuple[str, ...] | None = ()  # see ReqState.labels
-    origin: RequestOrigin | None = None  # see ReqState.origin (TokenizerManager.log_origin)
-    bootstrap: list[Bootstrap] | None = None  # --disaggregation-mode: each sample's room
-
-
-class TokenizerManager:
     def __init__(
         self, args: ServerArgs, model_path: str, tokenizer: Any, sched_addr: str | list[str],
         recv_addr: str,
@@ -137,7 +85,7 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}
         self._waiters: dict[tuple[type, int], collections.deque] = {
             (kind, rank): collections.deque()
-            for kind in (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
+            for kind in CONTROL_REPLIES
             for rank in range(self.dp.dp_size)
         }
         self.weight_version = ""  # the scheduler's, known once it is ready
@@ -261,98 +209,6 @@ class TokenizerManager:
             self._tokenize_pool,
             lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def prepare(
-        self,
-        input_ids: list[int],
-        sampling_params: dict[str, Any] | None,
-        rid: str | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        text_in_logprobs: bool = False,
-        namespace: str | None = None,
-        token_ids_logprob: list[int] | None = None,
-        custom_labels: dict[str, str] | None = None,
-        log_metrics: bool = True,
-        priority: int | None = None,
-    ) -> Prepared:
-        """Validate one request whose types were checked at the edge (400 on bad input:
-        ranges, vocabulary, context, the server's caps); nothing is sent yet."""
-        assert self.limits is not None, "prepare() before the scheduler was ready"
-        try:
-            params = SamplingParams.from_dict(sampling_params)
-            validate_request(input_ids, params, self.limits, top_logprobs_num,
-                             token_ids_logprob)
-            self.metrics.check_labels(custom_labels)
-            resolved_priority = request_priority(priority, self.args)
-        except PriorityRefused as e:
-            raise ApiError(503, str(e), "service_unavailable", param="priority") from None
-        except ValueError as e:
-            code = "context_length_exceeded" if "context length" in str(e) else None
-            raise ApiError(400, str(e), code=code) from None
-        msg = GenerateReqInput(
-            rid or uuid.uuid4().hex,
-            input_ids,
-            params.to_dict(),
-            bool(return_logprob),
-            logprob_start_len,
-            top_logprobs_num,
-            namespace=namespace,
-            return_text_in_logprobs=bool(text_in_logprobs),
-            token_ids_logprob=token_ids_logprob,
-            priority=resolved_priority,
-        )
-        labels = self.metrics.label_values(custom_labels) if log_metrics else None
-        return Prepared(msg, params, labels)
-
-    @staticmethod
-    def namespace(extra_key: str | None, cache_salt: str | None,
-                  tenant: str | None = None) -> str | None:
-        """The cache namespace of a request (400 on a bad key); ``tenant`` comes from the
-        request's API key (``http_utils.request_tenant``), never from its body."""
-        try:
-            return cache_namespace(extra_key, cache_salt, tenant)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="cache_salt") from None
-
-    def attach_bootstrap(self, items: list[Prepared], host: Any, port: Any, room: Any) -> None:
-        """The rooms of sglang-router's PD mode (``rooms.assign_rooms``); a 400 naming the
-        field on a server in ``--disaggregation-mode null`` or for a bad value."""
-        if host is None and port is None and room is None:
-            return
-        field_ = "bootstrap_room" if room is not None else "bootstrap_host"
-        if self.args.disaggregation_mode == "null":
-            raise ApiError(400, f"{field_}: this server runs without prefill/decode "
-                           "disaggregation (--disaggregation-mode null); start it with "
-                           "--disaggregation-mode prefill or decode", param=field_)
-        if host is None or room is None:
-            raise ApiError(400, "bootstrap_host and bootstrap_room go together", param=field_)
-        try:
-            rooms = assign_rooms(host, port, room, [p.params.n for p in items],
-                                 self.args.disaggregation_bootstrap_port)
-        except ValueError as e:
-            raise ApiError(400, str(e), param=str(e).split(" ")[0]) from None
-        for p, samples in zip(items, rooms):
-            p.bootstrap = samples
-
-    def check_capacity(self, n_new: int) -> None:
-        """503 while shutting down or when ``--max-queued-requests`` are already queued
-        (with priority scheduling the scheduler enforces the limit: it may drop a less
-        urgent queued request instead)."""
-        if self.draining:
-            raise ApiError(503, "the server is shutting down", "service_unavailable")
-        limit = self.args.max_queued_requests
-        if limit is not None and not self.args.enable_priority_scheduling:
-            running = self.server_info["max_running_requests"]
-            queued = len(self.states) + n_new - running
-            if queued > limit:
-                raise ApiError(
-                    503,
-                    f"too many queued requests: the limit is {limit} "
-                    "(--max-queued-requests); retry later",
-                    "service_unavailable",
-                )
-
     async def submit(self, items: list[Prepared]) -> list[ReqState]:
         """Send every request (each of its ``n`` samples); n > 1 first caches the prompt
         once, so the samples share its KV. Every message is encoded before any state is
@@ -364,7 +220,7 @@ class TokenizerManager:
             n = p.params.n
             samples = [p.msg] if n == 1 else [
                 msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
-            subs += _with_rooms(samples, p.bootstrap)
+            subs += with_rooms(samples, p.bootstrap)
             labels += [p.labels] * n
             origins += [p.origin] * n
         self.check_capacity(len(subs))
@@ -508,57 +364,3 @@ class TokenizerManager:
         for rid, state in list(self.states.items()):
             state.queue.put_nowait(TextOutput(rid, "", [], len(state.msg.input_ids), 0, 0,
                                               finish_reason=reason))
-
-    # --- control ------------------------------------------------------------------------------
-    async def _call(self, msg: Any, reply_type: type,
-                    timeout: float | None = CONTROL_TIMEOUT_S) -> list[Any]:
-        """``msg`` to every live replica; their replies in rank order (a replica that dies
-        meanwhile is left out; 503 when none is left)."""
-        loop = asyncio.get_running_loop()
-        futs = []
-        data = encode(msg)
-        for rank in self.dp.live():
-            futs.append(loop.create_future())
-            self._waiters[(reply_type, rank)].append(futs[-1])
-            self.dp.send_to(rank, data)
-        replies = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), timeout)
-        ok = [r for r in replies if not isinstance(r, BaseException)]
-        if not ok:
-            raise ApiError(503, f"every data-parallel replica is dead: {self.dp.dead}",
-                           "service_unavailable")
-        return ok
-
-    async def get_info(self) -> dict[str, Any]:
-        """The server's info; with several replicas, summed over them (``replica_infos``)."""
-        return aggregate_infos([o.info for o in await self._call(GetInfoReq(), InfoOutput)])
-
-    async def replica_infos(self) -> list[dict[str, Any]]:
-        """Each live replica's info, with its ``dp_rank``."""
-        return [{"dp_rank": o.dp_rank, **o.info}
-                for o in await self._call(GetInfoReq(), InfoOutput)]
-
-    async def flush_cache(self) -> FlushCacheOutput:
-        outs = await self._call(FlushCacheReq(), FlushCacheOutput)
-        return FlushCacheOutput(all(o.success for o in outs),
-                                "; ".join(o.message for o in outs if o.message))
-
-    async def update_weights_from_disk(self, msg: UpdateWeightFromDiskReq
-                                       ) -> UpdateWeightFromDiskOutput:
-        """One update at a time. No timeout: without ``abort_all_requests`` the scheduler
-        answers once the requests ahead of the update are done (the watchdog covers a
-        stuck scheduler)."""
-        async with self._update_lock:
-            outs = await self._call(msg, UpdateWeightFromDiskOutput, timeout=None)
-        out = next((o for o in outs if not o.success), outs[0])
-        if out.success:
-            self.model_path = msg.model_path
-        return out
-
-
-def _with_rooms(samples: list[GenerateReqInput], rooms: list[Bootstrap] | None
-                ) -> list[GenerateReqInput]:
-    """Each sample with its room (``attach_bootstrap``), or as it is."""
-    if rooms is None:
-        return samples
-    return [msgspec.structs.replace(m, bootstrap_host=b.host, bootstrap_port=b.port,
-                                    bootstrap_room=b.room) for m, b in zip(samples, rooms)]

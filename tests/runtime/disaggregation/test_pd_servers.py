@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import uvicorn
 
-from radixlm.runtime.disaggregation.launcher import PDRouter
+from radixlm.runtime.disaggregation.pd_router import PDRouter
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", "4",
@@ -106,20 +106,46 @@ def _close(got, want) -> bool:
     return got == want
 
 
+OUTPUT_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+PROMPT_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+
+
+def _streamed(url: str, body: dict) -> list[dict]:
+    """Each index of a /generate stream as one result: the last chunk's ids and prompt
+    logprobs (every chunk carries them), the output logprobs of all chunks joined (each
+    chunk carries its new tokens')."""
+    results: dict[int, dict] = {}
+    with httpx.stream("POST", url + "/generate", timeout=120, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                chunk = json.loads(line[5:])
+                i = chunk.get("index", 0)
+                joined = {k: results[i]["meta_info"][k] + chunk["meta_info"][k]
+                          for k in OUTPUT_KEYS if i in results}
+                chunk["meta_info"].update(joined)
+                results[i] = chunk
+    assert sorted(results) == list(range(len(results)))
+    return [results[i] for i in range(len(results))]
+
+
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("batch", [False, True])
-def test_logprobs_through_pd_match_single_server(cluster, batch):
+def test_logprobs_through_pd_match_single_server(cluster, batch, stream):
     """return_logprob across the split: output logprobs from the decode server (the first
-    token's came with the KV), prompt logprobs merged in from the prefill's answer."""
+    token's came with the KV), prompt logprobs merged in from the prefill's answer; in a
+    stream, into every chunk, so the stream adds up to a single server's answer."""
     mono, prefill, dec, router, _ = cluster
     text = ["The capital of France is", LONG] if batch else LONG
     body = dict(text=text, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2,
                 logprob_start_len=3, token_ids_logprob=[5, 9])
-    want, got = generate(mono.url, **body).json(), generate(router, **body).json()
-    for w, g in zip(*((want, got) if batch else ([want], [got]))):
+    want = generate(mono.url, **body).json()
+    got = _streamed(router, body) if stream else generate(router, **body).json()
+    want, got = (want, got) if batch else ([want], got if stream else [got])
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
         assert g["output_ids"] == w["output_ids"]
-        for key in ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs",
-                    "output_top_logprobs", "input_token_ids_logprobs",
-                    "output_token_ids_logprobs"):
+        for key in PROMPT_KEYS + OUTPUT_KEYS:
             assert _close(g["meta_info"][key], w["meta_info"][key]), key
         assert len(w["meta_info"]["input_token_logprobs"]) > 1
     assert_clean(prefill.url, dec.url)

@@ -24,10 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM
 
 from radixlm.runtime.entrypoints.protocol import (
-    REFUSED_REQUEST_FIELDS,
-    REFUSED_SAMPLING_FIELDS,
     GenerateRequest,
     SamplingParamsIn,
+)
+from radixlm.runtime.entrypoints.refused_fields import (
+    REFUSED_REQUEST_FIELDS,
+    REFUSED_SAMPLING_FIELDS,
 )
 from radixlm.runtime.entrypoints.server_process import ServerProcess
 from radixlm.runtime.managers.detokenizer import IncrementalDetokenizer

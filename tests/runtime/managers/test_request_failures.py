@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.http_server import NativeRoutes
+from radixlm.runtime.entrypoints.native_api import NativeRoutes
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import DetokenizerManager, make_register
 from radixlm.runtime.managers.messages import BatchOutput, GenerateReqInput, RegisterReqs, ReqOutput
