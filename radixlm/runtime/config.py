@@ -168,7 +168,7 @@ class ServerArgs:
                 "the others run only their ranks)"})
     dist_init_addr: str | None = field(default=None, metadata={
         "help": "host:port where the ranks meet (rank 0 listens; needed with --nnodes > 1; "
-                "default: a free loopback port)"})
+                "default: a free loopback port); with --dp-size, replica r meets at port + r"})
     dist_timeout: float = field(default=120.0, metadata={
         "help": "seconds a tensor-parallel collective may take before the ranks fail, so a "
                 "rank that hangs brings the server down (joining at startup may take 300 s)"})
@@ -285,6 +285,10 @@ class ServerArgs:
         need(self.dist_init_addr is None
              or re.fullmatch(r"[^:\s]+:\d+", self.dist_init_addr) is not None,
              f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        need(self.dist_init_addr is None or not self.dist_init_addr.split(":")[-1].isdigit()
+             or 0 < int(self.dist_init_addr.split(":")[-1]) + self.dp_size - 1 < 65536,
+             f"dist_init_addr's port + dp_size - 1 must be a TCP port (replica r meets at "
+             f"port + r), got {self.dist_init_addr!r} with dp_size {self.dp_size}")
         need(self.dist_timeout > 0, f"dist_timeout must be > 0, got {self.dist_timeout}")
         need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
         need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")

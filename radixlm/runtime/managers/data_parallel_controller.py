@@ -307,7 +307,11 @@ class DataParallelController:
 def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
     """The settings of replica ``dp_rank``: on GPUs its own devices, from ``cuda:(base_gpu_id
     + dp_rank * ranks per machine)`` (its tensor-parallel ranks take the next ones, as in
-    SGLang); on a CPU the same settings."""
+    SGLang); on a CPU the same settings. With ``--dist-init-addr host:port`` and several
+    replicas, replica r's tensor-parallel group meets at ``host:(port + r)``."""
+    if args.dp_size > 1 and args.dist_init_addr is not None:
+        host, port = args.dist_init_addr.rsplit(":", 1)
+        args = dataclasses.replace(args, dist_init_addr=f"{host}:{int(port) + dp_rank}")
     on_cuda = args.device.startswith("cuda") or (args.device == "auto"
                                                  and torch.cuda.is_available())
     if not on_cuda or (args.dp_size == 1 and args.base_gpu_id == 0):

@@ -34,6 +34,7 @@ from radixlm.runtime.distributed.parallel_state import free_loopback_port
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.tp_worker import run_follower
 from radixlm.runtime.managers.child_setup import setup_child
+from radixlm.runtime.managers.data_parallel_controller import replica_args
 from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -159,14 +160,19 @@ def run_tp_rank(args: ServerArgs, model_path: str, rank: int) -> None:
 
 
 def serve_node(args: ServerArgs, model_path: str) -> int:
-    """``radixlm serve --node-rank k`` (k > 0): run this machine's ranks until they end;
-    the exit code is 1 if any failed."""
-    _, ranks = start_tp_ranks(args, model_path)
-    assert ranks is not None, "serve_node needs tp_size > 1"
+    """``radixlm serve --node-rank k`` (k > 0): run this machine's ranks of every replica
+    (``--dp-size``; replica r meets at ``replica_args``'s address) until they end; the exit
+    code is 1 if any failed."""
+    groups: list[TpRanks] = []
     try:
-        codes = [proc.wait() for proc in ranks.procs.values()]
+        for dp_rank in range(args.dp_size):
+            _, ranks = start_tp_ranks(replica_args(args, dp_rank), model_path)
+            assert ranks is not None, "serve_node needs tp_size > 1"
+            groups.append(ranks)
+        codes = [proc.wait() for ranks in groups for proc in ranks.procs.values()]
     finally:
-        ranks.kill()
+        for ranks in groups:
+            ranks.kill()
     return 1 if any(codes) else 0
 
 

@@ -117,25 +117,33 @@ def test_dp2_tp2_server_runs_four_ranks(start_server, make_engine, tiny_llama_di
         assert _generate(server.url) == expected
 
 
-def test_two_nodes_on_loopback(start_server, make_engine, tiny_llama_dir, tmp_path):
-    """--nnodes 2: node 1 (``radixlm serve --node-rank 1``) runs only rank 1, node 0
-    serves; stopping node 0 ends node 1 cleanly."""
+@pytest.mark.parametrize("dp", [1, 2])
+def test_two_nodes_on_loopback(start_server, make_engine, tiny_llama_dir, tmp_path, dp):
+    """--nnodes 2: node 1 (``radixlm serve --node-rank 1``) runs only rank 1 of each
+    replica, node 0 serves; with --dp-size 2 replica r meets at the address's port + r.
+    Stopping node 0 ends node 1 cleanly."""
     addr = f"127.0.0.1:{free_port()}"
+    flags = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr, "--dp-size", str(dp),
+             "--load-balance-method", "round_robin"]
     common = ["--model-path", str(tiny_llama_dir), "--dtype", "float32", "--cpu-threads", "1",
-              "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+              *flags]
     with open(tmp_path / "node1.log", "w") as log:
         node1 = subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", *common,
                                   "--node-rank", "1"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        server = start_server("--tp-size", "2", "--nnodes", "2", "--node-rank", "0",
-                              "--dist-init-addr", addr)
-        assert _follower_pids(server) == []  # rank 1 is node 1's
+        server = start_server(*flags, "--node-rank", "0")
+        assert _follower_pids(server) == []  # rank 1 of each replica is node 1's
         eng = make_engine(model_path=str(tiny_llama_dir), dtype="float32")
         expected = [o["output_ids"] for o in eng.generate(
             PROMPTS, {"max_new_tokens": 12, "temperature": 0})]
-        assert _generate(server.url) == expected
+        for _ in range(dp):  # round robin: every replica serves
+            assert _generate(server.url) == expected
         assert server.stop() == 0
         assert node1.wait(DEAD_BOUND_S) == 0, (tmp_path / "node1.log").read_text()
+        if dp > 1:
+            text = (tmp_path / "node1.log").read_text()
+            port = int(addr.rsplit(":", 1)[1])
+            assert f"meeting at 127.0.0.1:{port + 1}" in text, text
     finally:
         if node1.poll() is None:
             node1.kill()

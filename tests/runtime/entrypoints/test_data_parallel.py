@@ -367,3 +367,19 @@ def test_replica_devices_leave_room_for_tensor_parallel_ranks() -> None:
     assert [replica_args(one, r).device for r in (0, 1, 2)] == ["cuda:0", "cuda:1", "cuda:2"]
     cpu = ServerArgs(device="cpu", dp_size=2, tp_size=2)
     assert replica_args(cpu, 1) is cpu
+
+
+def test_replica_groups_meet_at_their_own_port() -> None:
+    """--dist-init-addr with --dp-size: replica r's tensor-parallel group meets at port + r
+    (one address for all would join them into one group); a port range past 65535 is
+    refused with the flag named."""
+    from radixlm.runtime.config import ServerArgs
+    from radixlm.runtime.managers.data_parallel_controller import replica_args
+
+    args = ServerArgs(device="cpu", dp_size=3, tp_size=2, dist_init_addr="10.0.0.7:29500")
+    assert [replica_args(args, r).dist_init_addr for r in range(3)] == [
+        "10.0.0.7:29500", "10.0.0.7:29501", "10.0.0.7:29502"]
+    one = ServerArgs(device="cpu", tp_size=2, dist_init_addr="10.0.0.7:29500")
+    assert replica_args(one, 0) is one
+    with pytest.raises(ValueError, match=r"dist_init_addr's port \+ dp_size - 1"):
+        ServerArgs(dp_size=2, tp_size=2, dist_init_addr="h:65535")
