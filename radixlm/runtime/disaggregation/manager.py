@@ -186,6 +186,7 @@ class KVManager:
         self.routes: dict[tuple[str, int], RouteInfo | float] = {}
         self.sent_tokens = self.received_tokens = 0
         self.transfer_seconds = 0.0  # prefill: send() to ack, summed over acked rooms
+        self.transfers = 0  # prefill: acked rooms
 
     # --- creation ---------------------------------------------------------------------
     def create_sender(self, room: int) -> KVSender:
@@ -256,6 +257,7 @@ class KVManager:
                     sender.state == KVPoll.Transferring:
                 sender._to(KVPoll.Success, None)
                 self.transfer_seconds += self.clock() - sender.sent_at
+                self.transfers += 1
         elif isinstance(msg, Abort):
             self._peer_abort(ev.peer, msg)
 

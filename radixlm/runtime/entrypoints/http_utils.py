@@ -6,14 +6,12 @@ OpenAI's shape)."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import hashlib
 import json
 import logging
 import os
 import re
-import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import msgspec
@@ -115,68 +113,6 @@ def pick(body: Any, key: str, i: int, batch: bool, default: Any) -> Any:
             raise ApiError(400, f"{key} has {len(value)} entries, fewer than the batch", param=key)
         return default if value[i] is None else value[i]
     return value
-
-
-# --- load reports (sglang-router polls /get_load) -----------------------------------------
-LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
-
-
-def legacy_load(info: dict[str, Any]) -> list[dict[str, Any]]:
-    """SGLang's ``/get_load``: one entry per data-parallel rank (radixlm has one);
-    ``num_tokens`` (what sglang-router balances on) is the KV tokens in use plus the
-    tokens of waiting requests."""
-    return [{
-        "dp_rank": 0,
-        "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
-        "num_waiting_reqs": info["num_waiting_reqs"],
-        "num_tokens": info["used_tokens"] + info["num_waiting_tokens"],
-        "num_pending_tokens": info["num_waiting_tokens"],
-        "ts_tic": time.perf_counter(),
-    }]
-
-
-def v1_loads_response(info: dict[str, Any], query: Mapping[str, str], version: str,
-                      accelerator: str | None) -> Response:
-    """SGLang 0.5's ``/v1/loads`` (query: ``dp_rank``, ``include``, ``format=json|
-    prometheus``): the core fields radixlm measures; the optional sections (memory, spec,
-    lora, disagg, queues) have nothing to report here, so they are left out as SGLang
-    leaves out a section it lacks."""
-    include, fmt, rank = query.get("include"), query.get("format"), query.get("dp_rank")
-    sections = {s.strip() for s in include.split(",")} if include else {"all"}
-    if not sections <= LOAD_SECTIONS:
-        raise ApiError(400, f"Invalid include sections: {sorted(sections - LOAD_SECTIONS)}. "
-                       f"Valid options: {sorted(LOAD_SECTIONS)}", param="include")
-    if rank is not None and rank != "0":
-        raise ApiError(400, f"dp_rank {rank!r} does not exist (this server has only rank 0)",
-                       param="dp_rank")
-    if fmt not in (None, "json", "prometheus"):
-        raise ApiError(400, f"format must be json or prometheus, got {fmt!r}", param="format")
-    loads = _core_load(info)
-    if fmt == "prometheus":
-        lines = []
-        for key, value in loads[0].items():
-            if key != "dp_rank":
-                lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
-        return Response("\n".join(lines) + "\n",
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-    return json_response({
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "version": version, "accelerator": accelerator, "num_accelerators": 1, "loads": loads,
-    })
-
-
-def _core_load(info: dict[str, Any]) -> list[dict[str, Any]]:
-    used, waiting = info["used_tokens"], info["num_waiting_tokens"]
-    return [{
-        "timestamp": time.time(), "dp_rank": 0,
-        "num_running_reqs": info["num_running_reqs"],
-        "num_waiting_reqs": info["num_waiting_reqs"],
-        "num_used_tokens": used, "num_total_tokens": used + waiting,
-        "num_active_tokens": used + waiting,
-        "max_total_num_tokens": info["max_total_num_tokens"],
-        "max_running_requests": info["max_running_requests"],
-        "token_usage": info["token_usage"], "cache_hit_rate": info["cache_hit_rate"],
-    }]
 
 
 # --- API keys and tenants ----------------------------------------------------------------

@@ -22,14 +22,13 @@ from radixlm.runtime.entrypoints.http_utils import (
     SSE_DONE,
     await_or_disconnect,
     json_response,
-    legacy_load,
     pick,
     read_model,
     request_tenant,
     sse,
     sse_response,
-    v1_loads_response,
 )
+from radixlm.runtime.entrypoints.loads import legacy_load, v1_loads_response
 from radixlm.runtime.entrypoints.protocol import (
     AbortRequest,
     DetokenizeRequest,
@@ -283,13 +282,13 @@ class NativeRoutes:
 
     async def get_load(self) -> Response:
         """One entry per live data-parallel replica (SGLang's shape)."""
-        return json_response([{**legacy_load(info)[0], "dp_rank": info["dp_rank"]}
-                              for info in await self.tm.replica_infos()])
+        return json_response([legacy_load(info) for info in await self.tm.replica_infos()])
 
     async def v1_loads(self, request: Request) -> Response:
         device = self.tm.model_info.get("device")
-        return v1_loads_response(await self.tm.get_info(), request.query_params,
-                                 radixlm_version(), None if device == "cpu" else device)
+        return v1_loads_response(await self.tm.replica_infos(), request.query_params,
+                                 self.args.dp_size, radixlm_version(),
+                                 None if device == "cpu" else device, self.args.tp_size)
 
     async def metrics(self) -> Response:
         data = self.tm.metrics.render(await self.tm.get_info())

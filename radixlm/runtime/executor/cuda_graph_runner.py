@@ -90,6 +90,8 @@ class CudaGraphRunner:
     def __init__(self, model, kv_pool, attention_backend: str | None, max_bs: int,
                  max_context: int, kv_pool_size: int, device: torch.device,
                  graph_factory: Callable[[], Graph] | None = None) -> None:
+        on_cuda = device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(device) if on_cuda else 0
         pad_slot = kv_pool_size  # the pool's extra last slot
         self.model, self.kv_pool = model, kv_pool
         self.attention_backend = attention_backend
@@ -112,6 +114,8 @@ class CudaGraphRunner:
             graph = factory()
             self.outputs[bs] = graph.capture(lambda bs=bs: self._forward(bs))
             self.graphs[bs] = graph
+        # what the static buffers and the graphs' memory pool hold (/v1/loads' graph_gb)
+        self.memory_bytes = torch.cuda.memory_reserved(device) - reserved if on_cuda else 0
         logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
 
     def _forward(self, bs: int) -> torch.Tensor:

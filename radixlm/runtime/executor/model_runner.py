@@ -131,6 +131,18 @@ class ModelRunner:
         return self.pool_size * self.kv_bytes_per_token
 
     @property
+    def weight_bytes(self) -> int:
+        """This rank's weights: parameters and buffers (a tied tensor once) and the
+        prepacked copies."""
+        tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}
+        return sum(t.nbytes for t in tensors.values()) + self.prepacked_weight_bytes
+
+    @property
+    def graph_bytes(self) -> int:
+        """Memory the decode CUDA graphs took (0 without them)."""
+        return 0 if self.graph_runner is None else self.graph_runner.memory_bytes
+
+    @property
     def kv_cache_dtype(self) -> str:
         """The pool's dtype as --kv-cache-dtype spells it ("auto" resolved)."""
         return kv_cache_dtype_name(self.kv_dtype)

@@ -409,6 +409,9 @@ def aggregate_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         out["grammar_compile_time"] = {
             "buckets": snaps[0]["buckets"], "sum": sum(s["sum"] for s in snaps),
             "counts": [sum(c) for c in zip(*(s["counts"] for s in snaps))]}
+    moments = [i["decode_moments"] for i in infos if i.get("decode_moments")]
+    if moments:  # sums over steps: they add up over replicas too
+        out["decode_moments"] = [sum(m) for m in zip(*moments)]
     out["cache_hit_rate"] = out.get("cached_tokens", 0) / max(out.get("prompt_tokens", 0), 1)
     out["token_usage"] = out["used_tokens"] / max(out["max_total_num_tokens"], 1)
     return out

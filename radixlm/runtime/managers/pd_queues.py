@@ -166,9 +166,11 @@ class PrefillQueues(_Queues):
 
     def info(self) -> dict[str, int]:
         return {"num_prefill_prealloc_queue_reqs": len(self.bootstrapping),
+                "num_prefill_bootstrap_tokens": sum(r.seq_len for r in self.bootstrapping),
                 "num_prefill_inflight_queue_reqs": len(self.inflight),
                 "kv_transfer_sent_tokens": self.manager.sent_tokens,
                 "kv_transfer_seconds": self.manager.transfer_seconds,
+                "kv_transfers": self.manager.transfers,
                 "kv_transfer_bytes_per_token": 2 * self.manager.buffers.layout.num_layers
                 * self.manager.buffers.token_bytes}
 
@@ -285,6 +287,9 @@ class DecodeQueues(_Queues):
     def info(self) -> dict[str, int]:
         return {"num_decode_prealloc_queue_reqs": len(self.prealloc),
                 "num_decode_transfer_queue_reqs": len(self.transferring),
+                # tokens whose KV has not arrived (the transferring ones hold their pages)
+                "num_decode_awaiting_tokens": sum(r.seq_len for r in self.prealloc),
+                "num_decode_transfer_tokens": sum(r.seq_len for r in self.transferring),
                 "kv_transfer_received_tokens": self.manager.received_tokens}
 
 

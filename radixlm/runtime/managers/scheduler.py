@@ -103,7 +103,11 @@ class Scheduler(SchedulerReports, SchedulerWeightUpdates):
         self.stats: dict[str, float] = dict.fromkeys(
             ("prompt_tokens", "cached_tokens", "generation_tokens", "num_preemptions",
              "forward_steps", "decode_steps", "jump_forward_tokens",
-             "num_priority_preemptions"), 0)
+             "num_priority_preemptions", "total_prefill_uncached_tokens",
+             "total_prefill_busy_us"), 0)
+        # decode steps' [count, sum b, sum t, sum b^2, sum b*t, sum tokens] (t: step time in
+        # us, b: batch size), SGLang's /v1/loads decode_moments: fit t = a + c*b from them
+        self.decode_moments = [0.0] * 6
         self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
         self.gen_throughput = 0.0  # tokens/s over the last decode log interval
@@ -287,10 +291,12 @@ class Scheduler(SchedulerReports, SchedulerWeightUpdates):
         if batch is None:
             return []
         self.outputs.start_bitmask(batch)  # grammar masks fill while the model runs
+        t0, decode = time.perf_counter(), batch.is_decode
         logits = self.model_runner.forward(batch.worker_batch(),
                                           self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
         outs = self.outputs.process(batch, logits)
+        self._time_step(batch, decode, time.perf_counter() - t0)
         if self.pd is not None:
             self.pd.after_forward()  # prefill server: first tokens sampled, send the KV
         return outs

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from radixlm.runtime.managers.schedule_batch import Req
+from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.schedule_policy import PrefillAdder
 from radixlm.runtime.managers.validation import MAX_NAMESPACE_LABELS, namespace_label
 
@@ -25,6 +25,17 @@ class SchedulerReports:
         counts[0] += req.seq_len
         counts[1] += req.prefix_len
 
+
+    def _time_step(self, batch: ScheduleBatch, decode: bool, seconds: float) -> None:
+        """Busy time of prefill (and mixed) steps and their tokens; decode steps' moments."""
+        step_us = int(seconds * 1e6)
+        if not decode:
+            self.stats["total_prefill_busy_us"] += step_us
+            self.stats["total_prefill_uncached_tokens"] += batch.num_tokens
+            return
+        b, m = len(batch), self.decode_moments
+        for i, x in enumerate((1, b, step_us, b * b, b * step_us, b)):
+            m[i] += x
 
     def token_usage(self) -> float:
         return self.cache.used_size() / self.cache.pool_size
@@ -77,9 +88,26 @@ class SchedulerReports:
             "namespace_cache": {k: {"prompt_tokens": p, "cached_tokens": c}
                                 for k, (p, c) in self.namespace_stats.items()},
             "weight_version": self.weight_version,
+            # what /v1/loads reports beyond the above (SGLang's LoadSnapshot)
+            "num_waiting_uncached_tokens": self._waiting_uncached_tokens(),
+            "num_retracted_reqs": sum(r.num_retractions > 0 for r in self.waiting),
+            "decode_moments": list(self.decode_moments),
+            "weight_bytes": self.model_runner.weight_bytes,
+            "kv_cache_bytes": self.model_runner.kv_pool_bytes,
+            "graph_bytes": self.model_runner.graph_bytes,
+            "disaggregation_mode": self.args.disaggregation_mode,
             **(self.pd.info() if self.pd is not None else {}),
             **{k: int(v) for k, v in self.stats.items()},
         }
+
+    def _waiting_uncached_tokens(self) -> int:
+        """Tokens the waiting requests still have to compute: each one's beyond its cached
+        prefix as last matched (the whole prompt before its first match), and the chunked
+        request's rest."""
+        waiting = sum(max(r.seq_len - r.prefix_len, 0)
+                      for r in (*self.waiting, *self.grammar_waiting))
+        chunked = self.chunked_req
+        return waiting + (0 if chunked is None else max(chunked.seq_len - chunked.kv_len, 0))
 
     def check_idle_invariants(self, deep: bool = True) -> None:
         """The KV accounting of docs/design.md; run (cheaply, ``deep=False``) every time the

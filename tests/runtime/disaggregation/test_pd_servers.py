@@ -79,6 +79,24 @@ def test_greedy_matches_single_server(cluster, text):
     assert_clean(prefill.url, dec.url)
 
 
+def test_v1_loads_of_both_servers(cluster):
+    """/v1/loads on each side: its mode, a prefill server's transfers (speed and latency
+    from the acked rooms; utilization -1, as SGLang), nothing left queued."""
+    mono, prefill, dec, router, _ = cluster
+    assert generate(router, text=LONG, sampling_params=GREEDY).status_code == 200
+    assert_clean(prefill.url, dec.url)
+    pre = httpx.get(prefill.url + "/v1/loads").json()["loads"][0]
+    post = httpx.get(dec.url + "/v1/loads").json()["loads"][0]
+    assert pre["disaggregation"]["mode"] == "prefill" and pre["utilization"] == -1
+    assert pre["disaggregation"]["kv_transfer_latency_ms"] > 0
+    assert pre["disaggregation"]["kv_transfer_speed_gb_s"] > 0
+    assert pre["total_prefill_uncached_tokens"] > 0
+    assert post["disaggregation"]["mode"] == "decode" and post["decode_moments"][0] > 0
+    for load in (pre, post):
+        assert load["num_waiting_reqs"] == 0 and load["num_total_tokens"] == 0
+        assert all(v == 0 for k, v in load["disaggregation"].items() if k.endswith("_reqs"))
+
+
 def test_json_schema_through_pd_matches_single_server(cluster):
     """Constrained decoding across the split: the prefill masks the first token, the
     decode server goes on from it; the JSON is valid and equals one server's."""

@@ -80,6 +80,44 @@ def test_replicas_report_themselves(dp2: ServerProcess) -> None:
     assert [entry["dp_rank"] for entry in load] == [0, 1]
 
 
+def test_v1_loads_reports_every_replica(dp2: ServerProcess) -> None:
+    """SGLang's /v1/loads: one snapshot per replica (core scalars, memory, disaggregation
+    and queue sections), filtered by dp_rank and include; Prometheus has a sample per
+    rank. After a request its replica counts the prefill and the decode steps."""
+    body = {"text": "loads " * 30, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
+            "routed_dp_rank": 1}
+    assert httpx.post(dp2.url + "/generate", json=body, timeout=120).status_code == 200
+    v1 = httpx.get(dp2.url + "/v1/loads").json()
+    assert v1["num_accelerators"] == 1 and [x["dp_rank"] for x in v1["loads"]] == [0, 1]
+    idle, busy = v1["loads"]
+    assert busy["total_prefill_uncached_tokens"] >= 30 and busy["total_prefill_busy_us"] > 0
+    count, sum_b, sum_t = busy["decode_moments"][:3]
+    assert count >= 7 and sum_b == count and sum_t > 0 and busy["decode_moments"][5] == count
+    assert idle["total_prefill_uncached_tokens"] == 0 and idle["decode_moments"] is None
+    info = httpx.get(dp2.url + "/get_server_info").json()
+    per_token = info["internal_states"][0]["kv_cache_bytes"] / 4096
+    assert per_token > 0
+    for load in v1["loads"]:
+        assert load["max_total_num_tokens"] == load["memory"]["token_capacity"] == 4096
+        assert load["memory"]["kv_cache_gb"] == round(4096 * per_token / (1 << 30), 3)
+        assert load["memory"]["weight_gb"] > 0 and load["memory"]["graph_gb"] == 0
+        assert load["disaggregation"]["mode"] == "null"
+        assert load["queues"] == {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0,
+                                  "prealloc_ready": 0}
+        assert "speculative" not in load and "lora" not in load
+    one = httpx.get(dp2.url + "/v1/loads", params={"dp_rank": 1, "include": "core"}).json()
+    assert [x["dp_rank"] for x in one["loads"]] == [1] and "memory" not in one["loads"][0]
+    mem = httpx.get(dp2.url + "/v1/loads", params={"include": "memory"}).json()["loads"][0]
+    assert "memory" in mem and "queues" not in mem
+    text = httpx.get(dp2.url + "/v1/loads", params={"format": "prometheus"}).text
+    assert 'sglang_num_running_reqs{dp_rank="0"} 0' in text
+    assert 'sglang_memory_token_capacity{dp_rank="1"} 4096' in text
+    assert 'sglang_disagg_kv_transfer_speed_gb_s{dp_rank="1"}' in text
+    for query in ({"dp_rank": "2"}, {"dp_rank": "-1"}, {"include": "core,bogus"}):
+        r = httpx.get(dp2.url + "/v1/loads", params=query)
+        assert r.status_code == 400 and next(iter(query)) in r.text, r.text
+
+
 def test_greedy_outputs_equal_one_replica(dp2: ServerProcess, tmp_path) -> None:
     many = [_generate(dp2.url, p, 8)["text"] for p in PROMPTS]
     one = ServerProcess(["--cpu-threads", "1", *BASE], tmp_path / "dp1.log")
@@ -338,10 +376,12 @@ def test_aggregate_infos_sums_and_recomputes_rates() -> None:
          "max_total_num_tokens": 100, "page_size": 1, "token_usage": 0.1,
          "cache_hit_rate": 0.5, "namespace_cache": {"t": {"prompt_tokens": 100,
                                                           "cached_tokens": 50}}}
+    a["decode_moments"] = [2.0, 3.0, 500.0, 5.0, 800.0, 3.0]
     b = {**a, "prompt_tokens": 300, "cached_tokens": 0, "used_tokens": 30,
-         "namespace_cache": {}}
+         "namespace_cache": {}, "decode_moments": [1.0, 4.0, 300.0, 16.0, 1200.0, 4.0]}
     out = aggregate_infos([a, b])
     assert out["prompt_tokens"] == 400 and out["page_size"] == 1
+    assert out["decode_moments"] == [3.0, 7.0, 800.0, 21.0, 2000.0, 7.0]
     assert out["cache_hit_rate"] == 50 / 400 and out["token_usage"] == 40 / 200
     assert out["namespace_cache"] == {"t": {"prompt_tokens": 100, "cached_tokens": 50}}
 
