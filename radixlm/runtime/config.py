@@ -285,8 +285,9 @@ class ServerArgs:
         need(self.dist_init_addr is None
              or re.fullmatch(r"[^:\s]+:\d+", self.dist_init_addr) is not None,
              f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
-        need(self.dist_init_addr is None or not self.dist_init_addr.split(":")[-1].isdigit()
-             or 0 < int(self.dist_init_addr.split(":")[-1]) + self.dp_size - 1 < 65536,
+        port = (self.dist_init_addr or "").rpartition(":")[2]
+        need(not (port.isascii() and port.isdigit())
+             or 0 < int(port) + self.dp_size - 1 < 65536,
              f"dist_init_addr's port + dp_size - 1 must be a TCP port (replica r meets at "
              f"port + r), got {self.dist_init_addr!r} with dp_size {self.dp_size}")
         need(self.dist_timeout > 0, f"dist_timeout must be > 0, got {self.dist_timeout}")

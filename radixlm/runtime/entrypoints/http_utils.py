@@ -200,7 +200,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isascii() and declared.isdigit() \
+                and int(declared) > self.max_bytes:
             await self._refuse(scope, receive, send, 413, int(declared))
             return
         chunks, size = [], 0

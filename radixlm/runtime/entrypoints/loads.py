@@ -138,7 +138,7 @@ def v1_loads_response(infos: list[dict[str, Any]], query: Mapping[str, str], dp_
 def _dp_rank(raw: str | None, dp_size: int) -> int | None:
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) >= dp_size:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) >= dp_size:
         raise ApiError(400, f"dp_rank must be an integer in [0, {dp_size}) (--dp-size), "
                        f"got {raw!r}", param="dp_rank")
     return int(raw)

@@ -113,7 +113,8 @@ def test_v1_loads_reports_every_replica(dp2: ServerProcess) -> None:
     assert 'sglang_num_running_reqs{dp_rank="0"} 0' in text
     assert 'sglang_memory_token_capacity{dp_rank="1"} 4096' in text
     assert 'sglang_disagg_kv_transfer_speed_gb_s{dp_rank="1"}' in text
-    for query in ({"dp_rank": "2"}, {"dp_rank": "-1"}, {"include": "core,bogus"}):
+    for query in ({"dp_rank": "2"}, {"dp_rank": "-1"}, {"dp_rank": "\u00b2"},
+                  {"include": "core,bogus"}):
         r = httpx.get(dp2.url + "/v1/loads", params=query)
         assert r.status_code == 400 and next(iter(query)) in r.text, r.text
 
