@@ -165,9 +165,12 @@ class Engine:
                     continue
 
     def _call(self, msg: Any) -> list[Any]:
-        """A control message, applied by every replica between two steps; their replies."""
+        """A control message, applied by every replica between two steps; their replies.
+        The caller runs one turn of the loop first: Python's lock is not fair, so a thread
+        that polls (``get_server_info`` in a loop) would otherwise take ``_drive`` back at
+        every release and starve the threads waiting for their outputs."""
         with self._drive:
-            self._check_alive()
+            self._turn()
             return self.replicas.handle_all(msg)
 
     def _on_rank_exit(self, why: str) -> None:

@@ -158,6 +158,26 @@ def test_abort_frees_kv(eng):
     eng.check_invariants()
 
 
+def test_polling_server_info_does_not_starve_generation(eng):
+    """A thread that calls get_server_info in a loop holds the loop's lock nearly all the
+    time, and Python's lock is not fair: every control call runs a turn itself, so the
+    request that another thread waits for still finishes (it used to wait for minutes)."""
+    done = threading.Event()
+
+    def run():
+        eng.generate("Poll me", _greedy(16, ignore_eos=True))
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    polls = 0
+    while not done.is_set() and polls < 3000:
+        eng.get_server_info()
+        polls += 1
+    t.join(timeout=60)
+    assert done.is_set() and polls < 3000, f"not finished after {polls} polls"
+
+
 @pytest.mark.parametrize("params, field", [
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
