@@ -320,9 +320,9 @@ class ServerArgs:
         for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         if self.disaggregation_mode != "null":
-            need(self.dp_size == 1 and self.tp_size == 1, "disaggregation_mode "
-                 f"{self.disaggregation_mode} runs one scheduler: --dp-size and --tp-size "
-                 "must be 1 (start more servers instead)")
+            need(self.tp_size == 1, f"disaggregation_mode {self.disaggregation_mode} moves "
+                 "whole KV pages between two schedulers: --tp-size must be 1 (use "
+                 "--dp-size, or start more servers)")
 
     def resolve_cpu_threads(self) -> int:
         """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;

@@ -66,7 +66,7 @@ class FakeTransport(Transport):
         target = self.net.prefills.get((host, port))
         if target is None or target in self.net.dead:
             return  # no answer: the bootstrap timeout ends it
-        info = RouteInfo(port + 1, target.layout)
+        info = RouteInfo([port + 1], target.layout)
         self.deliver(Event((host, port), decode(encode(info))))
 
     def _by_id(self, peer: Any) -> FakeTransport | None:

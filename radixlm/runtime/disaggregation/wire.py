@@ -21,10 +21,20 @@ class RouteQuery(msgspec.Struct, tag=True):
 
 
 class RouteInfo(msgspec.Struct, tag=True):
-    """bootstrap service -> decode: the transfer port (on the same host) and the layout."""
+    """bootstrap service -> decode: the transfer port of each data-parallel replica of the
+    prefill server (on the same host; room ``r``'s KV is on replica ``r mod len``, where
+    the prefill server placed it) and the layout."""
 
-    transfer_port: int
+    transfer_ports: list[int]
     layout: KVLayout
+
+
+class Register(msgspec.Struct, tag=True):
+    """prefill replica ``dp_rank`` > 0 -> the bootstrap service (replica 0's): my transfer
+    port. The service answers RouteQuery once every replica registered."""
+
+    dp_rank: int
+    transfer_port: int
 
 
 class Claim(msgspec.Struct, tag=True):
@@ -66,7 +76,7 @@ class Abort(msgspec.Struct, tag=True):
     reason: str
 
 
-WireMsg = RouteQuery | RouteInfo | Claim | KVChunk | Ack | Abort
+WireMsg = RouteQuery | RouteInfo | Register | Claim | KVChunk | Ack | Abort
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(WireMsg)
 

@@ -4,9 +4,15 @@ Sockets, all owned by one I/O thread (zmq sockets are not thread-safe)::
 
     prefill server                              decode server
     ROUTER tcp://host:BOOTSTRAP_PORT  <-------- DEALER (one per prefill)   RouteQuery
-      (the bootstrap service)          -------> RouteInfo(transfer_port, layout)
-    ROUTER tcp://host:<free port>     <-------- DEALER (one per prefill)   Claim / Ack / Abort
-      (transfers; ROUTER_MANDATORY)    -------> KVChunk + 2*layers frames, Abort
+      (the bootstrap service)          -------> RouteInfo(transfer_ports, layout)
+    ROUTER tcp://host:<free port>     <-------- DEALER (one per prefill    Claim / Ack / Abort
+      (transfers; ROUTER_MANDATORY)    -------> replica) KVChunk + 2*layers frames, Abort
+
+With ``--dp-size N`` on the prefill server, replica 0 runs the bootstrap service and every
+replica its own transfer ROUTER; replicas 1..N-1 announce theirs to the service
+(``Register``, from a DEALER), which answers a RouteQuery once all N are known. The
+prefill server places room ``r`` on replica ``r mod N`` (``LoadBalancer.select``), and the
+decode side sends room ``r``'s messages to that replica's transfer port.
 
 The scheduler's thread hands commands to the I/O thread over an inproc PUSH/PULL pair
 (frames passed by reference: ``copy=False`` end to end, so a page is copied once, from
@@ -30,6 +36,7 @@ import zmq
 from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
 from radixlm.runtime.disaggregation.wire import (
     KVLayout,
+    Register,
     RouteInfo,
     RouteQuery,
     WireMsg,
@@ -48,9 +55,11 @@ def tensor_frame(t: torch.Tensor) -> Any:
 
 class ZmqTransport(Transport):
     """``bootstrap`` (host, port): a prefill server's bootstrap service binds there (its
-    transfer socket binds a free port on the same host); None: a decode server."""
+    transfer socket binds a free port on the same host); None: a decode server. A prefill
+    replica ``dp_rank`` > 0 of ``dp_size`` registers with replica 0's service instead."""
 
-    def __init__(self, layout: KVLayout, bootstrap: tuple[str, int] | None = None) -> None:
+    def __init__(self, layout: KVLayout, bootstrap: tuple[str, int] | None = None,
+                 dp_rank: int = 0, dp_size: int = 1) -> None:
         super().__init__()
         self.layout = layout
         self.ctx = zmq.Context()
@@ -61,15 +70,27 @@ class ZmqTransport(Transport):
         pull.connect(addr)
         self.boot: zmq.Socket | None = None
         self.xfer: zmq.Socket | None = None
+        self.register: zmq.Socket | None = None
         self.transfer_port = 0
+        # the bootstrap service: each replica's transfer port, and who waits for them all
+        self.dp_size = dp_size
+        self.replica_ports: dict[int, int] = {}
+        self.waiting_routes: list[bytes] = []
         if bootstrap is not None:
             host, port = bootstrap
-            self.boot = self._socket(zmq.ROUTER)
-            self.boot.bind(f"tcp://{host}:{port}")
             self.xfer = self._socket(zmq.ROUTER)
             self.xfer.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.transfer_port = self.xfer.bind_to_random_port(f"tcp://{host}")
-        # decode side: (host, bootstrap port) -> [bootstrap DEALER, transfer DEALER or None]
+            if dp_rank == 0:
+                self.boot = self._socket(zmq.ROUTER)
+                self.boot.bind(f"tcp://{host}:{port}")
+                self.replica_ports[0] = self.transfer_port
+            else:  # queued by zmq until replica 0 has bound
+                self.register = self._socket(zmq.DEALER)
+                self.register.connect(f"tcp://{host}:{port}")
+                self.register.send(encode(Register(dp_rank, self.transfer_port)))
+        # decode side: (host, bootstrap port) -> [bootstrap DEALER, the transfer DEALER of
+        # each prefill replica (None until the route is known)]
         self.peers: dict[tuple[str, int], list[Any]] = {}
         self._thread = threading.Thread(target=self._run, args=(pull,), daemon=True,
                                         name="kv-transfer")
@@ -85,7 +106,8 @@ class ZmqTransport(Transport):
     # --- scheduler thread ---------------------------------------------------------------
     def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
         parts = [tensor_frame(f) for f in frames or []]
-        self.cmd.send_multipart([msgspec.msgpack.encode(["send", _peer_key(peer)]),
+        room = getattr(msg, "room", 0)  # picks the prefill replica (decode side)
+        self.cmd.send_multipart([msgspec.msgpack.encode(["send", _peer_key(peer), room]),
                                  encode(msg), *parts], copy=False)
 
     def resolve(self, host: str, port: int) -> None:
@@ -110,24 +132,18 @@ class ZmqTransport(Transport):
             logger.exception("KV transfer I/O thread failed")
         finally:
             pull.close(linger=0)
-            for s in (self.boot, self.xfer):
+            for s in (self.boot, self.xfer, self.register):
                 if s is not None:
                     s.close(linger=0)
-            for socks in self.peers.values():
-                for s in socks:
-                    if s is not None:
-                        s.close(linger=0)
+            for addr in list(self.peers):
+                self._forget(addr)
 
     def _turn(self, pull: zmq.Socket) -> bool:
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
-        for s in (self.boot, self.xfer):
+        for s in (self.boot, self.xfer, *self._peer_sockets()):
             if s is not None:
                 poller.register(s, zmq.POLLIN)
-        for socks in self.peers.values():
-            for s in socks:
-                if s is not None:
-                    poller.register(s, zmq.POLLIN)
         for sock, _ in poller.poll():
             if sock is pull:
                 if not self._command(pull.recv_multipart(copy=False)):
@@ -142,21 +158,28 @@ class ZmqTransport(Transport):
                 self._from_prefill(sock)
         return True
 
+    def _peer_sockets(self) -> list[zmq.Socket]:
+        return [s for boot, xfers in self.peers.values() for s in (boot, *(xfers or ()))]
+
+    def _forget(self, addr: tuple[str, int]) -> None:
+        boot, xfers = self.peers.pop(addr, (None, None))
+        for s in (boot, *(xfers or ())):
+            if s is not None:
+                s.close(linger=0)
+
     def _command(self, parts: list[Any]) -> bool:
-        op, key = msgspec.msgpack.decode(parts[0].bytes)
+        op, key, *room = msgspec.msgpack.decode(parts[0].bytes)
         if op == "stop":
             return False
         if op == "resolve":
             self._connect(tuple(key))
         elif op == "forget":
-            for s in self.peers.pop(tuple(key), []):
-                if s is not None:
-                    s.close(linger=0)
+            self._forget(tuple(key))
         elif op == "send":
-            self._send(key, parts[1:])
+            self._send(key, room[0], parts[1:])
         return True
 
-    def _send(self, key: Any, parts: list[Any]) -> None:
+    def _send(self, key: Any, room: int, parts: list[Any]) -> None:
         if isinstance(key, bytes):  # prefill -> decode through the transfer ROUTER
             assert self.xfer is not None, "only a prefill transport addresses by routing id"
             try:
@@ -167,17 +190,30 @@ class ZmqTransport(Transport):
         socks = self.peers.get(tuple(key))
         if socks is None or socks[1] is None:
             return  # forgotten meanwhile: its rooms are already failed
-        socks[1].send_multipart(parts, copy=False)
+        xfers = socks[1]
+        xfers[room % len(xfers)].send_multipart(parts, copy=False)
 
     def _answer_route(self, ident: bytes, rest: list[bytes]) -> None:
         try:
-            ok = bool(rest) and isinstance(decode(rest[-1]), RouteQuery)
+            msg = decode(rest[-1]) if rest else None
         except msgspec.DecodeError:
-            ok = False
-        if ok:
-            assert self.boot is not None
-            self.boot.send_multipart([ident, encode(RouteInfo(self.transfer_port,
-                                                              self.layout))])
+            msg = None
+        if isinstance(msg, Register) and 0 < msg.dp_rank < self.dp_size:
+            self.replica_ports[msg.dp_rank] = msg.transfer_port
+            if len(self.replica_ports) == self.dp_size:
+                waiting, self.waiting_routes = self.waiting_routes, []
+                for who in waiting:
+                    self._route_info(who)
+        elif isinstance(msg, RouteQuery):
+            if len(self.replica_ports) == self.dp_size:
+                self._route_info(ident)
+            else:  # a replica has not registered yet: answer when it has
+                self.waiting_routes.append(ident)
+
+    def _route_info(self, ident: bytes) -> None:
+        assert self.boot is not None
+        ports = [self.replica_ports[r] for r in range(self.dp_size)]
+        self.boot.send_multipart([ident, encode(RouteInfo(ports, self.layout))])
 
     def _incoming(self, ident: bytes, meta: Any, frames: list[Any]) -> None:
         try:
@@ -194,7 +230,8 @@ class ZmqTransport(Transport):
         self.peers[addr] = [boot, None]
 
     def _from_prefill(self, sock: zmq.Socket) -> None:
-        addr = next((a for a, s in self.peers.items() if sock in s), None)
+        addr = next((a for a, (boot, xfers) in self.peers.items()
+                     if sock is boot or sock in (xfers or ())), None)
         if addr is None:
             sock.recv_multipart()
             return
@@ -205,10 +242,13 @@ class ZmqTransport(Transport):
             logger.warning("dropped a malformed message from %s: %s", addr, e)
             return
         if sock is self.peers[addr][0]:  # the bootstrap service answered
-            if isinstance(msg, RouteInfo) and self.peers[addr][1] is None:
-                xfer = self._socket(zmq.DEALER)
-                xfer.connect(f"tcp://{addr[0]}:{msg.transfer_port}")
-                self.peers[addr][1] = xfer
+            if isinstance(msg, RouteInfo) and self.peers[addr][1] is None \
+                    and msg.transfer_ports:
+                xfers = []
+                for port in msg.transfer_ports:
+                    xfers.append(self._socket(zmq.DEALER))
+                    xfers[-1].connect(f"tcp://{addr[0]}:{port}")
+                self.peers[addr][1] = xfers
                 self.deliver(Event(addr, msg))
             return
         self.deliver(Event(addr, msg, frames))

@@ -85,7 +85,7 @@ class Engine:
         # turn on this thread (see _turn); the requests are placed as the server places them
         sa = self.server_args
         self.replicas = SchedulerReplicas(
-            [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer)
+            [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer, r)
                                for r in range(1, sa.dp_size))], sa)
         # --kv-events-config: each replica publishes its tree's events, as in the server
         self._kv_publishers = [p for r, s in enumerate(self.replicas.schedulers)

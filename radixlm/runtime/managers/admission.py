@@ -108,6 +108,11 @@ class Admission:
                            "--disaggregation-mode prefill or decode", param=field_)
         if host is None or room is None:
             raise ApiError(400, "bootstrap_host and bootstrap_room go together", param=field_)
+        if self.args.disaggregation_mode == "prefill" and self.args.dp_size > 1 and any(
+                p.msg.routed_dp_rank is not None for p in items):
+            raise ApiError(400, "routed_dp_rank: a prefill server with --dp-size > 1 places "
+                           "each bootstrap_room on replica room mod dp_size, where the decode "
+                           "server looks for it", param="routed_dp_rank")
         try:
             rooms = assign_rooms(host, port, room, [p.params.n for p in items],
                                  self.args.disaggregation_bootstrap_port)

@@ -26,7 +26,9 @@ Methods (``--load-balance-method``):
   not finished), which it will hold once their prefill ran.
 
 A request with a ``routing_key`` goes where the first request with that key went, while
-that replica lives.
+that replica lives. On a prefill server (``--disaggregation-mode prefill``) a request with
+a ``bootstrap_room`` r goes to replica r mod dp_size, where the decode server's claim for
+the room is sent (``zmq_backend``).
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ class LoadBalancer:
 
     def __init__(self, dp_size: int, method: str = "cache_aware", abs_threshold: int = 2048,
                  rel_threshold: float = 1.5, index: CachedPrefixIndex | None = None,
-                 cache_threshold: float = 0.3) -> None:
+                 cache_threshold: float = 0.3, by_room: bool = False) -> None:
         assert method in LOAD_BALANCE_METHODS, f"method={method!r}"
+        self.by_room = by_room  # a prefill server: room r on replica r mod dp_size
         self.method = method
         self.cache_threshold = cache_threshold
         self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
@@ -128,6 +131,12 @@ class LoadBalancer:
         live = self.live()
         if not live:
             raise NoReplica("every data-parallel replica is dead")
+        if self.by_room and msg.bootstrap_room is not None:
+            rank = msg.bootstrap_room % len(self.replicas)  # where the decode side looks
+            if rank not in live:
+                raise NoReplica(f"bootstrap_room {msg.bootstrap_room} belongs to replica "
+                                f"{rank} (room mod --dp-size), which is not serving")
+            return rank
         if msg.routed_dp_rank is not None:  # the client's choice, checked at the edge
             if msg.routed_dp_rank not in live:
                 raise NoReplica(f"routed_dp_rank {msg.routed_dp_rank} is not serving")
@@ -242,7 +251,7 @@ def balancer_for(args: ServerArgs, dp_size: int) -> LoadBalancer:
     index = PrefixIndex(dp_size, args.page_size) if method == "cache_aware" else None
     return LoadBalancer(dp_size, method, args.cache_aware_balance_abs_threshold,
                         args.cache_aware_balance_rel_threshold, index,
-                        args.cache_aware_threshold)
+                        args.cache_aware_threshold, args.disaggregation_mode == "prefill")
 
 
 class DataParallelController:

@@ -48,13 +48,15 @@ def transfer_failed(why: str) -> dict[str, Any]:
     return {"type": "abort", "message": f"KV transfer failed: {why}", "status_code": 503}
 
 
-def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any]) -> KVManager:
-    """The transfer manager of a server in ``args.disaggregation_mode`` (not "null")."""
+def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any],
+                      dp_rank: int = 0) -> KVManager:
+    """The transfer manager of replica ``dp_rank`` of a server in
+    ``args.disaggregation_mode`` (not "null")."""
     buffers = KVBuffers(k, v, args.page_size)
     assert args.disaggregation_transfer_backend == "zmq", args.disaggregation_transfer_backend
     prefill = args.disaggregation_mode == "prefill"
     transport = ZmqTransport(buffers.layout, (args.host, args.disaggregation_bootstrap_port)
-                             if prefill else None)
+                             if prefill else None, dp_rank, args.dp_size)
     return KVManager(args.disaggregation_mode, buffers, transport,
                      args.disaggregation_bootstrap_timeout,
                      args.disaggregation_waiting_timeout)
@@ -293,10 +295,11 @@ class DecodeQueues(_Queues):
                 "kv_transfer_received_tokens": self.manager.received_tokens}
 
 
-def create_queues(scheduler: Any, args: ServerArgs) -> PrefillQueues | DecodeQueues | None:
+def create_queues(scheduler: Any, args: ServerArgs,
+                  dp_rank: int = 0) -> PrefillQueues | DecodeQueues | None:
     if args.disaggregation_mode == "null":
         return None
     pool = scheduler.model_runner.kv_pool
-    manager = create_kv_manager(args, pool.k_buffers, pool.v_buffers)
+    manager = create_kv_manager(args, pool.k_buffers, pool.v_buffers, dp_rank)
     cls = PrefillQueues if args.disaggregation_mode == "prefill" else DecodeQueues
     return cls(scheduler, manager)

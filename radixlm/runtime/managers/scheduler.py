@@ -60,8 +60,10 @@ def wants_kv_events(args: ServerArgs) -> bool:
 
 
 class Scheduler(SchedulerReports, SchedulerWeightUpdates):
-    def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any,
+                 dp_rank: int = 0) -> None:
         self.args = args
+        self.dp_rank = dp_rank  # which of --dp-size replicas this is
         self.model_runner = ModelRunner(args, model_path)
         self.model_config = self.model_runner.model_config
         self.context_len = self.model_config.context_length
@@ -111,7 +113,7 @@ class Scheduler(SchedulerReports, SchedulerWeightUpdates):
         self._gen_tokens_at_log = 0
         self._last_log_time = time.monotonic()
         self.gen_throughput = 0.0  # tokens/s over the last decode log interval
-        self.pd = create_queues(self, args)  # --disaggregation-mode: the transfer queues
+        self.pd = create_queues(self, args, dp_rank)  # --disaggregation-mode: the transfer queues
 
     # --- input ------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:

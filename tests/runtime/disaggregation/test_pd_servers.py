@@ -11,10 +11,8 @@ import time
 import httpx
 import jsonschema
 import pytest
-import uvicorn
 
-from radixlm.runtime.disaggregation.pd_router import PDRouter
-from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
+from radixlm.runtime.entrypoints.server_process import free_port
 
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", "4",
          "--chunked-prefill-size", "64", "--cpu-threads", "1", "--random-seed", "0"]
@@ -23,31 +21,10 @@ LONG = " ".join(f"word{i % 37}" for i in range(180))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pd")
-    bport = free_port()
-    pd = ["--disaggregation-bootstrap-port", str(bport), "--disaggregation-bootstrap-timeout",
-          "4", "--disaggregation-waiting-timeout", "8"]
-    servers = [ServerProcess(FLAGS, d / "mono.log"),
-               ServerProcess(FLAGS + pd + ["--disaggregation-mode", "prefill"], d / "p.log"),
-               ServerProcess(FLAGS + pd + ["--disaggregation-mode", "decode"], d / "d.log")]
-    port = free_port()
-    config = uvicorn.Config(PDRouter(servers[1].url, servers[2].url, "127.0.0.1", bport).app(),
-                            host="127.0.0.1", port=port, log_level="warning")
-    router = uvicorn.Server(config)
-    thread = threading.Thread(target=router.run, daemon=True)
-    try:
-        for s in servers:
-            s.wait_healthy()
-        thread.start()
-        while not router.started:
-            time.sleep(0.05)
-        yield (*servers, f"http://127.0.0.1:{port}", bport)
-    finally:
-        router.should_exit = True
-        thread.join(timeout=10)
-        for s in servers:
-            s.stop()
+def cluster(tmp_path_factory, pd_cluster):
+    pd = ["--disaggregation-bootstrap-timeout", "4", "--disaggregation-waiting-timeout", "8"]
+    with pd_cluster(tmp_path_factory.mktemp("pd"), FLAGS, pd) as servers:
+        yield servers
 
 
 def generate(url: str, **body) -> httpx.Response:

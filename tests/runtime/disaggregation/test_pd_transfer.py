@@ -311,3 +311,71 @@ def _until(cond, *managers: KVManager, timeout: float = 30) -> None:
         for m in managers:
             m.poll()
         time.sleep(0.005)
+
+
+def test_zmq_two_prefill_replicas_share_one_bootstrap_port():
+    """A prefill server with --dp-size 2: replica 1 registers its transfer port with replica
+    0's bootstrap service (here before replica 0 exists), the decode side asks once, and
+    each room's pages come from replica room mod 2, bit for bit."""
+    from radixlm.runtime.entrypoints.server_process import free_port
+
+    port = free_port()
+    bufs = [pool(0), pool(2)]
+    dbuf = pool(1)
+    late = KVManager("prefill", bufs[1], ZmqTransport(bufs[1].layout, ("127.0.0.1", port), 1, 2),
+                     30, 30)
+    first = KVManager("prefill", bufs[0], ZmqTransport(bufs[0].layout, ("127.0.0.1", port), 0, 2),
+                      30, 30)
+    replicas = [first, late]
+    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    try:
+        rooms = {40: slots(3), 41: slots(5, 6)}
+        senders = {room: replicas[room % 2].create_sender(room) for room in rooms}
+        receivers = {room: dec.create_receiver("127.0.0.1", port, room) for room in rooms}
+        _until(lambda: all(r.poll() == KVPoll.WaitingForInput for r in receivers.values()),
+               *replicas, dec)
+        for room, dst in rooms.items():
+            receivers[room].send_metadata(dst, 0, len(dst))
+        _until(lambda: all(s.poll() == KVPoll.WaitingForInput for s in senders.values()),
+               *replicas, dec)
+        src = {40: slots(9), 41: slots(1, 2)}
+        for room in rooms:
+            senders[room].send(src[room], room + 1000, len(src[room]))
+        _until(lambda: all(s.poll() == KVPoll.Success for s in senders.values()), *replicas, dec)
+        for room, dst in rooms.items():
+            assert receivers[room].poll() == KVPoll.Success
+            assert receivers[room].first_token == room + 1000
+            for layer in range(LAYERS):
+                assert torch.equal(dbuf.k[layer][dst], bufs[room % 2].k[layer][src[room]])
+                assert torch.equal(dbuf.v[layer][dst], bufs[room % 2].v[layer][src[room]])
+        assert first.sent_tokens == len(src[40]) and late.sent_tokens == len(src[41])
+    finally:
+        for m in (*replicas, dec):
+            m.close()
+
+
+def test_zmq_bootstrap_answers_once_every_replica_registered():
+    """Until replica 1 of 2 registers, the decode side gets no route (rather than a route
+    without that replica's port); once it registers, the waiting query is answered."""
+    from radixlm.runtime.entrypoints.server_process import free_port
+
+    port = free_port()
+    pbuf, dbuf = pool(0), pool(1)
+    only = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port), 0, 2),
+                     30, 30)
+    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    try:
+        receiver = dec.create_receiver("127.0.0.1", port, 8)
+        for _ in range(40):
+            only.poll()
+            dec.poll()
+            time.sleep(0.005)
+        assert receiver.poll() == KVPoll.Bootstrapping
+        late = ZmqTransport(pbuf.layout, ("127.0.0.1", port), 1, 2)
+        try:
+            _until(lambda: receiver.poll() == KVPoll.WaitingForInput, only, dec)
+        finally:
+            late.close()
+    finally:
+        only.close()
+        dec.close()

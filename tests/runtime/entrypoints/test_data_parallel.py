@@ -17,14 +17,17 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.server_process import ServerProcess, child_pids, pid_alive
 from radixlm.runtime.managers.data_parallel_controller import (
     LoadBalancer,
     NoReplica,
     aggregate_infos,
+    balancer_for,
 )
 from radixlm.runtime.managers.messages import GenerateReqInput, ReplicaLoad
 
@@ -372,6 +375,29 @@ def test_round_robin_shortest_queue_and_retire() -> None:
         lb.select(_req("r"))
 
 
+def test_prefill_server_places_rooms_by_room_mod_dp_size() -> None:
+    """--disaggregation-mode prefill: room r on replica r mod dp_size whatever the loads
+    (the decode side claims it there); a dead replica's rooms fail, others still place;
+    requests without a room (and a decode server's) are balanced as usual."""
+    lb = balancer_for(ServerArgs(dp_size=3, disaggregation_mode="prefill"), 3)
+    _report(lb, 1, 10_000)
+    rooms = [7, 8, 9, 10, 2**62 + 1]
+    placed = [_send(lb, msgspec.structs.replace(_req(str(r)), bootstrap_room=r))
+              for r in rooms]
+    assert placed == [r % 3 for r in rooms]
+    assert _send(lb, _req("no-room")) != 1  # balanced: replica 1 is loaded
+    lb.retire(2)
+    with pytest.raises(NoReplica, match="bootstrap_room 11 belongs to replica 2"):
+        lb.select(msgspec.structs.replace(_req("x"), bootstrap_room=11))
+    assert lb.select(msgspec.structs.replace(_req("y"), bootstrap_room=12)) == 0
+    dec = balancer_for(ServerArgs(dp_size=2, disaggregation_mode="decode",
+                                  load_balance_method="round_robin"), 2)
+    assert [_send(dec, msgspec.structs.replace(_req(str(r)), bootstrap_room=1))
+            for r in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="--tp-size must be 1"):
+        ServerArgs(tp_size=2, disaggregation_mode="prefill")
+
+
 def test_aggregate_infos_sums_and_recomputes_rates() -> None:
     a = {"prompt_tokens": 100, "cached_tokens": 50, "used_tokens": 10,
          "max_total_num_tokens": 100, "page_size": 1, "token_usage": 0.1,
@@ -399,7 +425,6 @@ def test_aggregate_infos_adds_grammar_compile_histograms() -> None:
 
 
 def test_replica_devices_leave_room_for_tensor_parallel_ranks() -> None:
-    from radixlm.runtime.config import ServerArgs
     from radixlm.runtime.managers.data_parallel_controller import replica_args
 
     args = ServerArgs(device="cuda", dp_size=2, tp_size=2, base_gpu_id=1)
@@ -414,7 +439,6 @@ def test_replica_groups_meet_at_their_own_port() -> None:
     """--dist-init-addr with --dp-size: replica r's tensor-parallel group meets at port + r
     (one address for all would join them into one group); a port range past 65535 is
     refused with the flag named."""
-    from radixlm.runtime.config import ServerArgs
     from radixlm.runtime.managers.data_parallel_controller import replica_args
 
     args = ServerArgs(device="cpu", dp_size=3, tp_size=2, dist_init_addr="10.0.0.7:29500")
