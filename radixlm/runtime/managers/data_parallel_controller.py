@@ -1,53 +1,24 @@
-"""Which of ``--dp-size`` replicas serves each request (SGLang's name for the module).
-
-``LoadBalancer`` is the policy and its bookkeeping, with no I/O: the tokenizer manager
-(server) and the Engine ask it ``select`` and tell it what was ``sent``, what ``finished``,
-each replica's ``ReplicaLoad`` and KV events, and which replica died (``retire``).
-``DataParallelController`` is the server's side: one PUSH socket per scheduler process,
-the balancer, and the dead replicas with why they died.
-
-Load of a replica = what it last reported (KV tokens in use + tokens of waiting requests,
-SGLang's ``/get_load`` ``num_tokens``) + the prompt tokens of requests sent to it that the
-report did not count yet (``ReplicaLoad.received`` says how many it had read), so a burst
-is balanced before the replica answers.
-
-Methods (``--load-balance-method``):
-
-- ``round_robin``: the next live replica in turn.
-- ``shortest_queue``: the fewest requests (running + waiting + sent).
-- ``minimum_tokens``: the least load in tokens.
-- ``cache_aware``: the replica with the longest cached prefix of the prompt, unless its
-  load exceeds the least loaded one's by more than ``abs_threshold`` tokens and by more
-  than ``rel_threshold`` times (sglang-router's ``balance_abs_threshold`` /
-  ``balance_rel_threshold``, which count requests), or no replica holds more than
-  ``cache_threshold`` of the prompt (sglang-router's ``cache_threshold``): then the least
-  loaded. The cached prefix is exact: a per-replica token-level index fed by the
-  replica's own KV events (``PrefixIndex``), plus the prompts it is computing now (sent,
-  not finished), which it will hold once their prefill ran.
-
-A request with a ``routing_key`` goes where the first request with that key went, while
-that replica lives. On a prefill server (``--disaggregation-mode prefill``) a request with
-a ``bootstrap_room`` r goes to replica r mod dp_size, where the decode server's claim for
-the room is sent (``zmq_backend``).
+"""The replicas of ``--dp-size`` (SGLang's name for the module): the server's
+``DataParallelController`` (one PUSH socket per scheduler process, the balancer, and the
+dead replicas with why they died), the Engine's in-process ``SchedulerReplicas``, each
+replica's settings (``replica_args``) and load report (``replica_load``), and their infos
+summed (``aggregate_infos``). Which replica serves a request: ``load_balancer.py``.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import zmq
 
 from radixlm.radix_cache.kv_events import decode_batch
-from radixlm.radix_cache.prefix_index import PrefixIndex
-from radixlm.runtime.config import LOAD_BALANCE_METHODS, ServerArgs
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.managers.load_balancer import balancer_for
 from radixlm.runtime.managers.messages import (
     AbortReq,
     GenerateReqInput,
@@ -57,201 +28,6 @@ from radixlm.runtime.managers.messages import (
 )
 
 logger = logging.getLogger(__name__)
-
-MAX_ROUTING_KEYS = 1 << 16  # sticky routing keys remembered (least recently used dropped)
-LCP_CHUNK = 64  # tokens compared at once (list slices compare in C)
-
-
-class NoReplica(RuntimeError):
-    """Every replica is dead."""
-
-
-class CachedPrefixIndex(Protocol):
-    """What ``LoadBalancer`` needs of an index of the replicas' cached blocks."""
-
-    def apply(self, replica: int, batch: Any) -> None: ...
-
-    def match(self, token_ids: Sequence[int], namespace: str | None) -> list[int]: ...
-
-    def drop_replica(self, replica: int) -> None: ...
-
-
-@dataclass
-class _Replica:
-    rank: int
-    live: bool = True
-    num_reqs: int = 0  # as last reported
-    num_tokens: int = 0
-    received: int = 0  # requests it had read when it reported
-    n_sent: int = 0
-    unreported: collections.deque = field(default_factory=collections.deque)  # (seq, tokens)
-    inflight: dict[str, GenerateReqInput] = field(default_factory=dict)
-
-    def load_tokens(self) -> int:
-        return self.num_tokens + sum(t for _, t in self.unreported)
-
-    def load_reqs(self) -> int:
-        return self.num_reqs + len(self.unreported)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i : i + LCP_CHUNK] == b[i : i + LCP_CHUNK]:
-        i += LCP_CHUNK
-    while i < n and a[i] == b[i]:
-        i += 1
-    return min(i, n)
-
-
-class LoadBalancer:
-    """The dispatch policy over ``dp_size`` replicas (see the module docstring)."""
-
-    def __init__(self, dp_size: int, method: str = "cache_aware", abs_threshold: int = 2048,
-                 rel_threshold: float = 1.5, index: CachedPrefixIndex | None = None,
-                 cache_threshold: float = 0.3, by_room: bool = False) -> None:
-        assert method in LOAD_BALANCE_METHODS, f"method={method!r}"
-        self.by_room = by_room  # a prefill server: room r on replica r mod dp_size
-        self.method = method
-        self.cache_threshold = cache_threshold
-        self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
-        self.index = index
-        self.replicas = [_Replica(r) for r in range(dp_size)]
-        self._turn = itertools.count()
-        self._owner: dict[str, int] = {}  # rid -> rank, while in flight
-        self._keys: collections.OrderedDict[str, int] = collections.OrderedDict()
-
-    # --- choosing --------------------------------------------------------------------------
-    def live(self) -> list[int]:
-        return [r.rank for r in self.replicas if r.live]
-
-    def select(self, msg: GenerateReqInput) -> int:
-        """The replica for ``msg`` (raises NoReplica when none lives)."""
-        live = self.live()
-        if not live:
-            raise NoReplica("every data-parallel replica is dead")
-        if self.by_room and msg.bootstrap_room is not None:
-            rank = msg.bootstrap_room % len(self.replicas)  # where the decode side looks
-            if rank not in live:
-                raise NoReplica(f"bootstrap_room {msg.bootstrap_room} belongs to replica "
-                                f"{rank} (room mod --dp-size), which is not serving")
-            return rank
-        if msg.routed_dp_rank is not None:  # the client's choice, checked at the edge
-            if msg.routed_dp_rank not in live:
-                raise NoReplica(f"routed_dp_rank {msg.routed_dp_rank} is not serving")
-            return msg.routed_dp_rank
-        key = msg.routing_key
-        if key is not None and self._keys.get(key) in live:
-            self._keys.move_to_end(key)
-            return self._keys[key]
-        rank = self._choose(msg, live)
-        if key is not None:
-            self._keys[key] = rank
-            self._keys.move_to_end(key)
-            if len(self._keys) > MAX_ROUTING_KEYS:
-                self._keys.popitem(last=False)
-        return rank
-
-    def _choose(self, msg: GenerateReqInput, live: list[int]) -> int:
-        if len(live) == 1:
-            return live[0]
-        if self.method == "round_robin":
-            start = next(self._turn)
-            return min(live, key=lambda r: (r - start) % len(self.replicas))
-        if self.method == "shortest_queue":
-            return self._least(live, lambda r: self.replicas[r].load_reqs())
-        if self.method == "minimum_tokens":
-            return self._least(live, self.load)
-        return self._cache_aware(msg, live)
-
-    def _least(self, live: list[int], load: Any) -> int:
-        """The least loaded replica; ties go round the replicas in turn."""
-        start = next(self._turn)
-        return min(live, key=lambda r: (load(r), (r - start) % len(self.replicas)))
-
-    def _cache_aware(self, msg: GenerateReqInput, live: list[int]) -> int:
-        cached = self.cached_tokens(msg.input_ids, msg.namespace)
-        least = self._least(live, self.load)
-        best = max(live, key=lambda r: (cached[r], -self.load(r), r == least))
-        if cached[best] <= self.cache_threshold * len(msg.input_ids) or self.overloaded(
-                best, least):
-            return least
-        return best
-
-    def overloaded(self, rank: int, least: int) -> bool:
-        """sglang-router's imbalance test, in tokens."""
-        load, low = self.load(rank), self.load(least)
-        return load - low > self.abs_threshold and load > low * self.rel_threshold
-
-    def cached_tokens(self, token_ids: Sequence[int], namespace: str | None) -> list[int]:
-        """Per replica: prompt tokens it holds (its index) or is computing (in flight)."""
-        cached = (list(self.index.match(token_ids, namespace)) if self.index is not None
-                  else [0] * len(self.replicas))
-        for rep in self.replicas:
-            for m in rep.inflight.values():
-                if m.namespace == namespace and cached[rep.rank] < len(token_ids):
-                    cached[rep.rank] = max(cached[rep.rank],
-                                           common_prefix_len(m.input_ids, token_ids))
-        return cached
-
-    def load(self, rank: int) -> int:
-        return self.replicas[rank].load_tokens()
-
-    # --- bookkeeping -------------------------------------------------------------------------
-    def sent(self, rank: int, msg: GenerateReqInput) -> None:
-        rep = self.replicas[rank]
-        rep.n_sent += 1
-        rep.unreported.append((rep.n_sent, len(msg.input_ids)))
-        rep.inflight[msg.rid] = msg
-        self._owner[msg.rid] = rank
-
-    def owner(self, rid: str) -> int | None:
-        return self._owner.get(rid)
-
-    def finished(self, rid: str) -> None:
-        rank = self._owner.pop(rid, None)
-        if rank is not None:
-            self.replicas[rank].inflight.pop(rid, None)
-
-    def on_load(self, load: ReplicaLoad) -> None:
-        rep = self.replicas[load.dp_rank]
-        rep.num_reqs, rep.num_tokens, rep.received = load.num_reqs, load.num_tokens, load.received
-        while rep.unreported and rep.unreported[0][0] <= load.received:
-            rep.unreported.popleft()
-
-    def on_kv_events(self, rank: int, batch: Any) -> None:
-        if self.index is not None and self.replicas[rank].live:
-            self.index.apply(rank, batch)
-
-    def retire(self, rank: int) -> list[str]:
-        """Take a dead replica out of rotation; returns the rids it was serving."""
-        rep = self.replicas[rank]
-        rep.live = False
-        rids = list(rep.inflight)
-        for rid in rids:
-            self._owner.pop(rid, None)
-        rep.inflight.clear()
-        rep.unreported.clear()
-        rep.num_reqs = rep.num_tokens = 0
-        if self.index is not None:
-            self.index.drop_replica(rank)
-        return rids
-
-    def loads(self) -> list[dict[str, Any]]:
-        """Per replica, what the dispatcher counts (``/get_server_info`` shows it)."""
-        return [{"dp_rank": r.rank, "live": r.live, "load_tokens": r.load_tokens(),
-                 "load_reqs": r.load_reqs(), "inflight": len(r.inflight)}
-                for r in self.replicas]
-
-
-def balancer_for(args: ServerArgs, dp_size: int) -> LoadBalancer:
-    """The server's settings as a LoadBalancer (one replica: nothing to choose)."""
-    method = args.load_balance_method if dp_size > 1 else "round_robin"
-    index = PrefixIndex(dp_size, args.page_size) if method == "cache_aware" else None
-    return LoadBalancer(dp_size, method, args.cache_aware_balance_abs_threshold,
-                        args.cache_aware_balance_rel_threshold, index,
-                        args.cache_aware_threshold, args.disaggregation_mode == "prefill")
 
 
 class DataParallelController:

@@ -24,7 +24,8 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.managers.admission import Admission, Prepared, with_rooms
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.control_calls import CONTROL_REPLIES, ControlCalls
-from radixlm.runtime.managers.data_parallel_controller import DataParallelController, NoReplica
+from radixlm.runtime.managers.data_parallel_controller import DataParallelController
+from radixlm.runtime.managers.load_balancer import NoReplica
 from radixlm.runtime.managers.messages import (
     AbortReq,
     GenerateReqInput,

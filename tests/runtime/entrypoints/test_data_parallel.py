@@ -23,12 +23,8 @@ import pytest
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.server_process import ServerProcess, child_pids, pid_alive
-from radixlm.runtime.managers.data_parallel_controller import (
-    LoadBalancer,
-    NoReplica,
-    aggregate_infos,
-    balancer_for,
-)
+from radixlm.runtime.managers.data_parallel_controller import aggregate_infos
+from radixlm.runtime.managers.load_balancer import LoadBalancer, NoReplica, balancer_for
 from radixlm.runtime.managers.messages import GenerateReqInput, ReplicaLoad
 
 BASE = ["--max-total-tokens", "4096", "--log-level", "warning"]
