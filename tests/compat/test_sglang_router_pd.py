@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -18,11 +19,14 @@ FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def pd(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def pd(tmp_path_factory, request):
+    """--dp-size 2: both PD servers run two replicas (the prefill's share one bootstrap
+    port; the router knows nothing of them)."""
     d = tmp_path_factory.mktemp("router-pd")
     bport = free_port()
-    mode = ["--disaggregation-bootstrap-port", str(bport), "--disaggregation-mode"]
+    mode = ["--dp-size", str(request.param), "--disaggregation-bootstrap-port", str(bport),
+            "--disaggregation-mode"]
     servers = [ServerProcess(FLAGS, d / "mono.log"),
                ServerProcess(FLAGS + mode + ["prefill"], d / "prefill.log"),
                ServerProcess(FLAGS + mode + ["decode"], d / "decode.log")]
@@ -92,3 +96,18 @@ def test_openai_chat_through_pd_router(pd):
     want = httpx.post(mono.url + "/v1/chat/completions", json=body, timeout=120).json()
     assert got.json()["choices"][0]["message"] == want["choices"][0]["message"]
     assert got.json()["usage"]["completion_tokens"] == 6
+
+
+def test_concurrent_requests_through_pd_router(pd):
+    """Each request gets its own room from the router (with --dp-size 2, the rooms land on
+    both prefill replicas); every answer equals a single server's. (The router's PD mode
+    takes no batch: a list ``text`` is its 422.)"""
+    (mono, _, _), router = pd
+    prompts = [f"Item {i}: the {'very ' * i}long road" for i in range(6)]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: httpx.post(router + "/generate", timeout=120, json={
+            "text": p, "sampling_params": GREEDY}), prompts))
+    assert all(g.status_code == 200 for g in got), [g.text for g in got]
+    want = httpx.post(mono.url + "/generate", timeout=120,
+                      json={"text": prompts, "sampling_params": GREEDY}).json()
+    assert [g.json()["output_ids"] for g in got] == [w["output_ids"] for w in want]
