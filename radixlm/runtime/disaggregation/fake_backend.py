@@ -44,7 +44,8 @@ class FakeTransport(Transport):
             assert layout is not None, "a prefill transport advertises its layout"
             net.prefills[bootstrap] = self
 
-    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
+    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None,
+             replica: int = 0) -> None:
         self.net.log.append(msg)
         copies = [f.clone() for f in frames or []]
         if isinstance(peer, tuple):  # decode -> prefill, by bootstrap address

@@ -107,9 +107,11 @@ class KVReceiver(_Transfer):
     reserved slots, writes the chunks into them, and keeps the first token."""
 
     def __init__(self, manager: KVManager, room: int, addr: tuple[str, int],
-                 deadline: float) -> None:
+                 deadline: float, prefill_rank: int | None = None) -> None:
         super().__init__(manager, room, deadline)
         self.addr = addr
+        self.prefill_rank = prefill_rank  # the prefill replica asked for (None: room mod N)
+        self.replica = 0  # the prefill replica holding the room, once the route is known
         self.slots: torch.Tensor | None = None
         self.first_token: int | None = None
         self.first_logprobs: FirstLogprobs = (None, None, None)
@@ -119,6 +121,17 @@ class KVReceiver(_Transfer):
     def metadata_sent(self) -> bool:
         return self.slots is not None
 
+    def _routed(self, info: RouteInfo) -> None:
+        """The prefill server's route is known: which of its replicas holds the room."""
+        n = len(info.transfer_ports)
+        rank = self.room % n if self.prefill_rank is None else self.prefill_rank
+        if rank >= n:
+            self._fail(f"disagg_prefill_dp_rank {rank}: the prefill server at "
+                       f"{self.addr[0]}:{self.addr[1]} runs {n} replica(s)")
+            return
+        self.replica = rank
+        self._to(KVPoll.WaitingForInput, None)
+
     def send_metadata(self, slots: torch.Tensor, prefix_len: int, prompt_len: int) -> None:
         """Claim the room: ``slots`` (this pool's, prompt positions ``prefix_len ..``, whole
         pages) receive the prefill's pages."""
@@ -126,14 +139,15 @@ class KVReceiver(_Transfer):
             f"send_metadata on room {self.room} in state {self.state.name}")
         self.slots = slots
         self.manager.transport.send(self.addr, Claim(self.room, prompt_len, prefix_len,
-                                                     len(slots)))
+                                                     len(slots)), replica=self.replica)
         self._to(KVPoll.WaitingForInput, self.manager.waiting_timeout)
 
     def abort(self, reason: str = "aborted by the decode server") -> None:
         if self.state in (KVPoll.Success, KVPoll.Failed):
             return
         if self.slots is not None:  # the prefill knows the room only once claimed
-            self.manager.transport.send(self.addr, Abort(self.room, reason))
+            self.manager.transport.send(self.addr, Abort(self.room, reason),
+                                        replica=self.replica)
         self._fail(reason)
 
     def clear(self) -> None:
@@ -161,7 +175,7 @@ class KVReceiver(_Transfer):
         self.first_token = chunk.first_token
         self.first_logprobs = (chunk.first_logprob, chunk.first_top_logprobs,
                                chunk.first_ids_logprobs)
-        self.manager.transport.send(self.addr, Ack(self.room))
+        self.manager.transport.send(self.addr, Ack(self.room), replica=self.replica)
         self._to(KVPoll.Success, None)
 
 
@@ -201,17 +215,21 @@ class KVManager:
             self._claimed(sender, early[0], early[1])
         return sender
 
-    def create_receiver(self, host: str, port: int, room: int) -> KVReceiver:
+    def create_receiver(self, host: str, port: int, room: int,
+                        prefill_rank: int | None = None) -> KVReceiver:
+        """``prefill_rank``: the prefill replica that holds the room (None: room mod the
+        prefill server's replicas, as it places them)."""
         assert self.mode == "decode", "receivers live on the decode server"
         addr = (host, port)
-        receiver = KVReceiver(self, room, addr, self.clock() + self.bootstrap_timeout)
+        receiver = KVReceiver(self, room, addr, self.clock() + self.bootstrap_timeout,
+                              prefill_rank)
         if room in self.receivers:
             receiver._fail(f"bootstrap_room {room} is already in use on this decode server")
             return receiver
         self.receivers[room] = receiver
         route = self.routes.get(addr)
         if isinstance(route, RouteInfo):
-            receiver._to(KVPoll.WaitingForInput, None)
+            receiver._routed(route)
         elif route is None:
             self.routes[addr] = self.clock()
             self.transport.resolve(host, port)
@@ -289,7 +307,7 @@ class KVManager:
         self.routes[addr] = info
         for r in self.receivers.values():
             if r.addr == addr and r.state == KVPoll.Bootstrapping:
-                r._to(KVPoll.WaitingForInput, None)
+                r._routed(info)
 
     def _peer_abort(self, peer: Peer, msg: Abort) -> None:
         if self.mode == "prefill":

@@ -23,6 +23,7 @@ class Bootstrap:
     host: str
     port: int
     room: int
+    prefill_dp_rank: int | None = None  # None: room mod the prefill server's --dp-size
 
 
 def _per_item(value: Any, name: str, items: int, samples: list[int]) -> list[Any]:

@@ -42,8 +42,10 @@ class Transport(ABC):
         self.wakeup.set()
 
     @abstractmethod
-    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
-        """Send ``msg`` (and its frames) to ``peer``."""
+    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None,
+             replica: int = 0) -> None:
+        """Send ``msg`` (and its frames) to ``peer``; from a decode side, to the prefill
+        server's replica ``replica`` (an index into its ``RouteInfo.transfer_ports``)."""
 
     @abstractmethod
     def resolve(self, host: str, port: int) -> None:

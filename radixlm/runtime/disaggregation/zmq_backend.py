@@ -11,8 +11,9 @@ Sockets, all owned by one I/O thread (zmq sockets are not thread-safe)::
 With ``--dp-size N`` on the prefill server, replica 0 runs the bootstrap service and every
 replica its own transfer ROUTER; replicas 1..N-1 announce theirs to the service
 (``Register``, from a DEALER), which answers a RouteQuery once all N are known. The
-prefill server places room ``r`` on replica ``r mod N`` (``LoadBalancer.select``), and the
-decode side sends room ``r``'s messages to that replica's transfer port.
+prefill server places room ``r`` on replica ``r mod N`` (or where ``disagg_prefill_dp_rank``
+says: ``load_balancer.room_replica``), and the decode side sends room ``r``'s messages to
+that replica's transfer port (``KVReceiver.replica``).
 
 The scheduler's thread hands commands to the I/O thread over an inproc PUSH/PULL pair
 (frames passed by reference: ``copy=False`` end to end, so a page is copied once, from
@@ -104,10 +105,10 @@ class ZmqTransport(Transport):
         return s
 
     # --- scheduler thread ---------------------------------------------------------------
-    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None) -> None:
+    def send(self, peer: Peer, msg: WireMsg, frames: list[torch.Tensor] | None = None,
+             replica: int = 0) -> None:
         parts = [tensor_frame(f) for f in frames or []]
-        room = getattr(msg, "room", 0)  # picks the prefill replica (decode side)
-        self.cmd.send_multipart([msgspec.msgpack.encode(["send", _peer_key(peer), room]),
+        self.cmd.send_multipart([msgspec.msgpack.encode(["send", _peer_key(peer), replica]),
                                  encode(msg), *parts], copy=False)
 
     def resolve(self, host: str, port: int) -> None:
@@ -168,7 +169,7 @@ class ZmqTransport(Transport):
                 s.close(linger=0)
 
     def _command(self, parts: list[Any]) -> bool:
-        op, key, *room = msgspec.msgpack.decode(parts[0].bytes)
+        op, key, *replica = msgspec.msgpack.decode(parts[0].bytes)
         if op == "stop":
             return False
         if op == "resolve":
@@ -176,10 +177,10 @@ class ZmqTransport(Transport):
         elif op == "forget":
             self._forget(tuple(key))
         elif op == "send":
-            self._send(key, room[0], parts[1:])
+            self._send(key, replica[0], parts[1:])
         return True
 
-    def _send(self, key: Any, room: int, parts: list[Any]) -> None:
+    def _send(self, key: Any, replica: int, parts: list[Any]) -> None:
         if isinstance(key, bytes):  # prefill -> decode through the transfer ROUTER
             assert self.xfer is not None, "only a prefill transport addresses by routing id"
             try:
@@ -190,8 +191,7 @@ class ZmqTransport(Transport):
         socks = self.peers.get(tuple(key))
         if socks is None or socks[1] is None:
             return  # forgotten meanwhile: its rooms are already failed
-        xfers = socks[1]
-        xfers[room % len(xfers)].send_multipart(parts, copy=False)
+        socks[1][replica].send_multipart(parts, copy=False)  # checked by KVReceiver._routed
 
     def _answer_route(self, ident: bytes, rest: list[bytes]) -> None:
         try:

@@ -7,13 +7,15 @@ outputs are there, unless another caller is running it already.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
@@ -245,15 +247,17 @@ class Engine:
                  return_text_in_logprobs: bool = False, extra_key: str | None = None,
                  cache_salt: str | None = None,
                  token_ids_logprob: list[int] | list[list[int]] | None = None,
-                 priority: int | None = None, **sglang_options: Any) -> Any:
+                 priority: int | None = None, routed_dp_rank: int | None = None,
+                 data_parallel_rank: int | None = None, **sglang_options: Any) -> Any:
         """SGLang's ``Engine.generate``: a dict for one prompt, a list for a batch;
         ``stream=True`` (one prompt) yields dicts whose ``text`` is the increment.
         ``extra_key`` / ``cache_salt``: requests share cached KV only with the same ones.
         ``token_ids_logprob``: with return_logprob, the logprobs of these ids at each
         position. ``priority``: with ``enable_priority_scheduling``, the request's place in
-        the queue (``validation.request_priority``). SGLang's other arguments
-        (``image_data``, ``lora_path``, ...) are accepted only at their defaults
-        (``refused_fields.refuse_options``)."""
+        the queue (``validation.request_priority``). ``routed_dp_rank`` (old name
+        ``data_parallel_rank``): with ``dp_size`` > 1, the replica that serves it.
+        SGLang's other arguments (``image_data``, ``lora_path``, ...) are accepted only at
+        their defaults (``refused_fields.refuse_options``)."""
         refuse_options(sglang_options)
         batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
                                              and isinstance(input_ids[0], list))
@@ -273,8 +277,9 @@ class Engine:
                                   namespace, token_ids_for_item(token_ids_logprob, i, batch))
                     for i in range(n_items)]
         resolved_priority = request_priority(priority, self.server_args)
+        rank = self._routed_rank(routed_dp_rank, data_parallel_rank)
         for msg, _ in prepared:
-            msg.priority = resolved_priority
+            msg.priority, msg.routed_dp_rank = resolved_priority, rank
         texts = [None if ids_list else prompts[i] for i in range(n_items)]
         if stream:
             if n_items != 1 or prepared[0][1].n != 1:
@@ -282,6 +287,22 @@ class Engine:
             return self._stream(*prepared[0], return_text_in_logprobs, texts[0])
         results = self._run_all(prepared, return_text_in_logprobs, texts)
         return results if batch or len(results) > 1 else results[0]
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
+        """SGLang's ``Engine.async_generate``: ``generate`` for an asyncio caller (same
+        arguments and results). The loop runs on a worker thread, so the event loop keeps
+        serving; with ``stream=True`` it returns an async iterator of the chunks."""
+        result = await asyncio.to_thread(self.generate, *args, **kwargs)
+        return _aiter_chunks(result) if inspect.isgenerator(result) else result
+
+    def _routed_rank(self, routed: int | None, legacy: int | None) -> int | None:
+        rank, name = (routed, "routed_dp_rank") if routed is not None else (
+            legacy, "data_parallel_rank")
+        if rank is not None and (type(rank) is not int or not 0 <= rank < len(self.replicas
+                                                                             .schedulers)):
+            raise ValueError(f"{name} must be in [0, {len(self.replicas.schedulers)}) "
+                             f"(dp_size), got {rank!r}")
+        return rank
 
     def _run_all(self, prepared: list[tuple[GenerateReqInput, SamplingParams]],
                  text_in_logprobs: bool, texts: list[str | None]) -> list[dict]:
@@ -424,6 +445,16 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+async def _aiter_chunks(chunks: Iterator[dict]) -> AsyncIterator[dict]:
+    """A stream's chunks, each taken on a worker thread; closing early aborts it."""
+    done = object()
+    try:
+        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            yield chunk
+    finally:
+        await asyncio.to_thread(chunks.close)
 
 
 class _Result:

@@ -121,12 +121,10 @@ class NativeRoutes:
                 priority=body.priority,
             ))
             items[-1].msg.routing_key = body.routing_key
-            items[-1].msg.routed_dp_rank = self._dp_rank(body)
             text = body.text[i] if isinstance(body.text, list) else body.text
             items[-1].origin = self.tm.log_origin("/generate", text, request_tenant(request),
                                                   bool(body.stream))
-        self.tm.attach_bootstrap(items, body.bootstrap_host, body.bootstrap_port,
-                                 body.bootstrap_room)
+        self.tm.attach_routing(items, body)
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
         if body.stream:
@@ -140,18 +138,6 @@ class NativeRoutes:
             for r, s in zip(results, states):
                 r["prompt_token_ids"] = list(s.msg.input_ids)
         return json_response(results if many else results[0])
-
-    def _dp_rank(self, body: GenerateRequest) -> int | None:
-        """``routed_dp_rank`` (or its old name ``data_parallel_rank``), checked: 400 unless
-        a replica of --dp-size."""
-        for name in ("routed_dp_rank", "data_parallel_rank"):
-            rank = getattr(body, name)
-            if rank is not None:
-                if not 0 <= rank < self.args.dp_size:
-                    raise ApiError(400, f"{name} must be in [0, {self.args.dp_size}) "
-                                        f"(--dp-size), got {rank}", param=name)
-                return rank
-        return None
 
     async def _stream(self, states: list[Any], many: bool, t0: float) -> AsyncIterator[bytes]:
         builders = [self.tm.new_builder(s) for s in states]

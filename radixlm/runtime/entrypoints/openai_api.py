@@ -165,8 +165,7 @@ class OpenAIRoutes:
             item.origin = self.tm.log_origin("/v1/completions",
                                              text if isinstance(text, str) else None,
                                              request_tenant(request), bool(body.stream))
-        self.tm.attach_bootstrap(items, body.bootstrap_host, body.bootstrap_port,
-                                 body.bootstrap_room)
+        self.tm.attach_routing(items, body)
         job = CompletionJob(self, items, body.echo, body)
         states = await self.tm.submit(items)
         if body.stream:
@@ -241,8 +240,7 @@ class OpenAIRoutes:
         item.origin = self.tm.log_origin(
             "/v1/chat/completions", self._conversation(body.messages), request_tenant(request),
             bool(body.stream))
-        self.tm.attach_bootstrap([item], body.bootstrap_host, body.bootstrap_port,
-                                 body.bootstrap_room)
+        self.tm.attach_routing([item], body)
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])
         if body.stream:

@@ -143,6 +143,9 @@ class GenerateRequest(_Strict):
     bootstrap_host: _per_item(str) = None
     bootstrap_port: int | list[int | None] | None = None
     bootstrap_room: _per_item(Int64) = None
+    # the prefill server's replica that holds the rooms' KV (SGLang's hint to the decode
+    # server; the prefill places them there); null: bootstrap_room mod its --dp-size
+    disagg_prefill_dp_rank: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -273,10 +276,13 @@ class OpenAISampling(_Lenient):
     json_schema: dict[str, Any] | bool | str | None = None
     ebnf: str | None = None
     stop_regex: StrOrList | None = None
-    # sglang-router's PD mode (see GenerateRequest)
+    # SGLang's PD and DP routing fields (see GenerateRequest)
     bootstrap_host: _per_item(str) = None
     bootstrap_port: int | list[int | None] | None = None
     bootstrap_room: _per_item(Int64) = None
+    routed_dp_rank: int | None = None
+    data_parallel_rank: int | None = None
+    disagg_prefill_dp_rank: int | None = None
 
 
 class CompletionRequest(OpenAISampling):

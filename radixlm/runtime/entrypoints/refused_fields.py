@@ -14,8 +14,8 @@ from typing import Any
 
 _MEDIA = "radixlm serves text-only models: no image, video or audio input"
 _EMBEDS = "radixlm takes text or token ids, not embeddings"
-_DISAGG = ("radixlm pairs one prefill scheduler with one decode scheduler (--dp-size 1, "
-           "--tp-size 1 on both): there is no rank or pair to choose")
+_DISAGG = ("radixlm's PD servers run --tp-size 1 and one bootstrap service per prefill "
+           "server: there is no tensor-parallel size or pair key to choose")
 _SESSION = ("radixlm has no sessions; a repeated prefix is reused through the radix cache "
             "without one")
 _REASONING = "radixlm has no reasoning-model controls"
@@ -56,7 +56,7 @@ REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "custom_logit_processor": ((None,), "radixlm does not run custom logit processors "
                                         "(serialized code from the client)"),
     **{name: ((None,), _DISAGG) for name in (
-        "bootstrap_pair_key", "decode_tp_size", "disagg_prefill_dp_rank")},
+        "bootstrap_pair_key", "decode_tp_size")},
     "conversation_id": ((None,), "radixlm has no request tracing"),
     "external_trace_header": ((None,), "radixlm has no request tracing"),
     "background": (_OFF, "radixlm has no background responses (OpenAI Responses API)"),
@@ -110,7 +110,8 @@ def refuse_options(options: dict[str, Any]) -> None:
     at a neutral value pass; other values are a ValueError saying why; unknown names are
     a TypeError, as for any Python function."""
     for name, value in options.items():
-        if name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        if name in ("bootstrap_host", "bootstrap_port", "bootstrap_room",
+                    "disagg_prefill_dp_rank"):
             if value is not None:  # SGLang's Engine takes them; null is its default
                 raise ValueError(f"{name} is not supported: the offline Engine has no "
                                  "prefill/decode disaggregation (radixlm serve "

@@ -8,6 +8,7 @@ new work (503) while the server drains or its queue is full. Nothing here sends 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -96,30 +97,79 @@ class Admission:
         except ValueError as e:
             raise ApiError(400, str(e), param="cache_salt") from None
 
-    def attach_bootstrap(self, items: list[Prepared], host: Any, port: Any, room: Any) -> None:
-        """The rooms of sglang-router's PD mode (``rooms.assign_rooms``); a 400 naming the
-        field on a server in ``--disaggregation-mode null`` or for a bad value."""
-        if host is None and port is None and room is None:
+    def attach_routing(self, items: list[Prepared], body: Any) -> None:
+        """SGLang's routing fields of a request body (native or OpenAI): ``routed_dp_rank``
+        (``data_parallel_rank``, its old name), then the PD fields (``attach_bootstrap``)."""
+        rank = self.routed_rank(body)
+        for p in items:
+            p.msg.routed_dp_rank = rank
+        self.attach_bootstrap(items, body.bootstrap_host, body.bootstrap_port,
+                              body.bootstrap_room, body.disagg_prefill_dp_rank)
+
+    def routed_rank(self, body: Any) -> int | None:
+        """``routed_dp_rank`` or ``data_parallel_rank``: 400 unless a replica of --dp-size."""
+        for name in ("routed_dp_rank", "data_parallel_rank"):
+            rank = getattr(body, name)
+            if rank is not None:
+                if not 0 <= rank < self.args.dp_size:
+                    raise ApiError(400, f"{name} must be in [0, {self.args.dp_size}) "
+                                        f"(--dp-size), got {rank}", param=name)
+                return rank
+        return None
+
+    def attach_bootstrap(self, items: list[Prepared], host: Any, port: Any, room: Any,
+                         prefill_dp_rank: int | None = None) -> None:
+        """The rooms of sglang-router's PD mode (``rooms.assign_rooms``), and the prefill
+        replica that holds them (``prefill_dp_rank``, SGLang's ``disagg_prefill_dp_rank``);
+        a 400 naming the field on a server in ``--disaggregation-mode null`` or for a bad
+        value."""
+        if host is None and port is None and room is None and prefill_dp_rank is None:
             return
-        field_ = "bootstrap_room" if room is not None else "bootstrap_host"
+        field_ = ("bootstrap_room" if room is not None else "bootstrap_host"
+                  if host is not None or port is not None else "disagg_prefill_dp_rank")
         if self.args.disaggregation_mode == "null":
             raise ApiError(400, f"{field_}: this server runs without prefill/decode "
                            "disaggregation (--disaggregation-mode null); start it with "
                            "--disaggregation-mode prefill or decode", param=field_)
         if host is None or room is None:
-            raise ApiError(400, "bootstrap_host and bootstrap_room go together", param=field_)
-        if self.args.disaggregation_mode == "prefill" and self.args.dp_size > 1 and any(
-                p.msg.routed_dp_rank is not None for p in items):
-            raise ApiError(400, "routed_dp_rank: a prefill server with --dp-size > 1 places "
-                           "each bootstrap_room on replica room mod dp_size, where the decode "
-                           "server looks for it", param="routed_dp_rank")
+            raise ApiError(400, "bootstrap_host and bootstrap_room go together"
+                           + (", and disagg_prefill_dp_rank needs them" if prefill_dp_rank
+                              is not None else ""), param=field_)
         try:
             rooms = assign_rooms(host, port, room, [p.params.n for p in items],
                                  self.args.disaggregation_bootstrap_port)
         except ValueError as e:
             raise ApiError(400, str(e), param=str(e).split(" ")[0]) from None
+        self._check_prefill_replica(items, rooms, prefill_dp_rank)
         for p, samples in zip(items, rooms):
-            p.bootstrap = samples
+            p.bootstrap = [dataclasses.replace(b, prefill_dp_rank=prefill_dp_rank)
+                           for b in samples]
+
+    def _check_prefill_replica(self, items: list[Prepared], rooms: list[list[Bootstrap]],
+                               hint: int | None) -> None:
+        """The prefill replica of each room must be where the decode server will claim it:
+        ``disagg_prefill_dp_rank`` if given, else bootstrap_room mod the prefill's
+        --dp-size (a decode server cannot check this: it does not know that size)."""
+        if hint is not None and hint < 0:
+            raise ApiError(400, f"disagg_prefill_dp_rank must be >= 0, got {hint}",
+                           param="disagg_prefill_dp_rank")
+        if self.args.disaggregation_mode != "prefill":
+            return
+        dp = self.args.dp_size
+        if hint is not None and hint >= dp:
+            raise ApiError(400, f"disagg_prefill_dp_rank must be in [0, {dp}) (this prefill "
+                           f"server's --dp-size), got {hint}", param="disagg_prefill_dp_rank")
+        for p, samples in zip(items, rooms):
+            routed = p.msg.routed_dp_rank
+            for b in samples:
+                where = hint if hint is not None else b.room % dp
+                if routed is not None and routed != where:
+                    raise ApiError(400, f"routed_dp_rank {routed} would prefill "
+                                   f"bootstrap_room {b.room} on replica {routed}, but the "
+                                   f"decode server claims it from replica {where} "
+                                   "(disagg_prefill_dp_rank, else bootstrap_room mod "
+                                   "--dp-size): send disagg_prefill_dp_rank with it",
+                                   param="routed_dp_rank")
 
     def check_capacity(self, n_new: int) -> None:
         """503 while shutting down or when ``--max-queued-requests`` are already queued
@@ -146,4 +196,5 @@ def with_rooms(samples: list[GenerateReqInput], rooms: list[Bootstrap] | None
     if rooms is None:
         return samples
     return [msgspec.structs.replace(m, bootstrap_host=b.host, bootstrap_port=b.port,
-                                    bootstrap_room=b.room) for m, b in zip(samples, rooms)]
+                                    bootstrap_room=b.room, prefill_dp_rank=b.prefill_dp_rank)
+            for m, b in zip(samples, rooms)]

@@ -115,10 +115,10 @@ class LoadBalancer:
         if not live:
             raise NoReplica("every data-parallel replica is dead")
         if self.by_room and msg.bootstrap_room is not None:
-            rank = msg.bootstrap_room % len(self.replicas)  # where the decode side looks
+            rank = room_replica(msg, len(self.replicas))  # where the decode side looks
             if rank not in live:
                 raise NoReplica(f"bootstrap_room {msg.bootstrap_room} belongs to replica "
-                                f"{rank} (room mod --dp-size), which is not serving")
+                                f"{rank}, which is not serving")
             return rank
         if msg.routed_dp_rank is not None:  # the client's choice, checked at the edge
             if msg.routed_dp_rank not in live:
@@ -226,6 +226,16 @@ class LoadBalancer:
         return [{"dp_rank": r.rank, "live": r.live, "load_tokens": r.load_tokens(),
                  "load_reqs": r.load_reqs(), "inflight": len(r.inflight)}
                 for r in self.replicas]
+
+
+def room_replica(msg: GenerateReqInput, dp_size: int) -> int:
+    """The replica of a prefill server that holds ``msg``'s room: ``routed_dp_rank``, else
+    ``disagg_prefill_dp_rank``, else bootstrap_room mod dp_size (SGLang's placement; the
+    front end refuses a routed_dp_rank the decode side would not look at)."""
+    for rank in (msg.routed_dp_rank, msg.prefill_dp_rank):
+        if rank is not None:
+            return rank
+    return msg.bootstrap_room % dp_size
 
 
 def balancer_for(args: ServerArgs, dp_size: int) -> LoadBalancer:

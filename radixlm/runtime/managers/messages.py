@@ -30,6 +30,9 @@ class GenerateReqInput(msgspec.Struct, tag=True):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    # the prefill replica holding the room's KV (SGLang's disagg_prefill_dp_rank); None:
+    # bootstrap_room mod the prefill server's --dp-size
+    prefill_dp_rank: int | None = None
 
 
 class AbortReq(msgspec.Struct, tag=True):

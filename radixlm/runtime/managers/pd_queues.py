@@ -185,7 +185,8 @@ class DecodeQueues(_Queues):
 
     def add(self, req: Req) -> None:
         b = req.bootstrap
-        req.kv_transfer = self.manager.create_receiver(b.host, b.port, b.room)
+        req.kv_transfer = self.manager.create_receiver(b.host, b.port, b.room,
+                                                       b.prefill_dp_rank)
         self.prealloc.append(req)
 
     def busy(self) -> bool:

@@ -58,7 +58,7 @@ class SchedulerIntake:
         if req.sampling_params.grammar is not None:
             req.grammar_future = self.grammar_compiler.submit(*req.sampling_params.grammar)
         req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,
-                                  msg.bootstrap_room)
+                                  msg.bootstrap_room, msg.prefill_dp_rank)
         self.pd.add(req)
 
     def _room_in_queue(self, req: Req) -> bool:

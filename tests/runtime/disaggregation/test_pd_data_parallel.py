@@ -76,11 +76,47 @@ def test_router_n_samples_and_stream(cluster):
     assert chunks[-1]["text"] == want["text"]
 
 
-def test_routed_dp_rank_refused_on_the_prefill_server(cluster):
+def test_disagg_prefill_dp_rank_names_the_replica(cluster):
+    """disagg_prefill_dp_rank 1 for even rooms: the prefill server places them on replica
+    1 (not room mod 2) and the decode server claims them there; with routed_dp_rank 1 too
+    (SGLang's router sends both), the same."""
+    mono, prefill, dec, _, bport = cluster
+    want = post(mono.url, {"text": PROMPTS[:2], "sampling_params": GREEDY}).json()
+    for extra in ({}, {"routed_dp_rank": 1}):
+        before = [i["kv_transfer_sent_tokens"] for i in replica_infos(prefill.url)]
+        body = {"text": PROMPTS[:2], "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bport, "bootstrap_room": [300, 302],
+                "disagg_prefill_dp_rank": 1, **extra}
+        got = both(prefill.url, dec.url, body)
+        assert got.status_code == 200, got.text
+        assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
+        after = [i["kv_transfer_sent_tokens"] for i in replica_infos(prefill.url)]
+        assert after[0] == before[0] and after[1] > before[1], (before, after)
+
+
+def test_bad_replica_fields_are_400_on_the_prefill_server(cluster):
+    """routed_dp_rank that disagrees with where the decode server claims the room, and a
+    disagg_prefill_dp_rank past --dp-size, are refused before anything waits."""
     _, prefill, _, _, bport = cluster
-    r = post(prefill.url, {"text": "hi", "routed_dp_rank": 1, "bootstrap_host": "127.0.0.1",
-                           "bootstrap_port": bport, "bootstrap_room": 4})
-    assert r.status_code == 400 and "routed_dp_rank" in r.text, r.text
+    pd = {"text": "hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": bport,
+          "bootstrap_room": 4}
+    for bad, field in (({"routed_dp_rank": 1}, "routed_dp_rank"),
+                       ({"routed_dp_rank": 0, "disagg_prefill_dp_rank": 1}, "routed_dp_rank"),
+                       ({"disagg_prefill_dp_rank": 2}, "disagg_prefill_dp_rank"),
+                       ({"disagg_prefill_dp_rank": -1}, "disagg_prefill_dp_rank")):
+        r = post(prefill.url, {**pd, **bad})
+        assert r.status_code == 400 and field in r.text, r.text
+    r = post(prefill.url, {"text": "hi", "disagg_prefill_dp_rank": 0})
+    assert r.status_code == 400 and "bootstrap_room" in r.text, r.text
+
+
+def test_a_replica_the_prefill_lacks_fails_on_the_decode_server(cluster):
+    """The decode server cannot know the prefill's --dp-size in advance: a
+    disagg_prefill_dp_rank past it is a 503 naming the sizes once the route is known."""
+    _, _, dec, _, bport = cluster
+    r = post(dec.url, {"text": "hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": bport,
+                       "bootstrap_room": 9, "disagg_prefill_dp_rank": 3})
+    assert r.status_code == 503 and "runs 2 replica(s)" in r.text, r.text
 
 
 def test_both_servers_end_clean(cluster):

@@ -172,6 +172,8 @@ def test_bootstrap_fields_refused_without_a_mode(cluster):
     mono = cluster[0]
     r = generate(mono.url, text="hi", bootstrap_host="127.0.0.1", bootstrap_room=5)
     assert r.status_code == 400 and "--disaggregation-mode null" in r.text
+    r = generate(mono.url, text="hi", disagg_prefill_dp_rank=0)
+    assert r.status_code == 400 and "disagg_prefill_dp_rank" in r.text
     assert generate(mono.url, text="hi", bootstrap_room=None).status_code == 200  # neutral
 
 

@@ -316,7 +316,8 @@ def _until(cond, *managers: KVManager, timeout: float = 30) -> None:
 def test_zmq_two_prefill_replicas_share_one_bootstrap_port():
     """A prefill server with --dp-size 2: replica 1 registers its transfer port with replica
     0's bootstrap service (here before replica 0 exists), the decode side asks once, and
-    each room's pages come from replica room mod 2, bit for bit."""
+    each room's pages come from replica room mod 2 (room 50: from replica 1, which
+    disagg_prefill_dp_rank names), bit for bit; a replica the server lacks fails the room."""
     from radixlm.runtime.entrypoints.server_process import free_port
 
     port = free_port()
@@ -329,16 +330,20 @@ def test_zmq_two_prefill_replicas_share_one_bootstrap_port():
     replicas = [first, late]
     dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
     try:
-        rooms = {40: slots(3), 41: slots(5, 6)}
-        senders = {room: replicas[room % 2].create_sender(room) for room in rooms}
-        receivers = {room: dec.create_receiver("127.0.0.1", port, room) for room in rooms}
+        rooms = {40: slots(3), 41: slots(5, 6), 50: slots(7)}
+        where = {40: 0, 41: 1, 50: 1}
+        senders = {room: replicas[where[room]].create_sender(room) for room in rooms}
+        receivers = {room: dec.create_receiver("127.0.0.1", port, room,
+                                               1 if room == 50 else None) for room in rooms}
+        missing = dec.create_receiver("127.0.0.1", port, 60, 2)
         _until(lambda: all(r.poll() == KVPoll.WaitingForInput for r in receivers.values()),
                *replicas, dec)
+        assert missing.poll() == KVPoll.Failed and "runs 2 replica(s)" in missing.reason
         for room, dst in rooms.items():
             receivers[room].send_metadata(dst, 0, len(dst))
         _until(lambda: all(s.poll() == KVPoll.WaitingForInput for s in senders.values()),
                *replicas, dec)
-        src = {40: slots(9), 41: slots(1, 2)}
+        src = {40: slots(9), 41: slots(1, 2), 50: slots(4)}
         for room in rooms:
             senders[room].send(src[room], room + 1000, len(src[room]))
         _until(lambda: all(s.poll() == KVPoll.Success for s in senders.values()), *replicas, dec)
@@ -346,9 +351,10 @@ def test_zmq_two_prefill_replicas_share_one_bootstrap_port():
             assert receivers[room].poll() == KVPoll.Success
             assert receivers[room].first_token == room + 1000
             for layer in range(LAYERS):
-                assert torch.equal(dbuf.k[layer][dst], bufs[room % 2].k[layer][src[room]])
-                assert torch.equal(dbuf.v[layer][dst], bufs[room % 2].v[layer][src[room]])
-        assert first.sent_tokens == len(src[40]) and late.sent_tokens == len(src[41])
+                assert torch.equal(dbuf.k[layer][dst], bufs[where[room]].k[layer][src[room]])
+                assert torch.equal(dbuf.v[layer][dst], bufs[where[room]].v[layer][src[room]])
+        assert first.sent_tokens == len(src[40])
+        assert late.sent_tokens == len(src[41]) + len(src[50])
     finally:
         for m in (*replicas, dec):
             m.close()

@@ -191,6 +191,23 @@ def test_routed_dp_rank_picks_the_replica(dp2: ServerProcess) -> None:
     assert resp.status_code == 400 and "[0, 2)" in resp.text and "routed_dp_rank" in resp.text
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_openai_routes_take_routed_dp_rank(dp2: ServerProcess, route: str) -> None:
+    """SGLang's OpenAI requests carry routed_dp_rank (and data_parallel_rank) too."""
+    model = httpx.get(dp2.url + "/v1/models").json()["data"][0]["id"]
+    content = {"prompt": "one two three"} if route == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "one two three"}]}
+    for name, rank in (("routed_dp_rank", 1), ("data_parallel_rank", 0)):
+        before = _prompt_tokens(dp2.url)
+        r = httpx.post(dp2.url + route, timeout=60, json={
+            "model": model, **content, "max_tokens": 1, name: rank})
+        assert r.status_code == 200, r.text
+        after = _prompt_tokens(dp2.url)
+        assert after[1 - rank] == before[1 - rank] and after[rank] > before[rank]
+    r = httpx.post(dp2.url + route, json={"model": model, **content, "routed_dp_rank": 5})
+    assert r.status_code == 400 and "routed_dp_rank" in r.text
+
+
 def test_routing_key_is_a_string(dp2: ServerProcess) -> None:
     resp = httpx.post(dp2.url + "/generate", json={"text": "x", "routing_key": 3})
     assert resp.status_code == 400
@@ -271,6 +288,16 @@ def test_engine_with_two_replicas() -> None:
         for i in range(3):  # always to the replica that cached it (the events' index)
             out = two.generate(input_ids=prefix + [2 + i], sampling_params={"max_new_tokens": 1})
             assert out["meta_info"]["cached_tokens"] >= len(prefix), out["meta_info"]
+        for name, rank in (("routed_dp_rank", 1), ("data_parallel_rank", 0)):  # SGLang's
+            before = [s["prompt_tokens"] for s in two.get_server_info()["internal_states"]]
+            two.generate(input_ids=[rng.randrange(100, 1000) for _ in range(9)],
+                         sampling_params={"max_new_tokens": 1}, **{name: rank})
+            after = [s["prompt_tokens"] for s in two.get_server_info()["internal_states"]]
+            assert after[rank] - before[rank] == 9 and after[1 - rank] == before[1 - rank]
+        with pytest.raises(ValueError, match=r"routed_dp_rank must be in \[0, 2\)"):
+            two.generate("x", routed_dp_rank=2)
+        with pytest.raises(ValueError, match="disagg_prefill_dp_rank is not supported"):
+            two.generate("x", disagg_prefill_dp_rank=0)
         two.check_invariants()
 
 

@@ -255,3 +255,34 @@ def test_cache_namespaces_isolate_tenants(eng):
     assert [o["meta_info"]["cached_tokens"] > 0 for o in n2] == [True, True]
     with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
         eng.generate(prompt, sp, cache_salt="")
+
+
+def test_async_generate_matches_generate(eng):
+    """SGLang's async_generate: the same results, a stream as an async iterator, and
+    other coroutines run meanwhile (the loop runs on a worker thread)."""
+    import asyncio
+
+    want = eng.generate(["Once upon", "A cat"], _greedy(8))
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        got = await eng.async_generate(["Once upon", "A cat"], _greedy(8))
+        stream = await eng.async_generate("Once upon", _greedy(8), stream=True)
+        chunks = [c async for c in stream]
+        ticker.cancel()
+        return got, chunks, ticks
+
+    got, chunks, ticks = asyncio.run(main())
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    assert "".join(c["text"] for c in chunks) == want[0]["text"]
+    assert ticks > 0
+    eng.wait_idle()
+    eng.check_invariants()

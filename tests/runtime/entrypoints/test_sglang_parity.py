@@ -12,6 +12,7 @@ from __future__ import annotations
 import __future__
 
 import ast
+import inspect
 import re
 import textwrap
 import time
@@ -23,7 +24,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM
 
+from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
     GenerateRequest,
     SamplingParamsIn,
 )
@@ -85,6 +89,31 @@ def test_every_sglang_field_is_decided(fields, model, refused):
     assert undecided == [], f"SGLang fields radixlm neither accepts nor refuses: {undecided}"
     both = [f for f in model.model_fields if f in refused]
     assert both == [], f"fields both accepted and refused: {both}"
+
+
+def test_openai_requests_take_sglangs_routing_fields():
+    """SGLang's OpenAI requests carry the PD and DP routing fields a router injects."""
+    routing = _fields(_class("srt/entrypoints/openai/protocol.py", "PDRoutingFields"))
+    assert {"bootstrap_room", "routed_dp_rank"} <= set(routing)
+    for model in (CompletionRequest, ChatCompletionRequest):
+        assert [f for f in routing if f not in model.model_fields] == [], model.__name__
+
+
+# the PD fields: SGLang's Engine takes them; radixlm's offline Engine has no PD mode and
+# refuses any value but null (refused_fields.refuse_options)
+ENGINE_PD_ARGS = {"bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"}
+
+
+@pytest.mark.parametrize("name", ["generate", "async_generate"])
+def test_every_sglang_engine_argument_is_decided(name):
+    cls = _class("srt/entrypoints/engine.py", "Engine")
+    fn = next(n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and n.name == name)
+    theirs = [a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs]
+    ours = inspect.signature(Engine.generate).parameters  # async_generate takes the same
+    undecided = [a for a in theirs
+                 if a not in ours and a not in REFUSED_REQUEST_FIELDS and a not in ENGINE_PD_ARGS]
+    assert "routed_dp_rank" in theirs and undecided == [], undecided
 
 
 # --- the server --------------------------------------------------------------------------------
