@@ -23,6 +23,7 @@ import torch
 from pydantic import ValidationError
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.engine_loop import EngineError, EngineLoop
 from radixlm.runtime.entrypoints.protocol import (
     UpdateWeightFromDiskRequest,
     token_ids_for_item,
@@ -44,7 +45,6 @@ from radixlm.runtime.managers.messages import (
     GenerateReqInput,
     GetInfoReq,
     ReqOutput,
-    UpdateWeightFromDiskOutput,
     UpdateWeightFromDiskReq,
 )
 from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
@@ -59,10 +59,6 @@ from radixlm.runtime.managers.validation import (
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
-
-class EngineError(RuntimeError):
-    """The scheduler failed; every pending request gets this."""
-
 
 class Engine:
     """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model."""
@@ -84,7 +80,7 @@ class Engine:
                 self._tp_ranks.kill()
             raise
         # dp_size > 1: more schedulers, each with its own model copy and pool, stepped in
-        # turn on this thread (see _turn); the requests are placed as the server places them
+        # turn on the calling thread (EngineLoop.turn); requests placed as the server does
         sa = self.server_args
         self.replicas = SchedulerReplicas(
             [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer, r)
@@ -95,99 +91,16 @@ class Engine:
         self.model_config = self.scheduler.model_config
         if self.server_args.cpu_threads is not None:
             torch.set_num_threads(self.server_args.cpu_threads)
-        self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, queue.Queue] = {}
-        self._lock = threading.Lock()  # guards _streams
-        self._drive = threading.Lock()  # held by the thread running the scheduler loop
-        self._stopped = False
-        self._error: BaseException | None = None
-        self._versions: dict[str, str] = {}  # rid -> weight version of its latest output
-        self._update_replies: queue.Queue = queue.Queue()
+        self.loop = EngineLoop(self.replicas)  # driven by the callers (engine_loop.py)
         self._update_lock = threading.Lock()  # one weight update at a time
         self.request_log = RequestLog.from_args(sa)  # --log-requests / --log-requests-file
         if self._tp_ranks is not None:
             self._tp_ranks.watch(self._on_rank_exit)
 
-    # --- driving the scheduler ------------------------------------------------------------
-    # No background thread: whichever caller is waiting for outputs runs the scheduler
-    # loop (one at a time, under ``_drive``), so the model runs on the caller's thread with
-    # all its torch threads. Other callers wait on their queues and take over the loop
-    # when it is free. Messages from any thread go through ``_inbox``.
-    def _drain_inbox(self) -> list[Any]:
-        msgs = []
-        try:
-            while True:
-                msgs.append(self._inbox.get_nowait())
-        except queue.Empty:
-            return msgs
-
-    def _send(self, dp_rank: int, obj: Any) -> None:
-        if isinstance(obj, UpdateWeightFromDiskOutput):
-            self._update_replies.put(obj)
-        elif isinstance(obj, list):
-            # sent before any update is applied
-            version = self.replicas.schedulers[dp_rank].weight_version
-            with self._lock:
-                for out in obj:
-                    q = self._streams.get(out.rid)
-                    if q is not None:
-                        self._versions[out.rid] = version
-                        q.put(out)
-
-    def _turn(self) -> None:
-        """One loop turn; the caller holds ``_drive``. A failure fails every request."""
-        self._check_alive()
-        try:
-            with torch.inference_mode():
-                self.replicas.run_once(self._drain_inbox(), self._send)
-        except BaseException as e:
-            logger.exception("the scheduler failed")
-            self._error = e
-            with self._lock:
-                for q in self._streams.values():
-                    q.put(e)
-            raise
-
-    def _next(self, q: queue.Queue) -> Any:
-        """The next item of ``q``, running the loop while nobody else does."""
-        while True:
-            try:
-                return q.get_nowait()
-            except queue.Empty:
-                pass
-            if self._drive.acquire(blocking=False):
-                try:
-                    self._turn()
-                finally:
-                    self._drive.release()
-            else:
-                try:
-                    return q.get(timeout=0.005)
-                except queue.Empty:
-                    continue
-
-    def _call(self, msg: Any) -> list[Any]:
-        """A control message, applied by every replica between two steps; their replies.
-        The caller runs one turn of the loop first: Python's lock is not fair, so a thread
-        that polls (``get_server_info`` in a loop) would otherwise take ``_drive`` back at
-        every release and starve the threads waiting for their outputs."""
-        with self._drive:
-            self._turn()
-            return self.replicas.handle_all(msg)
-
     def _on_rank_exit(self, why: str) -> None:
         """A tensor-parallel rank died (watch thread): fail every request, now and later."""
         logger.error("%s; the engine fails its requests", why)
-        self._error = EngineError(why)
-        with self._lock:
-            for q in self._streams.values():
-                q.put(self._error)
-
-    def _check_alive(self) -> None:
-        if self._error is not None:
-            raise EngineError(f"the scheduler failed: {self._error!r}") from self._error
-        if self._stopped:
-            raise EngineError("the engine is shut down")
+        self.loop.fail(EngineError(why))
 
     # --- requests ---------------------------------------------------------------------------
     def _prepare(self, prompt: str | None, ids: list[int] | None, sp: dict | None,
@@ -210,33 +123,6 @@ class Engine:
                                return_logprob, logprob_start_len, top_logprobs_num, namespace,
                                token_ids_logprob=token_ids_logprob)
         return msg, params
-
-    def _submit(self, msg: GenerateReqInput) -> queue.Queue:
-        self._check_alive()
-        q: queue.Queue = queue.Queue()
-        with self._lock:
-            if msg.rid in self._streams:
-                raise ValueError(f"rid {msg.rid!r} is already in use")
-            self._streams[msg.rid] = q
-        self._inbox.put(msg)
-        return q
-
-    def _outputs(self, rid: str, q: queue.Queue) -> Iterator[ReqOutput]:
-        try:
-            while True:
-                out = self._next(q)
-                if isinstance(out, BaseException):
-                    raise EngineError(f"the scheduler failed: {out!r}") from out
-                reason = out.finish_reason or {}
-                if reason.get("status_code") == 400:  # a bad request found by the scheduler
-                    raise ValueError(reason.get("message", "bad request"))
-                yield out
-                if out.finished:
-                    return
-        finally:
-            with self._lock:
-                self._streams.pop(rid, None)
-                self._versions.pop(rid, None)
 
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
@@ -313,32 +199,32 @@ class Engine:
                                       namespace=m.namespace), None)
                     for m, p in prepared if p.n > 1]
             for m, _ in warm:
-                list(self._outputs(m.rid, self._submit(m)))
+                list(self.loop.outputs(m.rid, self.loop.submit(m)))
         jobs = []
         for (m, p), text in zip(prepared, texts):
             for j in range(p.n):
                 sub = m if p.n == 1 else msgspec.structs.replace(m, rid=f"{m.rid}-{j}")
                 result = _Result(self.tokenizer, sub, p, text_in_logprobs)
-                jobs.append((result, self._submit(sub), text))
+                jobs.append((result, self.loop.submit(sub), text))
         return [self._collect(result, q, text) for result, q, text in jobs]
 
     def _collect(self, result: _Result, q: queue.Queue, text: str | None) -> dict:
         rid = result.msg.rid
-        for out in self._outputs(rid, q):
+        for out in self.loop.outputs(rid, q):
             result.add(out)
-            result.builder.weight_version = self._versions.get(rid)
+            result.builder.weight_version = self.loop.versions.get(rid)
             self._log_finished(result, out, text, stream=False)
         return result.to_dict(time.monotonic() - result.t0)
 
     def _stream(self, msg: GenerateReqInput, params: SamplingParams,
                 text_in_logprobs: bool, text: str | None) -> Iterator[dict]:
         result = _Result(self.tokenizer, msg, params, text_in_logprobs)
-        q = self._submit(msg)
+        q = self.loop.submit(msg)
         finished = False
         try:
-            for out in self._outputs(msg.rid, q):
+            for out in self.loop.outputs(msg.rid, q):
                 result.add(out)
-                result.builder.weight_version = self._versions.get(msg.rid)
+                result.builder.weight_version = self.loop.versions.get(msg.rid)
                 finished = out.finished
                 self._log_finished(result, out, text, stream=True)
                 yield result.chunk(time.monotonic() - result.t0)
@@ -358,11 +244,11 @@ class Engine:
                              out, timings)
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(AbortReq(rid))
+        self.loop.inbox.put(AbortReq(rid))
 
     # --- control ------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
-        return all(out.success for out in self._call(FlushCacheReq()))
+        return all(out.success for out in self.loop.call(FlushCacheReq()))
 
     def update_weights_from_disk(self, model_path: str | os.PathLike,
                                  load_format: str | None = None,
@@ -384,10 +270,10 @@ class Engine:
         if refused is not None:
             raise ValueError(refused[1])
         with self._update_lock:
-            self._check_alive()
-            self._inbox.put(UpdateWeightFromDiskReq(body.model_path, abort_all_requests,
+            self.loop.check_alive()
+            self.loop.inbox.put(UpdateWeightFromDiskReq(body.model_path, abort_all_requests,
                                                     weight_version, body.torch_empty_cache))
-            outs = [self._next(self._update_replies) for _ in self.replicas.schedulers]
+            outs = [self.loop.next(self.loop.update_replies) for _ in self.replicas.schedulers]
         out = next((o for o in outs if not o.success), outs[0])
         if out.success:
             self.model_path = body.model_path
@@ -395,44 +281,36 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         """Summed over the replicas when ``dp_size`` > 1 (``internal_states``: each one's)."""
-        infos = [out.info for out in self._call(GetInfoReq())]
+        infos = [out.info for out in self.loop.call(GetInfoReq())]
         extra = {"internal_states": infos} if len(infos) > 1 else {}
         return {"model_path": self.model_path, **aggregate_infos(infos), **extra}
 
     def check_invariants(self) -> None:
         """Assert the KV accounting invariant; the engine must be idle."""
-        for out in self._call(GetInfoReq(check_invariants=True)):
+        for out in self.loop.call(GetInfoReq(check_invariants=True)):
             if out.info.get("invariant_error"):
                 raise AssertionError(out.info["invariant_error"])
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Block until no request is waiting or running (aborts settle in a step)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._drive:
-                self._turn()
-                if self.replicas.is_idle() and self._inbox.empty():
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"engine not idle after {timeout} s: "
-                                   f"{self.scheduler.get_info()}")
+        self.loop.wait_idle(timeout)
 
     @property
     def is_alive(self) -> bool:
-        return not self._stopped and self._error is None
+        return not self.loop.stopped and self.loop.error is None
 
     def shutdown(self) -> None:
         """Abort what is still running and refuse new requests."""
-        if self._stopped:
+        if self.loop.stopped:
             return
-        with self._drive:
-            with self._lock:
-                rids = list(self._streams)
+        with self.loop.drive:
+            with self.loop.lock:
+                rids = list(self.loop.streams)
             for sched in self.replicas.schedulers:
                 for rid in rids:
                     sched.abort(rid, "the engine shut down")
                 sched.grammar_compiler.shutdown()
-            self._stopped = True
+            self.loop.stopped = True
             for publisher in self._kv_publishers:
                 publisher.shutdown()
             if self.request_log is not None:
