@@ -319,10 +319,6 @@ class ServerArgs:
              f"must be a TCP port (1..65535), got {self.disaggregation_bootstrap_port}")
         for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-        if self.disaggregation_mode != "null":
-            need(self.tp_size == 1, f"disaggregation_mode {self.disaggregation_mode} moves "
-                 "whole KV pages between two schedulers: --tp-size must be 1 (use "
-                 "--dp-size, or start more servers)")
 
     def resolve_cpu_threads(self) -> int:
         """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;

@@ -3,6 +3,8 @@ frames written to slots (decode)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radixlm.runtime.disaggregation.wire import KVLayout
@@ -12,12 +14,21 @@ CHUNK_BYTES = 4 << 20  # one KVChunk message carries at most this much K/V (whol
 
 class KVBuffers:
     """The per-layer K and V buffers of one side's pool (``KVPool.k_buffers`` /
-    ``v_buffers``): ``gather`` reads slots into frames, ``scatter`` writes frames to slots."""
+    ``v_buffers``): ``gather`` reads slots into frames, ``scatter`` writes frames to slots.
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], page_size: int) -> None:
+    Frames always hold every KV head of the model. A tensor-parallel pool holds a shard of
+    them (``k``'s heads); ``shards`` then gives the whole model's KV head count and the
+    reader and writer that assemble and split the heads over the ranks
+    (``ModelRunner.read_kv`` / ``write_kv``), so peers with different --tp-size meet."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], page_size: int,
+                 shards: tuple[int, Callable, Callable] | None = None) -> None:
         assert len(k) == len(v) and k, f"{len(k)} K buffers, {len(v)} V buffers"
         self.k, self.v, self.page_size = k, v, page_size
         _, heads, dim = k[0].shape
+        self.read = self.write = None
+        if shards is not None:
+            heads, self.read, self.write = shards
         self.layout = KVLayout(len(k), heads, dim, str(k[0].dtype).removeprefix("torch."),
                                page_size)
         self.token_bytes = heads * dim * k[0].element_size()
@@ -29,6 +40,8 @@ class KVBuffers:
 
     def gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
         """[K_0, V_0, K_1, V_1, ...] at ``slots``, each [n, heads, dim], contiguous, on CPU."""
+        if self.read is not None:
+            return self.read(slots)
         idx = slots.to(self.k[0].device)
         frames = []
         for k, v in zip(self.k, self.v):
@@ -38,6 +51,9 @@ class KVBuffers:
     def scatter(self, slots: torch.Tensor, frames: list[torch.Tensor]) -> None:
         """Write frames as ``gather`` made them into ``slots`` (the peers' layouts, dtype
         included, were checked equal when they met)."""
+        if self.write is not None:
+            self.write(slots, frames)
+            return
         idx = slots.to(self.k[0].device)
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
             k[idx] = frames[2 * layer].to(k.device)

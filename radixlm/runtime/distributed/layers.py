@@ -88,13 +88,18 @@ def local_kv_heads(config: ModelConfig, tp_size: int) -> int:
     return max(config.num_key_value_heads // tp_size, 1)
 
 
+def kv_head_start(config: ModelConfig, tp_size: int, rank: int) -> int:
+    """The first KV head rank ``rank`` holds. With fewer KV heads than ranks, consecutive
+    ranks share (replicate) one KV head."""
+    return rank * config.num_key_value_heads // tp_size
+
+
 def qkv_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
     """This rank's rows of q_proj, k_proj and v_proj."""
     d = config.head_dim
     q_heads = config.num_attention_heads // tp.size
     kv_heads = local_kv_heads(config, tp.size)
-    # with fewer KV heads than ranks, consecutive ranks share (replicate) one KV head
-    kv_index = tp.rank * config.num_key_value_heads // tp.size
+    kv_index = kv_head_start(config, tp.size, tp.rank)
     q = Shard(0, tp.rank * q_heads * d, (tp.rank + 1) * q_heads * d, config.q_size)
     kv = Shard(0, kv_index * d, (kv_index + kv_heads) * d, config.kv_size)
     return {"q_proj": q, "k_proj": kv, "v_proj": kv}

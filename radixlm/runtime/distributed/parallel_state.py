@@ -75,6 +75,21 @@ class TpGroup:
         dist.gather(x, parts, dst=0, group=self.device_group)
         return torch.cat(parts, dim=-1)
 
+    def gather_to_first(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Rank 0: every rank's ``x`` (the same shape on all), in rank order; the others
+        get None. Over the CPU group (``x`` on the CPU)."""
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
+        dist.gather(x, parts, dst=0, group=self.cpu_group)
+        return parts
+
+    def scatter_from_first(self, parts: list[torch.Tensor] | None,
+                           like: torch.Tensor) -> torch.Tensor:
+        """Rank r gets rank 0's ``parts[r]`` (each shaped as ``like``), over the CPU group."""
+        out = torch.empty_like(like)
+        dist.scatter(out, parts if self.rank == 0 else None, src=0, group=self.cpu_group)
+        return out
+
     def broadcast_bytes(self, data: bytes | None = None) -> bytes:
         """Rank 0 sends ``data`` (non-empty), the others receive it: the length first,
         then the bytes as a uint8 tensor, over the CPU group."""

@@ -14,8 +14,9 @@ from typing import Any
 
 _MEDIA = "radixlm serves text-only models: no image, video or audio input"
 _EMBEDS = "radixlm takes text or token ids, not embeddings"
-_DISAGG = ("radixlm's PD servers run --tp-size 1 and one bootstrap service per prefill "
-           "server: there is no tensor-parallel size or pair key to choose")
+_DISAGG = ("radixlm's pages carry every KV head whatever either side's --tp-size, and each "
+           "prefill server has one bootstrap service: there is no tensor-parallel size or "
+           "pair key to give")
 _SESSION = ("radixlm has no sessions; a repeated prefix is reused through the radix cache "
             "without one")
 _REASONING = "radixlm has no reasoning-model controls"

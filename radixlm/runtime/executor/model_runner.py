@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -18,6 +19,7 @@ from radixlm.radix_cache.kv_pool import KVPool, kv_cache_dtype_name, kv_cache_to
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import (
     check_tp_split,
+    kv_head_start,
     local_kv_heads,
     packed_layers,
     prepack_weights,
@@ -35,7 +37,9 @@ from radixlm.runtime.executor.tp_worker import (
     ShutdownStep,
     UpdateWeightsStep,
     forward_step,
+    read_kv,
     send_step,
+    write_kv,
 )
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import ModelConfig
@@ -264,12 +268,30 @@ class ModelRunner:
         return self.model(fb)
 
     def _tp_forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
-        """Rank 0 first tells the others. A collective that fails (a rank died, or hung
-        past --dist-timeout) breaks the group for good (``tp_broken``)."""
-        try:
+        """Rank 0 first tells the others."""
+        def run() -> torch.Tensor:
             if self.tp.is_first:
                 send_step(self.tp, forward_step(batch, req_to_token))
             return self.model(self.build_forward_batch(batch, req_to_token))
+        return self._collective(run)
+
+    def read_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """Rank 0 of a tensor-parallel group: the K/V rows at ``slots`` with every KV head
+        (each rank holds a shard), for a PD transfer (``tp_worker.read_kv``)."""
+        return self._collective(read_kv, self, self._kv_head_starts(), slots)
+
+    def write_kv(self, slots: torch.Tensor, frames: list[torch.Tensor]) -> None:
+        """Rank 0: write every-head K/V rows at ``slots``, each rank its heads."""
+        self._collective(write_kv, self, self._kv_head_starts(), slots, frames)
+
+    def _kv_head_starts(self) -> list[int]:
+        return [kv_head_start(self.model_config, self.tp.size, r) for r in range(self.tp.size)]
+
+    def _collective(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, which talks to the other ranks. A collective that fails (a rank
+        died, or hung past --dist-timeout) breaks the group for good (``tp_broken``)."""
+        try:
+            return fn(*args)
         except RuntimeError as e:
             self.tp_broken = True
             raise RuntimeError(

@@ -48,11 +48,15 @@ def transfer_failed(why: str) -> dict[str, Any]:
     return {"type": "abort", "message": f"KV transfer failed: {why}", "status_code": 503}
 
 
-def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any],
-                      dp_rank: int = 0) -> KVManager:
+def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any], dp_rank: int = 0,
+                      runner: Any = None) -> KVManager:
     """The transfer manager of replica ``dp_rank`` of a server in
-    ``args.disaggregation_mode`` (not "null")."""
-    buffers = KVBuffers(k, v, args.page_size)
+    ``args.disaggregation_mode`` (not "null"); with --tp-size > 1, ``runner`` (rank 0's
+    ModelRunner) reads and writes every rank's heads."""
+    shards = None
+    if runner is not None and runner.tp.size > 1:
+        shards = (runner.model_config.num_key_value_heads, runner.read_kv, runner.write_kv)
+    buffers = KVBuffers(k, v, args.page_size, shards)
     assert args.disaggregation_transfer_backend == "zmq", args.disaggregation_transfer_backend
     prefill = args.disaggregation_mode == "prefill"
     transport = ZmqTransport(buffers.layout, (args.host, args.disaggregation_bootstrap_port)
@@ -301,6 +305,7 @@ def create_queues(scheduler: Any, args: ServerArgs,
     if args.disaggregation_mode == "null":
         return None
     pool = scheduler.model_runner.kv_pool
-    manager = create_kv_manager(args, pool.k_buffers, pool.v_buffers, dp_rank)
+    manager = create_kv_manager(args, pool.k_buffers, pool.v_buffers, dp_rank,
+                                scheduler.model_runner)
     cls = PrefillQueues if args.disaggregation_mode == "prefill" else DecodeQueues
     return cls(scheduler, manager)

@@ -5,11 +5,12 @@ every output equals a single server's."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import pytest
+
+from tests.runtime.disaggregation.pd_client import both, post
 
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", "4",
          "--chunked-prefill-size", "64", "--cpu-threads", "1", "--random-seed", "0"]
@@ -24,21 +25,6 @@ def cluster(tmp_path_factory, pd_cluster):
     with pd_cluster(tmp_path_factory.mktemp("pd-dp"), FLAGS, pd,
                     ["--load-balance-method", "round_robin"]) as servers:
         yield servers
-
-
-def post(url: str, body: dict) -> httpx.Response:
-    return httpx.post(url + "/generate", json=body, timeout=120)
-
-
-def both(prefill: str, dec: str, body: dict) -> httpx.Response:
-    """What a router does: the same body to both servers at once; the decode's answer."""
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.update(p=post(prefill, body)))
-    t.start()
-    answer = post(dec, body)
-    t.join(timeout=120)
-    assert out["p"].status_code == 200, out["p"].text
-    return answer
 
 
 def replica_infos(url: str) -> list[dict]:
