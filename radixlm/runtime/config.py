@@ -20,6 +20,10 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
 RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
+# SGLang 0.5's names: "auto" (its default), its request and token counts, and PD's room
+# placement (round_robin for requests without a room)
+LOAD_BALANCE_ALIASES = {"auto": "cache_aware", "total_requests": "shortest_queue",
+                        "total_tokens": "minimum_tokens", "follow_bootstrap_room": "round_robin"}
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("zmq",)
 # SGLang's backends that need RDMA / NVLink libraries radixlm does not ship
@@ -181,7 +185,10 @@ class ServerArgs:
     load_balance_method: str = field(default="cache_aware", metadata={
         "help": "|".join(LOAD_BALANCE_METHODS) + ": how --dp-size replicas share requests; "
                 "cache_aware: the replica holding the longest prefix of the prompt (from its "
-                "own KV events) unless it is overloaded (the two thresholds below)"})
+                "own KV events) unless it is overloaded (the two thresholds below). SGLang "
+                "0.5's names: auto (cache_aware), total_requests (shortest_queue), "
+                "total_tokens (minimum_tokens), follow_bootstrap_room (a PD request's room "
+                "decides: room mod --dp-size; a prefill server always places rooms so)"})
     cache_aware_balance_abs_threshold: int = field(default=2048, metadata={
         "help": "cache_aware: a replica whose load (queued + running tokens) exceeds the "
                 "least loaded one's by more than this many tokens, and by more than "
@@ -293,9 +300,14 @@ class ServerArgs:
         need(self.dist_timeout > 0, f"dist_timeout must be > 0, got {self.dist_timeout}")
         need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
         need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")
-        need(self.load_balance_method in LOAD_BALANCE_METHODS,
-             f"load_balance_method must be one of {LOAD_BALANCE_METHODS}, "
+        need(self.load_balance_method in LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES),
+             f"load_balance_method must be one of "
+             f"{LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES)}, "
              f"got {self.load_balance_method!r}")
+        need(self.load_balance_method != "follow_bootstrap_room"
+             or self.disaggregation_mode != "null", "load_balance_method "
+             "follow_bootstrap_room places PD requests by their bootstrap_room: it needs "
+             "--disaggregation-mode prefill or decode")
         need(self.cache_aware_balance_abs_threshold >= 0,
              "cache_aware_balance_abs_threshold must be >= 0, got "
              f"{self.cache_aware_balance_abs_threshold}")
@@ -319,6 +331,11 @@ class ServerArgs:
              f"must be a TCP port (1..65535), got {self.disaggregation_bootstrap_port}")
         for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def balance_method(self) -> str:
+        """``load_balance_method`` in radixlm's names (SGLang 0.5's mapped)."""
+        return LOAD_BALANCE_ALIASES.get(self.load_balance_method, self.load_balance_method)
 
     def resolve_cpu_threads(self) -> int:
         """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;

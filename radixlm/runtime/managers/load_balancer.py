@@ -240,8 +240,9 @@ def room_replica(msg: GenerateReqInput, dp_size: int) -> int:
 
 def balancer_for(args: ServerArgs, dp_size: int) -> LoadBalancer:
     """The server's settings as a LoadBalancer (one replica: nothing to choose)."""
-    method = args.load_balance_method if dp_size > 1 else "round_robin"
+    method = args.balance_method if dp_size > 1 else "round_robin"
     index = PrefixIndex(dp_size, args.page_size) if method == "cache_aware" else None
     return LoadBalancer(dp_size, method, args.cache_aware_balance_abs_threshold,
                         args.cache_aware_balance_rel_threshold, index,
-                        args.cache_aware_threshold, args.disaggregation_mode == "prefill")
+                        args.cache_aware_threshold, args.disaggregation_mode == "prefill"
+                        or args.load_balance_method == "follow_bootstrap_room")

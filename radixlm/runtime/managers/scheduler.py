@@ -50,7 +50,7 @@ DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
 def wants_kv_events(args: ServerArgs) -> bool:
     """Events are recorded when published, or when a cache-aware dispatcher reads them."""
     return args.kv_events() is not None or (
-        args.dp_size > 1 and args.load_balance_method == "cache_aware")
+        args.dp_size > 1 and args.balance_method == "cache_aware")
 
 
 class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):

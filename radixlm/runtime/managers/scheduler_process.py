@@ -161,7 +161,7 @@ def run_scheduler_process(
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info, dp_rank)))
     try:
         io = SchedulerIO(scheduler, pull, push, heartbeat, dp_rank)
-        if args.dp_size > 1 and args.load_balance_method == "cache_aware":
+        if args.dp_size > 1 and args.balance_method == "cache_aware":
             scheduler.kv_event_sinks.append(io.send_kv_events)
         scheduler.run_loop(io.recv, io.send, should_stop)
         logger.info("scheduler process stopping")

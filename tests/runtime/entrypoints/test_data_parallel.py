@@ -419,6 +419,23 @@ def test_prefill_server_places_rooms_by_room_mod_dp_size() -> None:
             for r in range(4)] == [0, 1, 0, 1]
 
 
+def test_sglang_05_balance_method_names() -> None:
+    """SGLang 0.5's --load-balance-method names work: auto, total_requests, total_tokens,
+    and follow_bootstrap_room (PD only: rooms decide, others go round robin)."""
+    for name, ours in (("auto", "cache_aware"), ("total_requests", "shortest_queue"),
+                       ("total_tokens", "minimum_tokens")):
+        assert balancer_for(ServerArgs(dp_size=2, load_balance_method=name), 2).method == ours
+    dec = balancer_for(ServerArgs(dp_size=2, disaggregation_mode="decode",
+                                  load_balance_method="follow_bootstrap_room"), 2)
+    assert [_send(dec, msgspec.structs.replace(_req(str(r)), bootstrap_room=r))
+            for r in (5, 7, 8)] == [1, 1, 0]
+    assert [_send(dec, _req(f"n{i}")) for i in range(2)] == [0, 1]
+    with pytest.raises(ValueError, match="follow_bootstrap_room .* needs --disaggregation"):
+        ServerArgs(load_balance_method="follow_bootstrap_room")
+    with pytest.raises(ValueError, match="load_balance_method must be one of"):
+        ServerArgs(load_balance_method="fastest")
+
+
 def test_aggregate_infos_sums_and_recomputes_rates() -> None:
     a = {"prompt_tokens": 100, "cached_tokens": 50, "used_tokens": 10,
          "max_total_num_tokens": 100, "page_size": 1, "token_usage": 0.1,
