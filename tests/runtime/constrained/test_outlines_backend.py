@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -477,14 +478,31 @@ def test_cache_returns_the_same_grammar(compiler: Any) -> None:
     assert compiler.compile("regex", "[0-9]+") is compiler.compile("regex", "[0-9]+")
 
 
-def test_time_limit_fails_the_future_without_blocking(tokenizer: Any) -> None:
-    """An injected 3 s compile against a 0.05 s limit: the future fails, submit returned
-    at once (the future was not done), and the failure is not cached."""
+def test_submit_never_waits_for_the_compile(tokenizer: Any) -> None:
+    """A compile held on a gate: submit returns a pending future, which completes once the
+    compile may go on (no clock involved: the time limit is far away)."""
+    gate = threading.Event()
+    backend = OutlinesBackend(tokenizer, len(tokenizer))
+    real = backend.compile
+    backend.compile = lambda *a: gate.wait() and real(*a)
+    held = GrammarCompiler(backend, timeout_s=600)
+    try:
+        fut = held.submit("regex", "[a-z]+")
+        assert not fut.done()
+        gate.set()
+        assert fut.result(timeout=60) is not None
+    finally:
+        gate.set()
+        held.shutdown()
+
+
+def test_time_limit_fails_the_future(tokenizer: Any) -> None:
+    """An injected 3 s compile against a 0.05 s limit: the future fails naming the limit,
+    and the failure is not cached."""
     slow = GrammarCompiler(OutlinesBackend(tokenizer, len(tokenizer)), timeout_s=0.05,
                            compile_delay_s=3.0)
     try:
         fut = slow.submit("regex", "[a-z]+")
-        assert not fut.done()  # submit never waits for the compile
         with pytest.raises(ValueError, match="exceeded the time limit of 0.05 s"):
             fut.result(timeout=20)
         assert slow.submit("regex", "[a-z]+") is not fut  # not cached
