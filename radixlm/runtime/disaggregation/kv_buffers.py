@@ -1,9 +1,10 @@
-"""One side's view of its KV pool for a transfer: slots read into frames (prefill) and
-frames written to slots (decode)."""
+"""One side's view of its KV pool for a transfer: slots read into frames (prefill), frames
+checked and written to slots (decode)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -59,3 +60,28 @@ class KVBuffers:
             k[idx] = frames[2 * layer].to(k.device)
             v[idx] = frames[2 * layer + 1].to(v.device)
 
+    def frames_problem(self, frames: list[Any], n: int) -> str | None:
+        """Why received ``frames`` cannot hold ``n`` tokens' K and V (None: they can)."""
+        if len(frames) != 2 * len(self.k):
+            return f"{len(frames)} frames, expected {2 * len(self.k)}"
+        want = n * self.token_bytes
+        sizes = {_nbytes(f) for f in frames}
+        if sizes != {want}:
+            return f"frame sizes {sorted(sizes)}, expected {want} bytes"
+        return None
+
+    def as_tensors(self, frames: list[Any], n: int) -> list[torch.Tensor]:
+        """Received frames as [n, heads, dim] tensors of the pool's dtype (views, no copy)."""
+        lay, dtype = self.layout, self.k[0].dtype
+        out = []
+        for f in frames:
+            if not isinstance(f, torch.Tensor):
+                f = torch.frombuffer(memoryview(f), dtype=torch.uint8).view(dtype)
+            out.append(f.view(n, lay.num_kv_heads, lay.head_dim))
+        return out
+
+
+def _nbytes(frame: Any) -> int:
+    if isinstance(frame, torch.Tensor):
+        return frame.numel() * frame.element_size()
+    return memoryview(frame).nbytes

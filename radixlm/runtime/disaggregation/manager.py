@@ -162,7 +162,7 @@ class KVReceiver(_Transfer):
             self.abort(f"bad KV chunk from the prefill server: {problem}")
             return
         part = self.slots[chunk.offset: chunk.offset + chunk.num_tokens]
-        self.manager.buffers.scatter(part, self.manager.frames_to_tensors(frames, len(part)))
+        self.manager.buffers.scatter(part, self.manager.buffers.as_tensors(frames, len(part)))
         self.received += chunk.num_tokens
         self.manager.received_tokens += chunk.num_tokens
         if not chunk.last:
@@ -373,34 +373,8 @@ class KVManager:
     def check_chunk(self, chunk: KVChunk, frames: list[Any], reserved: int,
                     received: int) -> str | None:
         """Why this chunk cannot be written (None: it can)."""
-        layers = self.buffers.layout.num_layers
         if chunk.offset != received or chunk.num_tokens <= 0:
             return f"chunk at {chunk.offset} (+{chunk.num_tokens}) after {received} tokens"
         if chunk.offset + chunk.num_tokens > reserved:
             return f"chunk ends at {chunk.offset + chunk.num_tokens}, {reserved} reserved"
-        if len(frames) != 2 * layers:
-            return f"{len(frames)} frames, expected {2 * layers}"
-        want = chunk.num_tokens * self.buffers.token_bytes
-        sizes = {self.frame_nbytes(f) for f in frames}
-        if sizes != {want}:
-            return f"frame sizes {sorted(sizes)}, expected {want} bytes"
-        return None
-
-    @staticmethod
-    def frame_nbytes(frame: Any) -> int:
-        if isinstance(frame, torch.Tensor):
-            return frame.numel() * frame.element_size()
-        return memoryview(frame).nbytes
-
-    def frames_to_tensors(self, frames: list[Any], n: int) -> list[torch.Tensor]:
-        """Frames as [n, heads, dim] tensors of the pool's dtype (views, no copy)."""
-        lay = self.buffers.layout
-        dtype = self.buffers.k[0].dtype
-        out = []
-        for f in frames:
-            if isinstance(f, torch.Tensor):
-                out.append(f.view(n, lay.num_kv_heads, lay.head_dim))
-                continue
-            raw = torch.frombuffer(memoryview(f), dtype=torch.uint8)
-            out.append(raw.view(dtype).view(n, lay.num_kv_heads, lay.head_dim))
-        return out
+        return self.buffers.frames_problem(frames, chunk.num_tokens)
