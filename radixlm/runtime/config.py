@@ -115,7 +115,16 @@ class ServerArgs:
     # server
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_key: str | None = field(default=None, metadata={
+        "help": "the API key, or a file of 'key tenant' lines (each tenant has its own "
+                "cache namespace and rids, and no admin rights)"})
+    admin_api_key: str | None = field(default=None, metadata={
+        "help": "the admin's key (SGLang's flag): weight updates, /flush_cache, abort_all "
+                "and /metrics need it; without it the one --api-key key is the admin, and "
+                "tenant keys never are"})
+    weights_root: str | None = field(default=None, metadata={
+        "help": "/update_weights_from_disk loads only directories under this one (symlinks "
+                "and '..' resolved first); unset: any directory"})
     served_model_name: str | None = None
     shutdown_timeout: float = field(default=30.0, metadata={"help": "seconds running requests "
                                     "get to finish after SIGTERM"})
@@ -317,6 +326,16 @@ class ServerArgs:
         need(0.0 <= self.cache_aware_threshold <= 1.0,
              f"cache_aware_threshold must be in [0, 1], got {self.cache_aware_threshold}")
         self._validate_disaggregation(need)
+        self._validate_keys(need)
+
+    def _validate_keys(self, need: Any) -> None:
+        key = self.admin_api_key
+        need(key is None or (key != "" and key.split() == [key]),
+             "admin_api_key must be a non-empty string without spaces")
+        need(self.admin_api_key is None or self.admin_api_key != self.api_key,
+             "admin_api_key must differ from api_key")
+        need(self.weights_root is None or os.path.isdir(self.weights_root),
+             f"weights_root must be a directory, got {self.weights_root!r}")
 
     def _validate_disaggregation(self, need: Any) -> None:
         need(self.disaggregation_mode in DISAGGREGATION_MODES,

@@ -21,12 +21,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.auth import ApiKeys, with_api_keys
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
 from radixlm.runtime.entrypoints.http_utils import (
-    ApiKeyMiddleware,
     BodyLimitMiddleware,
     install_error_handlers,
-    load_api_keys,
 )
 from radixlm.runtime.entrypoints.lifecycle import DrainingServer, scheduler_watchdog
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
@@ -62,7 +61,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
 
     app.openapi = openapi  # type: ignore[method-assign]
     bounded = BodyLimitMiddleware(app, args.max_request_bytes, args.request_read_timeout)
-    return ApiKeyMiddleware(bounded, load_api_keys(args.api_key)) if args.api_key else bounded
+    return with_api_keys(bounded, args)
 
 
 async def _serve(
@@ -126,8 +125,7 @@ async def _serve(
 def launch_server(args: ServerArgs) -> int:
     """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
     when the watchdog found the scheduler stuck."""
-    if args.api_key:
-        load_api_keys(args.api_key)  # a bad key file stops the server before it starts
+    ApiKeys.from_args(args)  # a bad key file stops the server before it starts
     model_path = resolve_model_path(args.model_path)
     if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
         return serve_node(args, model_path)

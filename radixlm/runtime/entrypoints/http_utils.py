@@ -1,16 +1,12 @@
 """HTTP helpers shared by the native routes (native_api.py) and OpenAI's (openai_api.py):
-JSON bodies, responses, server-sent events, client-disconnect handling, the API-key
-middleware (one key, or a file of tenants' keys) and the error handlers (every error in
-OpenAI's shape)."""
+JSON bodies, responses, server-sent events, client-disconnect handling, the body limit
+and the error handlers (every error in OpenAI's shape). API keys and tenants: ``auth.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
-import re
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -29,7 +25,6 @@ M = TypeVar("M", bound=BaseModel)
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
-OPEN_PATHS = ("/health", "/metrics")  # reachable without the API key
 
 
 async def read_model(request: Request, model: type[M]) -> M:
@@ -115,77 +110,7 @@ def pick(body: Any, key: str, i: int, batch: bool, default: Any) -> Any:
     return value
 
 
-# --- API keys and tenants ----------------------------------------------------------------
-TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def load_api_keys(api_key: str) -> dict[bytes, str | None]:
-    """``--api-key``: one key (tenant ``None``), or the path of a file of ``key tenant``
-    lines (``#`` comments and blank lines allowed) whose keys each name their tenant.
-    Returns ``{sha256(key): tenant}``; ValueError names the line of a bad file."""
-    if not os.path.isfile(api_key):
-        return {_digest(api_key.encode()): None}
-    keys: dict[bytes, str | None] = {}
-    with open(api_key, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.split("#", 1)[0].split()
-            if not fields:
-                continue
-            where = f"{api_key}:{lineno}"
-            if len(fields) != 2:
-                raise ValueError(f"{where}: want 'key tenant', got {len(fields)} fields")
-            key, tenant = fields
-            if not TENANT_NAME.fullmatch(tenant):
-                raise ValueError(f"{where}: tenant names are 1-64 of [A-Za-z0-9_.-], "
-                                 f"got {tenant!r}")
-            digest = _digest(key.encode())
-            if digest in keys:
-                raise ValueError(f"{where}: this key is listed twice")
-            keys[digest] = tenant
-    if not keys:
-        raise ValueError(f"{api_key}: no 'key tenant' lines")
-    return keys
-
-
-def _digest(key: bytes) -> bytes:
-    return hashlib.sha256(key).digest()
-
-
-def request_tenant(request: Request) -> str | None:
-    """The tenant whose key authenticated ``request`` (None: no tenants)."""
-    return request.scope.get("state", {}).get("tenant")
-
-
 # --- middleware and errors ---------------------------------------------------------------
-class ApiKeyMiddleware:
-    """401 unless ``Authorization: Bearer <key>`` (or ``X-API-Key``) is one of ``keys``
-    (``load_api_keys``); the key's tenant goes to the request's state (``request_tenant``).
-    Keys are compared as SHA-256 digests, so the lookup time says nothing about a key."""
-
-    def __init__(self, app: ASGIApp, keys: dict[bytes, str | None]) -> None:
-        self.app = app
-        self.keys = keys
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"")
-            scheme, _, token = auth.partition(b" ")
-            key = (token.strip() if scheme.lower() == b"bearer"  # RFC 9110: any case
-                   else headers.get(b"x-api-key", b""))
-            digest = _digest(key)
-            if digest not in self.keys:
-                err = ApiError(
-                    401,
-                    "invalid or missing API key (send Authorization: Bearer <key>)",
-                    code="invalid_api_key",
-                )
-                await json_response(err.body(), 401)(scope, receive, send)
-                return
-            scope.setdefault("state", {})["tenant"] = self.keys[digest]
-        await self.app(scope, receive, send)
-
-
 class BodyLimitMiddleware:
     """Reads each request's body before the app does, so that a body over ``max_bytes``
     gets 413 before it is in memory (a declared Content-Length over it at once, a

@@ -8,9 +8,7 @@ SGLang's ``RuntimeEndpoint`` and sglang-router work against it unchanged.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.metadata
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,13 +16,17 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.auth import (
+    request_tenant,
+    require_admin,
+    require_server_wide,
+)
 from radixlm.runtime.entrypoints.http_utils import (
     SSE_DONE,
     await_or_disconnect,
     json_response,
     pick,
     read_model,
-    request_tenant,
     sse,
     sse_response,
 )
@@ -36,8 +38,9 @@ from radixlm.runtime.entrypoints.protocol import (
     TokenizeRequest,
     UpdateWeightFromDiskRequest,
 )
+from radixlm.runtime.entrypoints.server_info import full_server_info, tenant_server_info
+from radixlm.runtime.entrypoints.weights_root import resolve_under_root
 from radixlm.runtime.managers.api_error import ApiError
-from radixlm.runtime.managers.data_parallel_controller import aggregate_infos
 from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
 from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
 
@@ -53,7 +56,6 @@ FLUSH_RETRY_S = 0.05
 FLUSHED_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are "
                 "running or waiting requests, the operation will not be performed.)\n")
 HEALTH_TIMEOUT_S = 20.0
-SECRETS = ("api_key",)  # ServerArgs fields never shown in a response
 
 
 def _token_ids_logprob(body: GenerateRequest, i: int, batch: bool) -> list[int] | None:
@@ -118,7 +120,7 @@ class NativeRoutes:
                                   pick(body, "cache_salt", i, batch, None),
                                   request_tenant(request)),
                 _token_ids_logprob(body, i, batch), body.custom_labels, body.log_metrics,
-                priority=body.priority,
+                priority=body.priority, tenant=request_tenant(request),
             ))
             items[-1].msg.routing_key = body.routing_key
             text = body.text[i] if isinstance(body.text, list) else body.text
@@ -186,31 +188,17 @@ class NativeRoutes:
             }
         )
 
-    async def server_info(self) -> Response:
-        """The server's settings and info summed over its replicas; ``internal_states``
-        (SGLang's key) holds each live replica's own, ``dp_replicas`` what the dispatcher
-        counts per replica and why a dead one was taken out."""
-        replicas = await self.tm.replica_infos()
-        info = aggregate_infos(replicas)
-        info.pop("dp_rank", None)
-        dead = self.tm.dp.dead
-        return json_response(
-            {
-                **{k: v for k, v in dataclasses.asdict(self.args).items() if k not in SECRETS},
-                **info,
-                "model_path": self.tm.model_path,
-                **self.tm.model_info,
-                "num_inflight_requests": len(self.tm.states),
-                "pids": {"main": os.getpid(), **self.pids},
-                "internal_states": replicas,
-                "dp_replicas": [{**load, "dead": dead.get(load["dp_rank"])}
-                                for load in self.tm.dp.balancer.loads()],
-            }
-        )
+    async def server_info(self, request: Request) -> Response:
+        """SGLang's full form (``server_info.py``), or a tenant's own view of it."""
+        tenant = request_tenant(request)
+        if tenant is not None:
+            return json_response(await tenant_server_info(self.tm, self.args, tenant))
+        return json_response(await full_server_info(self.tm, self.args, self.pids))
 
     async def flush_cache(self, request: Request) -> Response:
         """SGLang's shape: plain text, 200 or 400; ``?timeout=S`` waits up to S seconds for
-        the running and queued requests to finish first."""
+        the running and queued requests to finish first. The admin's (``auth.py``)."""
+        require_admin(request, "/flush_cache")
         deadline = time.monotonic() + _flush_timeout(request.query_params.get("timeout"))
         while not (out := await self.tm.flush_cache()).success and time.monotonic() < deadline:
             await asyncio.sleep(FLUSH_RETRY_S)
@@ -220,24 +208,29 @@ class NativeRoutes:
 
     async def abort_request(self, request: Request) -> Response:
         """SGLang's shape: an empty 200; a rid aborts every request whose rid starts with
-        it. Neither rid nor abort_all is a 400 (SGLang ignores it)."""
+        it (a tenant's only among its own), ``abort_all`` is the admin's. Neither rid nor
+        abort_all is a 400 (SGLang ignores it)."""
         body = await read_model(request, AbortRequest)
         if body.abort_all:
+            require_admin(request, "abort_all")
             self.tm.abort_all()
         elif body.rid:
-            self.tm.abort_prefix(body.rid)
+            self.tm.abort_prefix(body.rid, request_tenant(request))
         else:
             raise ApiError(400, "give rid (a non-empty string) or abort_all: true", param="rid")
         return Response(status_code=200)
 
     async def update_weights_from_disk(self, request: Request) -> Response:
-        """SGLang's route: ``{success, message, num_paused_requests}``, 200 or 400."""
+        """SGLang's route: ``{success, message, num_paused_requests}``, 200 or 400. The
+        admin's; only from under ``--weights-root`` when it is set (``weights_root.py``)."""
+        require_admin(request, "/update_weights_from_disk")
         body = await read_model(request, UpdateWeightFromDiskRequest)
         refused = body.refused()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0])
+        model_path = resolve_under_root(body.model_path, self.args.weights_root)
         out = await self.tm.update_weights_from_disk(UpdateWeightFromDiskReq(
-            body.model_path, body.abort_all_requests, body.weight_version,
+            model_path, body.abort_all_requests, body.weight_version,
             body.torch_empty_cache))
         content = {"success": out.success, "message": out.message,
                    "num_paused_requests": out.num_paused_requests}
@@ -266,17 +259,21 @@ class NativeRoutes:
             raise ApiError(400, f"tokens must be in [0, {vocab})", param="tokens")
         return json_response({"text": self.tm.tokenizer.decode(body.tokens)})
 
-    async def get_load(self) -> Response:
-        """One entry per live data-parallel replica (SGLang's shape)."""
+    async def get_load(self, request: Request) -> Response:
+        """One entry per live data-parallel replica (SGLang's shape); not for tenants."""
+        require_server_wide(request, "/get_load")
         return json_response([legacy_load(info) for info in await self.tm.replica_infos()])
 
     async def v1_loads(self, request: Request) -> Response:
+        require_server_wide(request, "/v1/loads")
         device = self.tm.model_info.get("device")
         return v1_loads_response(await self.tm.replica_infos(), request.query_params,
                                  self.args.dp_size, radixlm_version(),
                                  None if device == "cpu" else device, self.args.tp_size)
 
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text; with keys set, the admin's (it names every tenant)."""
+        require_admin(request, "/metrics")
         data = self.tm.metrics.render(await self.tm.get_info())
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 

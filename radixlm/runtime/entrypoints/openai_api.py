@@ -13,11 +13,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from radixlm.runtime.entrypoints.auth import request_tenant
 from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
     json_response,
     read_model,
-    request_tenant,
     sse_response,
 )
 from radixlm.runtime.entrypoints.openai_jobs import ChatJob, CompletionJob
@@ -157,6 +157,7 @@ class OpenAIRoutes:
                                             request_tenant(request)),
                 priority=body.priority,
                 custom_labels=self._custom_labels(request),
+                tenant=request_tenant(request),  # its rids are scoped (tenant_rids)
             )
             for ids in prompts
         ]
@@ -235,7 +236,7 @@ class OpenAIRoutes:
             ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
             text_in_logprobs=True, priority=body.priority,
             namespace=self.tm.namespace(body.extra_key, body.cache_salt, request_tenant(request)),
-            custom_labels=self._custom_labels(request),
+            custom_labels=self._custom_labels(request), tenant=request_tenant(request),
         )
         item.origin = self.tm.log_origin(
             "/v1/chat/completions", self._conversation(body.messages), request_tenant(request),

@@ -20,6 +20,7 @@ from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.messages import GenerateReqInput
 from radixlm.runtime.managers.request_log import RequestOrigin
+from radixlm.runtime.managers.tenant_rids import check_client_rid, scoped_rid
 from radixlm.runtime.managers.validation import (
     PriorityRefused,
     cache_namespace,
@@ -57,10 +58,13 @@ class Admission:
         custom_labels: dict[str, str] | None = None,
         log_metrics: bool = True,
         priority: int | None = None,
+        tenant: str | None = None,
     ) -> Prepared:
         """Validate one request whose types were checked at the edge (400 on bad input:
-        ranges, vocabulary, context, the server's caps); nothing is sent yet."""
+        ranges, vocabulary, context, the server's caps); nothing is sent yet. ``tenant``
+        (from the API key) scopes the rid (``tenant_rids``)."""
         assert self.limits is not None, "prepare() before the scheduler was ready"
+        scoped = self.scoped_rid(rid, tenant)
         try:
             params = SamplingParams.from_dict(sampling_params)
             validate_request(input_ids, params, self.limits, top_logprobs_num,
@@ -73,7 +77,7 @@ class Admission:
             code = "context_length_exceeded" if "context length" in str(e) else None
             raise ApiError(400, str(e), code=code) from None
         msg = GenerateReqInput(
-            rid or uuid.uuid4().hex,
+            scoped,
             input_ids,
             params.to_dict(),
             bool(return_logprob),
@@ -88,10 +92,20 @@ class Admission:
         return Prepared(msg, params, labels)
 
     @staticmethod
+    def scoped_rid(rid: str | None, tenant: str | None) -> str:
+        """The rid the scheduler sees (``tenant_rids``; a fresh one if the client gave
+        none); 400 for a rid that holds the scoped form's separator."""
+        try:
+            check_client_rid(rid or "")
+        except ValueError as e:
+            raise ApiError(400, str(e), param="rid") from None
+        return scoped_rid(tenant, rid or uuid.uuid4().hex)
+
+    @staticmethod
     def namespace(extra_key: str | None, cache_salt: str | None,
                   tenant: str | None = None) -> str | None:
         """The cache namespace of a request (400 on a bad key); ``tenant`` comes from the
-        request's API key (``http_utils.request_tenant``), never from its body."""
+        request's API key (``auth.request_tenant``), never from its body."""
         try:
             return cache_namespace(extra_key, cache_salt, tenant)
         except ValueError as e:

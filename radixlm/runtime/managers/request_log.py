@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.managers.messages import GenerateReqInput, TextOutput
+from radixlm.runtime.managers.tenant_rids import client_rid
 from radixlm.runtime.managers.validation import namespace_label
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def build_record(msg: GenerateReqInput, origin: RequestOrigin, out: TextOutput,
     """The full record (the file's); ``console_view`` trims it for the console."""
     return {
         "time": round(time.time(), 6),
-        "rid": msg.rid,
+        "rid": client_rid(msg.rid),  # a tenant's, as its client sent it
         "route": origin.route,
         "stream": origin.stream,
         **prompt_fields(origin, msg.input_ids, max_chars),

@@ -40,6 +40,7 @@ from radixlm.runtime.managers.messages import (
 )
 from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
+from radixlm.runtime.managers.tenant_rids import abort_matches, client_rid, scoped_rid
 from radixlm.runtime.managers.validation import RequestLimits
 from radixlm.runtime.metrics import ServerMetrics
 
@@ -321,8 +322,8 @@ class TokenizerManager(Admission, ControlCalls):
 
     @staticmethod
     def new_builder(state: ReqState) -> ResultBuilder:
-        return ResultBuilder(state.msg.rid, state.msg.return_logprob, state.msg.top_logprobs_num,
-                             state.msg.token_ids_logprob is not None)
+        return ResultBuilder(client_rid(state.msg.rid), state.msg.return_logprob,
+                             state.msg.top_logprobs_num, state.msg.token_ids_logprob is not None)
 
     async def collect(self, state: ReqState) -> ResultBuilder:
         builder = self.new_builder(state)
@@ -334,11 +335,13 @@ class TokenizerManager(Admission, ControlCalls):
     def abort(self, rid: str) -> None:
         self.dp.abort(rid)
 
-    def abort_prefix(self, rid: str) -> None:
+    def abort_prefix(self, rid: str, tenant: str | None = None) -> None:
         """SGLang's ``/abort_request`` with a rid: every request whose rid starts with it
-        (the ``n`` samples ``rid-0``, ``rid-1``, ... of one request too)."""
-        for known in [r for r in self.states if r.startswith(rid)] or [rid]:
-            self.abort(known)
+        (the ``n`` samples ``rid-0``, ``rid-1``, ... of one request too); a tenant's only
+        among its own requests (``tenant_rids.abort_matches``)."""
+        known = [r for r in self.states if abort_matches(r, rid, tenant)]
+        for r in known or [scoped_rid(tenant, rid)]:
+            self.abort(r)
 
     def abort_all(self) -> None:
         self.dp.broadcast(encode(AbortReq("", abort_all=True)))

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from radixlm.runtime.entrypoints.http_utils import load_api_keys
+from radixlm.runtime.entrypoints.auth import load_api_keys
 from radixlm.runtime.entrypoints.server_process import ServerProcess
 
 KEYS = {"alice": "sk-alice-1", "bob": "sk-bob-2"}
