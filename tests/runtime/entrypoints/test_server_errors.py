@@ -62,7 +62,9 @@ def _generate(srv: ServerProcess, body: dict) -> httpx.Response:
 
 def test_api_key(server):
     assert httpx.get(server.url + "/health").status_code == 200
-    assert httpx.get(server.url + "/metrics").status_code == 200
+    # /metrics takes the admin's key: here the one --api-key key (no --admin-api-key)
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    assert httpx.get(server.url + "/metrics", headers=AUTH).status_code == 200
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         resp = httpx.get(server.url + "/v1/models", headers=headers)
         assert resp.status_code == 401
