@@ -133,6 +133,13 @@ class ServerArgs:
         "help": "largest request body in bytes (413 beyond it, before it is read whole)"})
     request_read_timeout: float = field(default=30.0, metadata={
         "help": "seconds a client may take to send a request body (408 after)"})
+    timeout_header_read: float = field(default=10.0, metadata={
+        "help": "seconds a connection may take to send a complete request head (from "
+                "being accepted, or from the first byte of a later request on it); it is "
+                "closed after"})
+    max_connections: int | None = field(default=None, metadata={
+        "help": "most HTTP connections open at once; one beyond it gets 503 and is closed "
+                "(default: half of ulimit -n, at most 10000)"})
     max_n: int = field(default=64, metadata={"help": "largest n (samples per prompt)"})
     max_stop_sequences: int = field(default=64, metadata={
         "help": "most stop strings (and stop_token_ids) per request"})
@@ -284,6 +291,10 @@ class ServerArgs:
              f"log_requests_max_chars must be >= 1, got {self.log_requests_max_chars}")
         for name in ("request_read_timeout", "watchdog_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        need(self.timeout_header_read > 0,
+             f"timeout_header_read must be > 0, got {self.timeout_header_read}")
+        need(self.max_connections is None or self.max_connections >= 1,
+             f"max_connections must be >= 1, got {self.max_connections}")
         for name in self.tokenizer_metrics_allowed_custom_labels or ():
             need(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
                  and not name.startswith("__") and name != "finish_reason",

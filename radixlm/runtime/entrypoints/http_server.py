@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.auth import ApiKeys, with_api_keys
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
+from radixlm.runtime.entrypoints.connections import bounded_protocol, default_max_connections
 from radixlm.runtime.entrypoints.http_utils import (
     BodyLimitMiddleware,
     install_error_handlers,
@@ -100,6 +101,8 @@ async def _serve(
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=5,
+        http=bounded_protocol(args.timeout_header_read,
+                              args.max_connections or default_max_connections()),
     )
     server = DrainingServer(config, tm, args.shutdown_timeout)
 

@@ -11,7 +11,6 @@ import asyncio
 import importlib.metadata
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
@@ -31,6 +30,7 @@ from radixlm.runtime.entrypoints.http_utils import (
     sse_response,
 )
 from radixlm.runtime.entrypoints.loads import legacy_load, v1_loads_response
+from radixlm.runtime.entrypoints.primed import PrimedOutputs, prime
 from radixlm.runtime.entrypoints.protocol import (
     AbortRequest,
     DetokenizeRequest,
@@ -129,8 +129,9 @@ class NativeRoutes:
         self.tm.attach_routing(items, body)
         states = await self.tm.submit(items)
         many = batch or len(states) > 1
-        if body.stream:
-            return sse_response(self._stream(states, many, t0))
+        if body.stream:  # the status waits for every request's first output or error
+            primed = await prime(request, self.tm, states)
+            return sse_response(self._stream(primed, many, t0))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
@@ -141,9 +142,11 @@ class NativeRoutes:
                 r["prompt_token_ids"] = list(s.msg.input_ids)
         return json_response(results if many else results[0])
 
-    async def _stream(self, states: list[Any], many: bool, t0: float) -> AsyncIterator[bytes]:
+    async def _stream(self, primed: PrimedOutputs, many: bool,
+                      t0: float) -> AsyncIterator[bytes]:
+        states = primed.states
         builders = [self.tm.new_builder(s) for s in states]
-        async for i, out in self.tm.merged_outputs(states):
+        async for i, out in primed:
             builders[i].add(out)
             builders[i].weight_version = states[i].weight_version
             chunk = builders[i].chunk(time.monotonic() - t0, cumulative=True)

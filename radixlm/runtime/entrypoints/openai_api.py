@@ -21,6 +21,7 @@ from radixlm.runtime.entrypoints.http_utils import (
     sse_response,
 )
 from radixlm.runtime.entrypoints.openai_jobs import ChatJob, CompletionJob
+from radixlm.runtime.entrypoints.primed import prime
 from radixlm.runtime.entrypoints.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -169,8 +170,8 @@ class OpenAIRoutes:
         self.tm.attach_routing(items, body)
         job = CompletionJob(self, items, body.echo, body)
         states = await self.tm.submit(items)
-        if body.stream:
-            return sse_response(job.stream(states))
+        if body.stream:  # the status waits for every request's first output or error
+            return sse_response(job.stream(await prime(request, self.tm, states)))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
@@ -244,8 +245,8 @@ class OpenAIRoutes:
         self.tm.attach_routing([item], body)
         job = ChatJob(self, item, body)
         states = await self.tm.submit([item])
-        if body.stream:
-            return sse_response(job.stream(states))
+        if body.stream:  # the status waits for every request's first output or error
+            return sse_response(job.stream(await prime(request, self.tm, states)))
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from radixlm.runtime.entrypoints.http_utils import SSE_DONE, finish_reason_str, sse
+from radixlm.runtime.entrypoints.primed import PrimedOutputs
 from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from radixlm.runtime.managers.admission import Prepared
 from radixlm.runtime.managers.messages import TextOutput
@@ -45,9 +46,10 @@ class Job(abc.ABC):
         cached = sum(o.cached_tokens for o in done)
         return self.routes.usage(prompt, sum(o.completion_tokens for o in done), cached)
 
-    async def stream(self, states: list[Any]) -> AsyncIterator[bytes]:
-        last: list[TextOutput | None] = [None] * len(states)
-        async for i, out in self.routes.tm.merged_outputs(states):
+    async def stream(self, primed: PrimedOutputs) -> AsyncIterator[bytes]:
+        """The stream's chunks; ``primed`` holds every request's first output already."""
+        last: list[TextOutput | None] = [None] * len(primed.gens)
+        async for i, out in primed:
             last[i] = out
             chunk = self.stream_choice(i, out)
             if chunk is not None:
