@@ -12,7 +12,6 @@ import collections
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,13 +39,11 @@ from radixlm.runtime.managers.messages import (
 )
 from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
+from radixlm.runtime.managers.tokenize_pool import TextBounds, TokenizePool
 from radixlm.runtime.managers.validation import RequestLimits
 from radixlm.runtime.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
-
-# texts longer than this are tokenized on a worker thread, not on the event loop
-LONG_TEXT_CHARS = 4096
 
 
 @dataclass
@@ -98,7 +95,8 @@ class TokenizerManager(Admission, ControlCalls):
         self.unhealthy: str | None = None  # why, once the watchdog found the scheduler stuck
         self.limits: RequestLimits | None = None  # known once the scheduler is ready
         self._loop_task: asyncio.Task | None = None
-        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        self.tokenize_pool = TokenizePool(tokenizer)
+        self.text_bounds: TextBounds | None = None  # known once the scheduler is ready
 
     # --- startup and the receive loop -----------------------------------------------------
     async def wait_ready(self, timeout: float, alive: Any) -> None:
@@ -126,6 +124,9 @@ class TokenizerManager(Admission, ControlCalls):
         self.limits = RequestLimits.from_args(
             self.args, msg.info["context_length"], msg.model_info["vocab_size"],
             msg.info["max_total_num_tokens"])
+        self.text_bounds = TextBounds(msg.info["context_length"],
+                                      self.tokenize_pool.chars_per_token,
+                                      self.args.max_batch_prompts, self.args.max_chat_messages)
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._recv_loop())
@@ -194,7 +195,7 @@ class TokenizerManager(Admission, ControlCalls):
     def close(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
-        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.tokenize_pool.close()
         if self.request_log is not None:
             self.request_log.close()
         self.dp.close()
@@ -202,13 +203,21 @@ class TokenizerManager(Admission, ControlCalls):
         self._pull_ctx.term()
 
     # --- requests ---------------------------------------------------------------------------
-    async def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; a long text is tokenized off the event loop."""
-        if len(text) <= LONG_TEXT_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._tokenize_pool,
-            lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    async def encode_text(self, text: str, add_special_tokens: bool = False,
+                          param: str = "text") -> list[int]:
+        """Token ids of ``text``; 400 if it cannot fit the context (before tokenizing)."""
+        return (await self.encode_texts([text], add_special_tokens, param))[0]
+
+    async def encode_texts(self, texts: list[str], add_special_tokens: bool = False,
+                           param: str = "text") -> list[list[int]]:
+        """Token ids of each text (``tokenize_pool.py``: bounded, off the event loop); 400
+        beyond ``--max-batch-prompts`` texts or for a text longer than the context."""
+        bounds = self.text_bounds
+        assert bounds is not None, "encode_texts before the scheduler was ready"
+        bounds.check_count(len(texts), param)
+        for t in texts:
+            bounds.check_text(t, param)
+        return await self.tokenize_pool.encode(texts, add_special_tokens)
 
     async def submit(self, items: list[Prepared]) -> list[ReqState]:
         """Send every request (each of its ``n`` samples); n > 1 first caches the prompt
