@@ -24,6 +24,7 @@ from radixlm.runtime.managers.admission import Admission, Prepared, with_rooms
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.control_calls import CONTROL_REPLIES, ControlCalls
 from radixlm.runtime.managers.data_parallel_controller import DataParallelController
+from radixlm.runtime.managers.heap_trim import HeapTrimmer
 from radixlm.runtime.managers.load_balancer import NoReplica
 from radixlm.runtime.managers.messages import (
     AbortReq,
@@ -97,6 +98,7 @@ class TokenizerManager(Admission, ControlCalls):
         self._loop_task: asyncio.Task | None = None
         self.tokenize_pool = TokenizePool(tokenizer)
         self.text_bounds: TextBounds | None = None  # known once the scheduler is ready
+        self.heap = HeapTrimmer()  # gives back what large logprob answers freed
 
     # --- startup and the receive loop -----------------------------------------------------
     async def wait_ready(self, timeout: float, alive: Any) -> None:
@@ -162,6 +164,7 @@ class TokenizerManager(Admission, ControlCalls):
             if out.finished:
                 state.finished = True
                 self.dp.balancer.finished(out.rid)
+                self.heap.note_finished(state.msg, out)
             state.queue.put_nowait(out)
 
     def _observe(self, state: ReqState, out: TextOutput, now: float) -> None:

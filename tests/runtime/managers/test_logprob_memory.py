@@ -4,17 +4,24 @@ every chunk, and nothing is kept after the request."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
+
+import msgspec
+import pytest
 
 from radixlm.runtime.entrypoints.http_utils import sse
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import DetokenizerManager, make_register
+from radixlm.runtime.managers.heap_trim import HeapTrimmer, logprob_entries
 from radixlm.runtime.managers.messages import (
     BatchOutput,
+    GenerateReqInput,
     RegisterReqs,
     ReqOutput,
     TextBatch,
+    TextOutput,
     decode,
     encode,
 )
@@ -97,3 +104,26 @@ def test_builders_keep_nothing_after_the_request(tiny_llama_dir):
         gc.collect()
         counts.append(len(gc.get_objects()))
     assert counts[-1] <= counts[1], counts
+
+
+def test_heap_is_trimmed_once_after_large_logprob_answers():
+    msg = GenerateReqInput("r", [5] * 4000, {}, return_logprob=True, logprob_start_len=0,
+                           top_logprobs_num=64)
+    big = TextOutput("r", "", [], 4000, 0, 1, {"type": "length"})
+    assert logprob_entries(msg, big) == 4001 * 65
+    small = msgspec.structs.replace(msg, return_logprob=False)
+
+    async def main(trimmer: HeapTrimmer) -> None:
+        trimmer.note_finished(small, big)
+        assert trimmer._handle is None  # nothing worth a trim
+        for _ in range(3):  # three finish together: one trim
+            trimmer.note_finished(msg, big)
+        while trimmer.trims == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+    trimmer = HeapTrimmer(delay=0.0)
+    if trimmer._trim is None:
+        pytest.skip("not glibc: nothing to trim")
+    asyncio.run(main(trimmer))
+    assert trimmer.trims == 1
