@@ -148,6 +148,11 @@ class ServerArgs:
     max_logit_bias: int = field(default=1024, metadata={"help": "most logit_bias entries"})
     max_top_logprobs_num: int = field(default=64, metadata={
         "help": "largest top_logprobs_num (native) / logprobs (OpenAI completions)"})
+    max_batch_prompts: int = field(default=2048, metadata={
+        "help": "most prompts (texts or input_ids lists) in one /generate, /v1/completions "
+                "or /tokenize request"})
+    max_chat_messages: int = field(default=2048, metadata={
+        "help": "most messages in one /v1/chat/completions request"})
     tokenizer_metrics_allowed_custom_labels: tuple[str, ...] | None = field(
         default=None, metadata={"help": "label names requests may set on the request metrics "
                                 "(custom_labels in /generate, the labels header on /v1)"})
@@ -283,7 +288,8 @@ class ServerArgs:
         need(self.cpu_threads is None or self.cpu_threads >= 1,
              f"cpu_threads must be >= 1, got {self.cpu_threads}")
         for name in ("max_request_bytes", "max_n", "max_stop_sequences", "max_stop_length",
-                     "max_logit_bias", "max_top_logprobs_num"):
+                     "max_logit_bias", "max_top_logprobs_num", "max_batch_prompts",
+                     "max_chat_messages"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         need(self.log_requests_level in (0, 1, 2, 3),
              f"log_requests_level must be 0, 1, 2 or 3, got {self.log_requests_level}")

@@ -94,9 +94,10 @@ class NativeRoutes:
             raise ApiError(400, "give exactly one of text or input_ids", param="text")
         if text is not None:
             batch = isinstance(text, list)
-            texts = text if isinstance(text, list) else [text]
-            return [await self.tm.encode_text(t) for t in texts], batch
+            return await self.tm.encode_texts(text if batch else [text]), batch
         batch = bool(ids) and isinstance(ids[0], list)
+        if batch:
+            self.tm.text_bounds.check_count(len(ids), "input_ids")
         return (ids if batch else [ids]), batch  # type: ignore[return-value]
 
     async def generate(self, request: Request) -> Response:
@@ -244,9 +245,10 @@ class NativeRoutes:
         text = body.text if body.text is not None else body.prompt
         if text is None:
             raise ApiError(400, "text must be a string or a list of strings", param="text")
-        texts = text if isinstance(text, list) else [text]
-        tokens = [await self.tm.encode_text(t, body.add_special_tokens) for t in texts]
         many = isinstance(text, list)
+        param = "text" if body.text is not None else "prompt"
+        tokens = await self.tm.encode_texts(text if many else [text], body.add_special_tokens,
+                                            param)
         return json_response(
             {
                 "tokens": tokens if many else tokens[0],
@@ -258,9 +260,9 @@ class NativeRoutes:
     async def detokenize(self, request: Request) -> Response:
         body = await read_model(request, DetokenizeRequest)
         vocab = self.tm.model_info["vocab_size"]
-        if any(t >= vocab for t in body.tokens):
+        if body.tokens and max(body.tokens) >= vocab:
             raise ApiError(400, f"tokens must be in [0, {vocab})", param="tokens")
-        return json_response({"text": self.tm.tokenizer.decode(body.tokens)})
+        return json_response({"text": await self.tm.tokenize_pool.decode(body.tokens)})
 
     async def get_load(self, request: Request) -> Response:
         """One entry per live data-parallel replica (SGLang's shape); not for tenants."""

@@ -121,13 +121,14 @@ class OpenAIRoutes:
     # --- /v1/completions ------------------------------------------------------------------------
     async def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
-            return [await self.tm.encode_text(prompt)]
+            return [await self.tm.encode_text(prompt, param="prompt")]
         if not prompt:
             raise ApiError(400, "prompt must not be empty", param="prompt")
         if isinstance(prompt[0], str):
-            return [await self.tm.encode_text(p) for p in prompt]
+            return await self.tm.encode_texts(prompt, param="prompt")
         if isinstance(prompt[0], int):
             return [list(prompt)]
+        self.tm.text_bounds.check_count(len(prompt), "prompt")
         return [list(p) for p in prompt]
 
     def _custom_labels(self, request: Request) -> dict[str, Any] | None:
@@ -189,16 +190,14 @@ class OpenAIRoutes:
         return conv
 
     async def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        """The rendered chat template's ids; 400 past ``--max-chat-messages`` messages or
+        for content that cannot fit the context, before the template runs."""
+        bounds = self.tm.text_bounds
+        bounds.check_messages(len(messages))
         conv = self._conversation(messages)
-        try:
-            text = self.tm.tokenizer.apply_chat_template(
-                conv, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # noqa: BLE001 - a template error is the caller's input
-            raise ApiError(
-                400, f"the chat template failed on these messages: {e}", param="messages"
-            ) from None
-        return await self.tm.encode_text(text)
+        bounds.check_text("".join(m["content"] for m in conv), "messages")
+        text = await self.tm.tokenize_pool.render_chat(conv)
+        return await self.tm.encode_text(text, param="messages")
 
     @staticmethod
     def _response_format(fmt: ResponseFormat | None, sp: dict[str, Any]) -> None:

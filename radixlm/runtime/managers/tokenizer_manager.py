@@ -12,7 +12,6 @@ import collections
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from radixlm.runtime.managers.admission import Admission, Prepared, with_rooms
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.control_calls import CONTROL_REPLIES, ControlCalls
 from radixlm.runtime.managers.data_parallel_controller import DataParallelController
+from radixlm.runtime.managers.heap_trim import HeapTrimmer
 from radixlm.runtime.managers.load_balancer import NoReplica
 from radixlm.runtime.managers.messages import (
     AbortReq,
@@ -41,13 +41,11 @@ from radixlm.runtime.managers.messages import (
 from radixlm.runtime.managers.request_log import RequestLog, RequestOrigin, Timings
 from radixlm.runtime.managers.result import ResultBuilder
 from radixlm.runtime.managers.tenant_rids import abort_matches, client_rid, scoped_rid
+from radixlm.runtime.managers.tokenize_pool import TextBounds, TokenizePool
 from radixlm.runtime.managers.validation import RequestLimits
 from radixlm.runtime.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
-
-# texts longer than this are tokenized on a worker thread, not on the event loop
-LONG_TEXT_CHARS = 4096
 
 
 @dataclass
@@ -99,7 +97,9 @@ class TokenizerManager(Admission, ControlCalls):
         self.unhealthy: str | None = None  # why, once the watchdog found the scheduler stuck
         self.limits: RequestLimits | None = None  # known once the scheduler is ready
         self._loop_task: asyncio.Task | None = None
-        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        self.tokenize_pool = TokenizePool(tokenizer)
+        self.text_bounds: TextBounds | None = None  # known once the scheduler is ready
+        self.heap = HeapTrimmer()  # gives back what large logprob answers freed
 
     # --- startup and the receive loop -----------------------------------------------------
     async def wait_ready(self, timeout: float, alive: Any) -> None:
@@ -127,6 +127,9 @@ class TokenizerManager(Admission, ControlCalls):
         self.limits = RequestLimits.from_args(
             self.args, msg.info["context_length"], msg.model_info["vocab_size"],
             msg.info["max_total_num_tokens"])
+        self.text_bounds = TextBounds(msg.info["context_length"],
+                                      self.tokenize_pool.chars_per_token,
+                                      self.args.max_batch_prompts, self.args.max_chat_messages)
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._recv_loop())
@@ -162,6 +165,7 @@ class TokenizerManager(Admission, ControlCalls):
             if out.finished:
                 state.finished = True
                 self.dp.balancer.finished(out.rid)
+                self.heap.note_finished(state.msg, out)
             state.queue.put_nowait(out)
 
     def _observe(self, state: ReqState, out: TextOutput, now: float) -> None:
@@ -195,7 +199,7 @@ class TokenizerManager(Admission, ControlCalls):
     def close(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
-        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.tokenize_pool.close()
         if self.request_log is not None:
             self.request_log.close()
         self.dp.close()
@@ -203,13 +207,21 @@ class TokenizerManager(Admission, ControlCalls):
         self._pull_ctx.term()
 
     # --- requests ---------------------------------------------------------------------------
-    async def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; a long text is tokenized off the event loop."""
-        if len(text) <= LONG_TEXT_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._tokenize_pool,
-            lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    async def encode_text(self, text: str, add_special_tokens: bool = False,
+                          param: str = "text") -> list[int]:
+        """Token ids of ``text``; 400 if it cannot fit the context (before tokenizing)."""
+        return (await self.encode_texts([text], add_special_tokens, param))[0]
+
+    async def encode_texts(self, texts: list[str], add_special_tokens: bool = False,
+                           param: str = "text") -> list[list[int]]:
+        """Token ids of each text (``tokenize_pool.py``: bounded, off the event loop); 400
+        beyond ``--max-batch-prompts`` texts or for a text longer than the context."""
+        bounds = self.text_bounds
+        assert bounds is not None, "encode_texts before the scheduler was ready"
+        bounds.check_count(len(texts), param)
+        for t in texts:
+            bounds.check_text(t, param)
+        return await self.tokenize_pool.encode(texts, add_special_tokens)
 
     async def submit(self, items: list[Prepared]) -> list[ReqState]:
         """Send every request (each of its ``n`` samples); n > 1 first caches the prompt

@@ -40,16 +40,16 @@ def validate_request(input_ids: list[int], params: SamplingParams, limits: Reque
                      token_ids_logprob: list[int] | None = None) -> None:
     if not input_ids:
         raise ValueError("the prompt is empty: text or input_ids must hold at least one token")
+    n, context_len = len(input_ids), limits.context_len
+    if n >= context_len:  # first: the loop below then runs over at most context_len ids
+        raise ValueError(f"This model's maximum context length is {context_len} tokens. "
+                         f"However, your request has {n} input tokens. Please shorten the "
+                         "prompt.")
     vocab = limits.vocab_size
     for t in input_ids:
         if isinstance(t, bool) or not (isinstance(t, int) and 0 <= t < vocab):
             raise ValueError(f"input_ids holds token id {t!r}, outside the vocabulary "
                              f"[0, {vocab})")
-    n, context_len = len(input_ids), limits.context_len
-    if n >= context_len:
-        raise ValueError(f"This model's maximum context length is {context_len} tokens. "
-                         f"However, your request has {n} input tokens. Please shorten the "
-                         "prompt.")
     params.verify(vocab, context_len)
     _check_caps(params, limits, top_logprobs_num)
     _check_token_ids_logprob(token_ids_logprob, limits)
