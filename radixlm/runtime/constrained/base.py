@@ -109,6 +109,10 @@ class Matcher(abc.ABC):
     def forced_string(self) -> str:
         """The text every continuation of the grammar starts with (jump-forward)."""
 
+    def is_accepting(self) -> bool:
+        """Whether the text so far is a whole match (the request may end here)."""
+        return self.is_terminated()
+
 
 class Grammar(abc.ABC):
     """One compiled grammar over one tokenizer, shared by the requests that use it."""
@@ -146,7 +150,11 @@ class GrammarBackend(abc.ABC):
                              f"grammars (it supports {', '.join(sorted(self.kinds))}); "
                              "choose another with --grammar-backend")
         if kind == "json_schema":
-            self.check_schema(json.loads(spec))
+            from radixlm.runtime.constrained.productivity import check_productive  # a cycle
+
+            schema = json.loads(spec)
+            self.check_schema(schema)
+            check_productive(schema)
         return self._compile(kind, spec)
 
     @abc.abstractmethod

@@ -65,6 +65,9 @@ class XGrammarMatcher(Matcher):
         self.m.fill_next_token_bitmask(scratch, 0)
         return self.grammar.only_stop_tokens(scratch)
 
+    def is_accepting(self) -> bool:
+        return self.m.is_terminated() or self.m.is_completed()
+
     def forced_string(self) -> str:
         if self.m.is_terminated():
             return ""

@@ -1,0 +1,136 @@
+"""Which parts of a JSON schema admit a finite instance: a least fixpoint over the schema.
+
+A schema whose required property refers back to itself (``n = {"required": ["c"],
+"properties": {"c": {"$ref": "#/$defs/n"}}}``), or two that require each other, has no
+finite instance: a grammar built from it forces ``{"c": {"c": ...`` for ever (xgrammar's
+jump-forward string then grows until memory runs out). ``check_productive`` refuses such a
+schema with a ValueError naming the sub-schema and the ``$ref`` cycle, before any backend
+sees it. Every sub-schema is checked, not only the root: an optional property whose schema
+has no finite instance would let the model start it and never finish.
+
+The rules, as the backends compile a schema (an untyped schema with ``properties`` or
+``required`` is an object, one with ``items`` an array): an object needs every required
+property, an array its first ``minItems`` items, ``anyOf``/``oneOf`` one branch, ``allOf``
+every branch, ``enum`` one value, ``$ref`` its target; a ``false`` schema has no instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixlm.runtime.constrained.base import walk_schema
+
+MAX_SCHEMA_NODES = 10_000  # sub-schemas in one json_schema (each fixpoint pass visits all)
+
+
+def check_productive(schema: dict[str, Any]) -> None:
+    """ValueError naming the first sub-schema that admits no finite instance."""
+    nodes = list(walk_schema(schema))
+    if len(nodes) > MAX_SCHEMA_NODES:
+        raise ValueError(f"json_schema has {len(nodes)} sub-schemas (limit {MAX_SCHEMA_NODES})")
+    nodes.reverse()  # children before their parents: most schemas settle in one pass
+    ok: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node, _ in nodes:
+            if id(node) not in ok and _productive(node, schema, ok):
+                ok.add(id(node))
+                changed = True
+    failed = [(node, where) for node, where in reversed(nodes) if id(node) not in ok]
+    if failed:  # name a cause (a required property) rather than the root that refers to it
+        why = [(where, _why(node, ok)) for node, where in failed]
+        where, reason = next((w for w in why if w[1].startswith("requires")), why[0])
+        raise ValueError(f"json_schema admits no finite instance: the schema at {where} "
+                         f"{reason}")
+
+
+def _productive(node: dict[str, Any], root: dict[str, Any], ok: set[int]) -> bool:
+    def sub(s: Any) -> bool:
+        if isinstance(s, bool):
+            return s
+        return not isinstance(s, dict) or id(s) in ok
+
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        target = resolve_ref(root, ref)
+        if target is not None and not sub(target):
+            return False
+    if isinstance(node.get("enum"), list) and not node["enum"]:
+        return False
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and not any(sub(s) for s in node[key]):
+            return False
+    if isinstance(node.get("allOf"), list) and not all(sub(s) for s in node["allOf"]):
+        return False
+    if "const" in node or "enum" in node:
+        return True
+    types = _types(node)
+    return ("object" in types and _object_ok(node, sub)) or (
+        "array" in types and _array_ok(node, sub)) or bool(types - {"object", "array"})
+
+
+def _types(node: dict[str, Any]) -> set[str]:
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list):
+        return {t for t in declared if isinstance(t, str)}
+    if any(k in node for k in ("properties", "required", "additionalProperties")):
+        return {"object"}
+    if any(k in node for k in ("items", "prefixItems", "minItems")):
+        return {"array"}
+    return {"any"}
+
+
+def _object_ok(node: dict[str, Any], sub: Any) -> bool:
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    extra = node.get("additionalProperties", True)
+    for name in node.get("required") or []:
+        if isinstance(name, str) and not sub(props[name] if name in props else extra):
+            return False
+    return True
+
+
+def _array_ok(node: dict[str, Any], sub: Any) -> bool:
+    prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+    items = node.get("items", True)
+    min_items = node.get("minItems", 0)
+    n = min_items if isinstance(min_items, int) and not isinstance(min_items, bool) else 0
+    needed = prefix[:n] + ([items] if n > len(prefix) else [])
+    return all(sub(s) for s in needed)
+
+
+def resolve_ref(root: dict[str, Any], ref: str) -> Any:
+    """The sub-schema a local ``$ref`` (``#`` or ``#/a/b``) names; None if it names none."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _why(node: dict[str, Any], ok: set[int]) -> str:
+    """A short reason: the required property or $ref that has no finite instance."""
+    if isinstance(node.get("$ref"), str):
+        return f"refers to {node['$ref']}, which has none (a $ref cycle)"
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    for name in node.get("required") or []:
+        if not isinstance(name, str):
+            continue
+        s = props.get(name, node.get("additionalProperties", True))
+        if s is False:
+            return f"requires property {name!r}, which additionalProperties forbids"
+        if isinstance(s, dict) and id(s) not in ok:
+            via = f" (via {s['$ref']})" if isinstance(s.get("$ref"), str) else ""
+            return f"requires property {name!r}, which has none{via}: a required $ref cycle"
+    return "has no alternative with a finite instance"
