@@ -5,8 +5,8 @@ A schema whose required property refers back to itself (``n = {"required": ["c"]
 finite instance: a grammar built from it forces ``{"c": {"c": ...`` for ever (xgrammar's
 jump-forward string then grows until memory runs out). ``check_productive`` refuses such a
 schema with a ValueError naming the sub-schema and the ``$ref`` cycle, before any backend
-sees it. Every sub-schema is checked, not only the root: an optional property whose schema
-has no finite instance would let the model start it and never finish.
+sees it. Every sub-schema an instance can meet is checked, not only the root: an optional property
+whose schema has no finite instance would let the model start it and never finish.
 
 The rules, as the backends compile a schema (an untyped schema with ``properties`` or
 ``required`` is an object, one with ``items`` an array): an object needs every required
@@ -18,8 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.runtime.constrained.base import walk_schema
+from radixlm.runtime.constrained.base import (
+    _SUBSCHEMA_LISTS,
+    _SUBSCHEMA_MAPS,
+    walk_schema,
+)
 
+_GENERATED_ONES = ("items", "additionalProperties")
 MAX_SCHEMA_NODES = 10_000  # sub-schemas in one json_schema (each fixpoint pass visits all)
 
 
@@ -37,7 +42,9 @@ def check_productive(schema: dict[str, Any]) -> None:
             if id(node) not in ok and _productive(node, schema, ok):
                 ok.add(id(node))
                 changed = True
-    failed = [(node, where) for node, where in reversed(nodes) if id(node) not in ok]
+    used = _reachable(schema)  # a $defs entry no $ref names is never compiled
+    failed = [(node, where) for node, where in reversed(nodes)
+              if id(node) not in ok and id(node) in used]
     if failed:  # name a cause (a required property) rather than the root that refers to it
         why = [(where, _why(node, ok)) for node, where in failed]
         where, reason = next((w for w in why if w[1].startswith("requires")), why[0])
@@ -99,6 +106,29 @@ def _array_ok(node: dict[str, Any], sub: Any) -> bool:
     n = min_items if isinstance(min_items, int) and not isinstance(min_items, bool) else 0
     needed = prefix[:n] + ([items] if n > len(prefix) else [])
     return all(sub(s) for s in needed)
+
+
+def _reachable(root: dict[str, Any]) -> set[int]:
+    """ids of the sub-schemas an instance's values are generated from: from the root,
+    through properties, items, the combinators and each $ref's target (not through
+    $defs, not, if/then/else, contains or propertyNames)."""
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for key in _SUBSCHEMA_MAPS:
+            if key not in ("$defs", "definitions") and isinstance(node.get(key), dict):
+                stack.extend(node[key].values())
+        for key in _SUBSCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                stack.extend(node[key])
+        stack.extend(node[key] for key in _GENERATED_ONES if isinstance(node.get(key), dict))
+        if isinstance(node.get("$ref"), str):
+            stack.append(resolve_ref(root, node["$ref"]))
+    return seen
 
 
 def resolve_ref(root: dict[str, Any], ref: str) -> Any:

@@ -42,6 +42,7 @@ FINITE = [
         "c": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}}, "$ref": "#/$defs/n"},
     {"type": "object", "required": ["kids"], "properties": {
         "kids": {"type": "array", "items": {"$ref": "#"}}}},
+    {**SELF_REF, "$ref": "#/$defs/m", "$defs": {**SELF_REF["$defs"], "m": {"type": "integer"}}},
 ]
 EMPTY_REGEX = "[^\\x00-\\U0010FFFF]"
 
