@@ -160,6 +160,15 @@ class GrammarBackend(abc.ABC):
     @abc.abstractmethod
     def _compile(self, kind: str, spec: str) -> Grammar: ...
 
+    def export(self, grammar: Grammar) -> Any:
+        """``grammar`` as plain data (msgpack: bytes, numbers, lists) that ``restore``
+        rebuilds without compiling, or None (the compile worker's caller then compiles
+        the spec again). For a backend whose compile is slow (outlines)."""
+        return None
+
+    def restore(self, kind: str, spec: str, payload: Any) -> Grammar:
+        raise NotImplementedError(f"the {self.name} backend exports nothing")
+
     def check_schema(self, schema: Any) -> None:
         """ValueError naming the first keyword (and where) this backend cannot enforce."""
         allowed = self.schema_keywords | ANNOTATION_KEYWORDS

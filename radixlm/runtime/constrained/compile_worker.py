@@ -25,13 +25,13 @@ import struct
 import subprocess
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 
 logger = logging.getLogger(__name__)
 
-MAX_FRAME = 64 << 20
+MAX_FRAME = 1 << 30  # an exported grammar is bounded by the child's memory limit
 STARTUP_TIMEOUT_S = 300.0  # importing the backend and loading the tokenizer
 _POLL_S = 0.02
 
@@ -53,6 +53,9 @@ class ProbeRequest(msgspec.Struct, frozen=True):
 
 class ProbeReply(msgspec.Struct, frozen=True):
     error: str | None = None
+    # the compiled grammar as plain data (GrammarBackend.export), when the backend can
+    # rebuild it from that cheaply: the parent then does not compile it again
+    payload: Any = None
 
 
 def write_frame(out: IO[bytes], payload: bytes) -> None:
@@ -108,7 +111,7 @@ def _serve(config: WorkerConfig, inp: IO[bytes], out: IO[bytes]) -> None:
         try:
             grammar = backend.compile(req.kind, canonical_spec(req.kind, req.spec))
             probe(grammar, req.kind, backend.vocab_size, backend.stop_token_ids)
-            reply = ProbeReply()
+            reply = ProbeReply(payload=backend.export(grammar))
         except ValueError as e:
             reply = ProbeReply(error=str(e))
         except MemoryError:
@@ -145,21 +148,21 @@ class CompileWorker:
         self._base_rss = 0
         self.kills = 0
 
-    def probe(self, kind: str, spec: str) -> str | None:
-        """The child's verdict on ``spec``: None if it compiled within the limits, else the
-        reason (a ValueError's message, or the limit reached)."""
+    def probe(self, kind: str, spec: str) -> tuple[str | None, Any]:
+        """The child's verdict on ``spec``: (None, its export) if it compiled within the
+        limits, else (the reason: a ValueError's message, or the limit reached, None)."""
         proc = self.ensure_started()
         try:
             write_frame(proc.stdin, msgspec.msgpack.encode(ProbeRequest(kind, spec)))  # type: ignore[arg-type]
             reply = self._await_reply(time.monotonic() + self.timeout_s, watch=True)
         except BrokenPipeError:
             self.kill()
-            return self._memory_message()
+            return self._memory_message(), None
         except WorkerDied as e:
-            return str(e)
+            return str(e), None
         if reply.error is not None and (reply.error == "memory" or "bad_alloc" in reply.error):
-            return self._memory_message()
-        return reply.error
+            return self._memory_message(), None
+        return reply.error, reply.payload
 
     def ensure_started(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:

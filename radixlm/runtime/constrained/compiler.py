@@ -109,12 +109,14 @@ class GrammarCompiler:
             if self.compile_delay_s:
                 time.sleep(self.compile_delay_s)
             start = time.perf_counter()
+            payload = None
             if self.worker is not None:
                 with self._worker_lock:
-                    refusal = self.worker.probe(kind, canonical)
+                    refusal, payload = self.worker.probe(kind, canonical)
                 if refusal is not None:
                     raise ValueError(refusal)
-            grammar = self.backend.compile(kind, canonical)
+            grammar = (self.backend.restore(kind, canonical, payload) if payload is not None
+                       else self.backend.compile(kind, canonical))
             check_matches_something(grammar, kind, self.backend.vocab_size,
                                     self.backend.stop_token_ids)
             elapsed = time.perf_counter() - start
