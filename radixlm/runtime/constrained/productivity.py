@@ -16,6 +16,7 @@ every branch, ``enum`` one value, ``$ref`` its target; a ``false`` schema has no
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from radixlm.runtime.constrained.base import (
@@ -164,3 +165,63 @@ def _why(node: dict[str, Any], ok: set[int]) -> str:
             via = f" (via {s['$ref']})" if isinstance(s.get("$ref"), str) else ""
             return f"requires property {name!r}, which has none{via}: a required $ref cycle"
     return "has no alternative with a finite instance"
+
+
+# --- EBNF (xgrammar's normalised form) -----------------------------------------------------
+_EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]\*?|\(=|[()|]'
+                         r"|([A-Za-z_][A-Za-z0-9_.\-]*)(?:\{(\d+), ?-?\d+\}|([*+?]))?|\s+")
+
+
+def check_ebnf_productive(normalised: str) -> None:
+    """ValueError naming a rule reachable from ``root`` that derives no finite string
+    (``r ::= "a" r``): xgrammar's jump-forward string would grow without end in it.
+    ``normalised`` is ``str(xgrammar.Grammar)``: one ``name ::= ((a b) | (c))`` a line,
+    nested groups already split into rules of their own."""
+    rules: dict[str, list[list[tuple[str, bool]]]] = {}
+    for line in normalised.splitlines():
+        name, sep, body = line.partition(" ::= ")
+        if sep:
+            rules[name.strip()] = _alternatives(body)
+    productive: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, alts in rules.items():
+            if name not in productive and any(
+                    all(optional or ref not in rules or ref in productive
+                        for ref, optional in alt) for alt in alts):
+                productive.add(name)
+                changed = True
+    stack, seen = ["root"], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in rules:
+            continue
+        seen.add(name)
+        if name not in productive:
+            raise ValueError(f"the grammar's rule {name!r} derives no finite string (each "
+                             "of its alternatives refers to a rule that never ends)")
+        stack.extend(ref for alt in rules[name] for ref, _ in alt)
+
+
+def _alternatives(body: str) -> list[list[tuple[str, bool]]]:
+    """[[(rule name, optional), ...] per alternative] of a normalised rule body; literals
+    and character classes always end, so only references are kept. A lookahead ``(=...)``
+    after the body is skipped."""
+    alts: list[list[tuple[str, bool]]] = [[]]
+    depth = 0
+    for m in _EBNF_TOKEN.finditer(body):
+        tok = m.group(0)
+        if tok == "(=" and depth == 0:
+            break
+        if tok in ("(", "(="):
+            depth += 1
+        elif tok == ")":
+            depth -= 1
+        elif tok == "|" and depth == 1:
+            alts.append([])
+        elif m.group(1):
+            optional = ((m.group(2) is not None and int(m.group(2)) == 0)
+                        or m.group(3) in ("*", "?"))
+            alts[-1].append((m.group(1), optional))
+    return alts

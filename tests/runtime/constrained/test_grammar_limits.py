@@ -100,17 +100,32 @@ def _isolated(tokenizer, name: str = "xgrammar", memory_mb: int = 256, timeout_s
 
 
 def test_worker_kills_a_grammar_that_blows_up_and_serves_the_next(tokenizer):
-    """xgrammar's jump-forward string of ``root ::= "a" root`` never ends: it grows until
-    memory runs out (on main: in the scheduler). The worker is killed at its limit, the
-    scheduler's process never compiles it, and a fresh worker compiles the next spec."""
+    """xgrammar builds a 200,000-value enum with several GB (on main: in the scheduler).
+    The worker dies at its limit, the scheduler's process never compiles it, and a fresh
+    worker compiles the next spec."""
     compiler = _isolated(tokenizer)
     try:
         before = rss_bytes(os.getpid())
         with pytest.raises(ValueError, match=r"memory limit of 256 MB \(--grammar-compile-memory"):
-            compiler.compile("ebnf", 'root ::= "a" root')
+            compiler.compile("json_schema", {"enum": list(range(200_000))})
         assert rss_bytes(os.getpid()) - before < 200 << 20
         assert compiler.compile("regex", "[0-9]+").new_matcher() is not None
-        assert compiler.worker.kills <= 1  # killed by the parent, or died at its RLIMIT_AS
+    finally:
+        compiler.shutdown()
+
+
+@pytest.mark.parametrize("ebnf, rule", [('root ::= "a" root', "root"),
+                                        ('root ::= "x" | "y" r\nr ::= "a" r', "r"),
+                                        ('root ::= x*\nx ::= "a" x', "x")])
+def test_xgrammar_rule_that_never_ends_is_refused(tokenizer, ebnf, rule):
+    """Its jump-forward string would be endless: xgrammar's grew past 3 GB on main."""
+    backend = create_grammar_backend("xgrammar", tokenizer, VOCAB, [tokenizer.eos_token_id])
+    compiler = GrammarCompiler(backend, timeout_s=60)
+    try:
+        with pytest.raises(ValueError, match=f"rule '{rule}' derives no finite string"):
+            compiler.compile("ebnf", ebnf)
+        matcher = compiler.compile("ebnf", 'root ::= "[" ("a" | root)* "]"').new_matcher()
+        assert matcher.forced_string() == "["
     finally:
         compiler.shutdown()
 
