@@ -178,3 +178,18 @@ def test_stop_regex_within_the_limits_keeps_its_meaning():
     assert not contains_match("(ab|cd){3}", "xxabcda")
     assert contains_match("(a|b)*a(a|b){6}", "zzabbbbbb")
     assert stop_automaton("(x{16}){16}") is not None
+
+
+def test_scheduler_finishes_a_row_whose_mask_allowed_nothing_as_400(compiler, tokenizer):
+    """OutputProcessor._rejected: a refused sampled token is a 400 when the mask allowed
+    nothing (sampling then had to pick a forbidden token), a 500 (a backend bug) else."""
+    from types import SimpleNamespace
+
+    from radixlm.runtime.managers.output_processor import OutputProcessor
+
+    stub = SimpleNamespace(vocab_size=VOCAB, eos_ids=[tokenizer.eos_token_id])
+    matcher = compiler.compile("regex", "ab").new_matcher()
+    nothing = SimpleNamespace(fill_bitmask=lambda bitmask, row: bitmask[row].zero_(),
+                              is_accepting=lambda: False)
+    assert OutputProcessor._rejected(stub, nothing, 0)["status_code"] == 400
+    assert OutputProcessor._rejected(stub, matcher, 0)["status_code"] == 500
