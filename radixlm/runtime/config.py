@@ -109,7 +109,11 @@ class ServerArgs:
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "do not append grammar-forced text without sampling it"})
     grammar_compile_timeout: float = field(default=10.0, metadata={
-        "help": "seconds a regex / JSON schema may take to compile"})
+        "help": "seconds a regex / JSON schema may take to compile (its first compile runs "
+                "in a child process, killed past it: the request is then a 400)"})
+    grammar_compile_memory_mb: int = field(default=1024, metadata={
+        "help": "MB of memory a grammar's first compile may take, in a child process killed "
+                "past it (the request is then a 400); 0 compiles in the scheduler unbounded"})
     grammar_cache_size: int = field(default=256, metadata={
         "help": "compiled grammars kept (LRU)"})
     # server
@@ -269,6 +273,11 @@ class ServerArgs:
              f"{self.priority_scheduling_preemption_threshold}")
         need(self.grammar_backend in GRAMMAR_BACKENDS,
              f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
+        need(self.grammar_compile_timeout > 0,
+             f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout}")
+        need(self.grammar_compile_memory_mb == 0 or self.grammar_compile_memory_mb >= 64,
+             "grammar_compile_memory_mb must be 0 (no limit) or >= 64, got "
+             f"{self.grammar_compile_memory_mb}")
         need(self.attention_backend in (None, "torch", "triton"),
              f"attention_backend must be torch or triton, got {self.attention_backend!r}")
         need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,

@@ -14,6 +14,8 @@
 Layout: base.py (the interface, bitmasks, spec checks), one module per backend
 (xgrammar_backend.py, llguidance_backend.py, outlines_backend.py with grammar.py,
 matcher.py and vocabulary.py), compiler.py (worker thread, LRU cache, time limit),
+compile_worker.py (the child process that probes each spec within memory and time limits),
+probe.py and productivity.py (grammars that match nothing), regex_size.py,
 jump_forward.py (canonical jump-forward over any matcher).
 """
 

@@ -109,6 +109,10 @@ class Matcher(abc.ABC):
     def forced_string(self) -> str:
         """The text every continuation of the grammar starts with (jump-forward)."""
 
+    def is_accepting(self) -> bool:
+        """Whether the text so far is a whole match (the request may end here)."""
+        return self.is_terminated()
+
 
 class Grammar(abc.ABC):
     """One compiled grammar over one tokenizer, shared by the requests that use it."""
@@ -146,11 +150,24 @@ class GrammarBackend(abc.ABC):
                              f"grammars (it supports {', '.join(sorted(self.kinds))}); "
                              "choose another with --grammar-backend")
         if kind == "json_schema":
-            self.check_schema(json.loads(spec))
+            from radixlm.runtime.constrained.productivity import check_productive  # a cycle
+
+            schema = json.loads(spec)
+            self.check_schema(schema)
+            check_productive(schema)
         return self._compile(kind, spec)
 
     @abc.abstractmethod
     def _compile(self, kind: str, spec: str) -> Grammar: ...
+
+    def export(self, grammar: Grammar) -> Any:
+        """``grammar`` as plain data (msgpack: bytes, numbers, lists) that ``restore``
+        rebuilds without compiling, or None (the compile worker's caller then compiles
+        the spec again). For a backend whose compile is slow (outlines)."""
+        return None
+
+    def restore(self, kind: str, spec: str, payload: Any) -> Grammar:
+        raise NotImplementedError(f"the {self.name} backend exports nothing")
 
     def check_schema(self, schema: Any) -> None:
         """ValueError naming the first keyword (and where) this backend cannot enforce."""

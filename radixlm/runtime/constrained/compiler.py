@@ -1,15 +1,19 @@
-"""GrammarCompiler: compiles grammars off the scheduler loop, with a cache and a time limit.
+"""GrammarCompiler: compiles grammars off the scheduler loop, with a cache and limits.
 
 The scheduler submits a grammar when a constrained request arrives and keeps the request
 waiting until the returned future is done; it never blocks on the future. The backends'
 compilers (C++ or Rust) release the GIL, so a compile in the worker thread does not stall
-the loop. A build cannot be interrupted: the time limit fails the caller's future (the
-worker finishes in the background), and the backends' own size limits bound each build.
+the loop. A build cannot be interrupted, so with ``memory_mb`` set each new spec is first
+probed in a child process (compile_worker.py) that is killed past the memory or time
+limit: the spec is then refused, and only a spec whose probe finished within the limits is
+compiled here (deterministically: within the same bounds). Every compiled grammar must
+match some string (probe.py). The time limit also fails the caller's future on its own.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -17,6 +21,8 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from radixlm.runtime.constrained.base import Grammar, GrammarBackend, canonical_spec
+from radixlm.runtime.constrained.compile_worker import CompileWorker, WorkerConfig
+from radixlm.runtime.constrained.probe import check_matches_something
 from radixlm.runtime.metrics import GRAMMAR_COMPILE_BUCKETS, CumulativeHistogram
 
 logger = logging.getLogger(__name__)
@@ -28,16 +34,21 @@ class GrammarCompiler:
     ``submit`` returns a Future[Grammar]; the same spec returns the same future (and so the
     same compiled grammar) while it stays in the LRU cache. A bad spec, one the backend
     cannot enforce, or one over a limit fails the future with a ValueError naming the
-    problem; so does a compile running longer than ``timeout_s``. ``compile_delay_s`` slows
-    every compile down on purpose (tests of the time limit, never a slow machine).
+    problem; so does a compile running longer than ``timeout_s``, and (``memory_mb`` set:
+    probes in a child process) one whose probe needs more than ``memory_mb`` MB.
+    ``compile_delay_s`` slows every compile down on purpose (tests of the time limit, never
+    a slow machine); ``worker_hooks`` (WorkerConfig's delay_s / alloc_mb) do so in the child.
     """
 
     def __init__(self, backend: GrammarBackend, max_cache_entries: int = 256,
                  timeout_s: float = 10.0, num_workers: int = 1,
-                 compile_delay_s: float = 0.0) -> None:
+                 compile_delay_s: float = 0.0, memory_mb: int = 0,
+                 worker_hooks: dict[str, Any] | None = None) -> None:
         assert max_cache_entries >= 1 and timeout_s > 0, (max_cache_entries, timeout_s)
         self.backend = backend
         self.timeout_s = timeout_s
+        self.worker = _make_worker(backend, memory_mb, timeout_s, worker_hooks or {})
+        self._worker_lock = threading.Lock()
         self.compile_delay_s = compile_delay_s
         self.max_cache_entries = max_cache_entries
         self._cache: OrderedDict[tuple[str, str], Future[Grammar]] = OrderedDict()
@@ -46,6 +57,15 @@ class GrammarCompiler:
         self.cache_hits = 0
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
+        if self.worker is not None:  # start the child now: it takes seconds
+            self._pool.submit(self._start_worker)
+
+    def _start_worker(self) -> None:
+        try:
+            with self._worker_lock:
+                self.worker.ensure_started()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - retried (and reported) by the first compile
+            logger.exception("the grammar compile worker did not start")
 
     def submit(self, kind: str, spec: Any) -> Future[Grammar]:
         """Start compiling (or reuse a cached compile) and return its future. Never blocks."""
@@ -69,9 +89,11 @@ class GrammarCompiler:
             self._cache[key] = fut
             while len(self._cache) > self.max_cache_entries:
                 self._cache.popitem(last=False)
-        timer = threading.Timer(self.timeout_s, self._expire, (fut,))
-        timer.daemon = True
-        timer.start()
+        timer = None
+        if self.worker is None:  # else the worker's kill bounds the time; its start-up not
+            timer = threading.Timer(self.timeout_s, self._expire, (fut,))
+            timer.daemon = True
+            timer.start()
         fut.add_done_callback(lambda f: self._forget_failed(key, f))
         self._pool.submit(self._run, kind, canonical, fut, timer)
         return fut
@@ -87,7 +109,16 @@ class GrammarCompiler:
             if self.compile_delay_s:
                 time.sleep(self.compile_delay_s)
             start = time.perf_counter()
-            grammar = self.backend.compile(kind, canonical)
+            payload = None
+            if self.worker is not None:
+                with self._worker_lock:
+                    refusal, payload = self.worker.probe(kind, canonical)
+                if refusal is not None:
+                    raise ValueError(refusal)
+            grammar = (self.backend.restore(kind, canonical, payload) if payload is not None
+                       else self.backend.compile(kind, canonical))
+            check_matches_something(grammar, kind, self.backend.vocab_size,
+                                    self.backend.stop_token_ids)
             elapsed = time.perf_counter() - start
             self.compile_time.observe(elapsed)
             logger.debug("compiled a %s grammar with %s in %.3f s", kind, self.backend.name,
@@ -99,7 +130,8 @@ class GrammarCompiler:
             logger.exception("grammar compilation failed unexpectedly")
             _settle(fut, None, ValueError(f"grammar compilation failed: {e!r}"))
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
 
     def _expire(self, fut: Future[Grammar]) -> None:
         msg = f"grammar compilation exceeded the time limit of {self.timeout_s} s"
@@ -116,10 +148,28 @@ class GrammarCompiler:
     def shutdown(self, wait: bool = False) -> None:
         """Stop the workers; queued compiles are dropped, running ones finish unobserved."""
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self.worker is not None:
+            self.worker.kill()
         with self._lock:
             pending = [f for f in self._cache.values() if not f.done()]
         for fut in pending:
             _settle(fut, None, ValueError("the grammar compiler was shut down"))
+
+
+def _make_worker(backend: GrammarBackend, memory_mb: int, timeout_s: float,
+                 hooks: dict[str, Any]) -> CompileWorker | None:
+    """The child process that probes specs (None: memory_mb is 0, or the tokenizer has no
+    local directory the child could load it from)."""
+    if not memory_mb:
+        return None
+    path = getattr(backend.tokenizer, "name_or_path", "")
+    if not path or not os.path.isdir(path):
+        logger.warning("grammar compiles are not isolated: the tokenizer has no local "
+                       "directory (%r) a compile worker could load", path)
+        return None
+    config = WorkerConfig(backend.name, path, backend.vocab_size,
+                          list(backend.stop_token_ids), memory_mb, **hooks)
+    return CompileWorker(config, timeout_s)
 
 
 def _settle(

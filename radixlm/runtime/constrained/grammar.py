@@ -14,14 +14,13 @@ jump-forward follows.
 from __future__ import annotations
 
 import re
-import re._constants as sre_c
 import re._parser as sre_parse
 from dataclasses import dataclass
-from typing import Any
 
 from outlines_core import Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixlm.runtime.constrained.regex_size import expanded_size
 from radixlm.runtime.constrained.vocabulary import SENTINEL, SENTINEL_BYTES, TokenizerInfo
 
 # Optional single spaces after ',' and ':': json.dumps-style output stays possible, and the
@@ -71,50 +70,6 @@ def _strip_anchors(regex: str) -> str:
     return regex
 
 
-def _unsupported_node(op: Any, av: Any) -> str | None:
-    if op in (sre_c.GROUPREF, sre_c.GROUPREF_EXISTS):
-        return "backreference"
-    if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
-        kind = "lookbehind" if av[0] < 0 else "lookahead"
-        return kind if op is sre_c.ASSERT else f"negative {kind}"
-    if op is sre_c.AT:
-        if av in (sre_c.AT_BOUNDARY, sre_c.AT_UNI_BOUNDARY, sre_c.AT_LOC_BOUNDARY):
-            return "word boundary '\\b'"
-        if av in (sre_c.AT_NON_BOUNDARY, sre_c.AT_UNI_NON_BOUNDARY, sre_c.AT_LOC_NON_BOUNDARY):
-            return "non-boundary '\\B'"
-        return "anchor ('^', '$', '\\A', '\\Z') in the middle of the pattern"
-    if op is sre_c.ATOMIC_GROUP:
-        return "atomic group '(?>'"
-    if op is sre_c.POSSESSIVE_REPEAT:
-        return "possessive quantifier"
-    return None
-
-
-def _expanded_size(items: Any, limit: int) -> int:
-    """Size of the pattern with bounded repeats unrolled; raises ValueError on bad features."""
-    total = 0
-    for op, av in items:
-        what = _unsupported_node(op, av)
-        if what is not None:
-            raise ValueError(f"regex uses {what}, which a finite automaton cannot express")
-        if op is sre_c.SUBPATTERN:
-            total += _expanded_size(av[3], limit)
-        elif op is sre_c.BRANCH:
-            total += sum(_expanded_size(branch, limit) for branch in av[1])
-        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
-            lo, hi, sub = av
-            times = max(lo, 1) if hi is sre_c.MAXREPEAT else max(hi, 1)
-            total += times * _expanded_size(sub, limit)
-        else:
-            total += 1
-        if total > limit:
-            raise ValueError(
-                f"regex is too large: it expands to more than {limit} elements "
-                "(bounded repeats such as {n,m} are unrolled)"
-            )
-    return total
-
-
 def check_regex(regex: str, limits: GrammarLimits) -> str:
     """Validate `regex` for token-level compilation; return it with outer anchors removed."""
     if not isinstance(regex, str):
@@ -135,7 +90,7 @@ def check_regex(regex: str, limits: GrammarLimits) -> str:
         _check_with_rust(regex, f"invalid regex: {e}")
         return regex
     try:
-        _expanded_size(list(parsed), limits.max_expanded_size)
+        expanded_size(list(parsed), limits.max_expanded_size)
     except RecursionError:
         raise ValueError("regex is nested too deeply") from None
     return regex

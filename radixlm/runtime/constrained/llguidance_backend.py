@@ -35,9 +35,20 @@ LLGUIDANCE_SCHEMA_KEYWORDS = frozenset({
 JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+def parser_limits() -> llguidance.LLParserLimits:
+    """llguidance computes masks lazily (Earley items, lexer states built per token), in the
+    scheduler: these bound each step's work and the lexer's memory (about 2 kB a state, so
+    50,000 states ~ 100 MB instead of its default 250,000). A matcher that reaches one enters
+    its error state; its mask then allows nothing and the request ends as a 400."""
+    return llguidance.LLParserLimits(step_lexer_fuel=200_000, step_max_items=50_000,
+                                     max_lexer_states=50_000, max_grammar_size=200_000,
+                                     initial_lexer_fuel=1_000_000, verbose_errors=False)
+
+
 class LLGuidanceMatcher(Matcher):
     def __init__(self, grammar: LLGuidanceGrammar) -> None:
-        self.m = llguidance.LLMatcher(grammar.tokenizer, grammar.text)
+        self.m = llguidance.LLMatcher(grammar.tokenizer, grammar.text, log_level=0,
+                                      limits=parser_limits())
         if self.m.is_error():
             raise ValueError(f"invalid {grammar.kind} (llguidance): {self.m.get_error()}")
 
@@ -56,6 +67,13 @@ class LLGuidanceMatcher(Matcher):
 
     def is_terminated(self) -> bool:
         return self.m.is_stopped()
+
+    def is_accepting(self) -> bool:
+        return self.m.is_accepting()
+
+    def error(self) -> str:
+        """The matcher's error (a limit reached while computing a mask), or ''."""
+        return self.m.get_error() if self.m.is_error() else ""
 
     def forced_string(self) -> str:
         if self.m.is_stopped():
@@ -95,7 +113,8 @@ class LLGuidanceBackend(GrammarBackend):
                 text = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec))
         except Exception as e:  # noqa: BLE001 - its converters raise plain Exception too
             raise ValueError(f"invalid {kind} (llguidance): {_first_line(e)}") from None
-        error = llguidance.LLMatcher.validate_grammar(text, self.ll_tokenizer)
+        error = llguidance.LLMatcher.validate_grammar(text, self.ll_tokenizer,
+                                                      limits=parser_limits())
         if error:
             raise ValueError(f"invalid {kind} (llguidance): {_first_line(error)}")
         return LLGuidanceGrammar(kind, text, self.ll_tokenizer)

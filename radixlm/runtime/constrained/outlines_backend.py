@@ -13,7 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from radixlm.runtime.constrained.base import GrammarBackend
+from outlines_core import Index
+
+from radixlm.runtime.constrained.base import Grammar, GrammarBackend
 from radixlm.runtime.constrained.grammar import (
     GrammarLimits,
     build_byte_dfa,
@@ -57,3 +59,21 @@ class OutlinesBackend(GrammarBackend):
                      elapsed)
         return CompiledGrammar(kind, spec, regex, self.info, index, byte_initial,
                                byte_transitions, byte_accepting, compile_time_s=elapsed)
+
+    def export(self, grammar: Grammar) -> dict[str, Any]:
+        """The automata as plain data; the token index as outlines-core's own binary
+        form (``Index.__reduce__``'s bytes, read back by ``Index.from_binary``)."""
+        assert isinstance(grammar, CompiledGrammar)
+        return {"regex": grammar.regex, "index": grammar.index.__reduce__()[1][0],
+                "byte_initial": grammar.byte_initial,
+                "byte_transitions": [[s, list(m.items())]
+                                     for s, m in grammar.byte_transitions.items()],
+                "byte_accepting": sorted(grammar.byte_accepting),
+                "compile_time_s": grammar.compile_time_s}
+
+    def restore(self, kind: str, spec: str, payload: Any) -> CompiledGrammar:
+        transitions = {s: dict(m) for s, m in payload["byte_transitions"]}
+        return CompiledGrammar(kind, spec, payload["regex"], self.info,
+                               Index.from_binary(payload["index"]), payload["byte_initial"],
+                               transitions, frozenset(payload["byte_accepting"]),
+                               compile_time_s=payload["compile_time_s"])

@@ -23,6 +23,7 @@ from radixlm.runtime.constrained.base import (
     bitmask_width,
     special_token_ids,
 )
+from radixlm.runtime.constrained.productivity import check_ebnf_productive
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ class XGrammarMatcher(Matcher):
         scratch = self.grammar.scratch_row()
         self.m.fill_next_token_bitmask(scratch, 0)
         return self.grammar.only_stop_tokens(scratch)
+
+    def is_accepting(self) -> bool:
+        return self.m.is_terminated() or self.m.is_completed()
 
     def forced_string(self) -> str:
         if self.m.is_terminated():
@@ -116,11 +120,18 @@ class XGrammarBackend(GrammarBackend):
             if kind == "json_schema":
                 grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
                                                        strict_mode=True)
-                compiled = self.compiler.compile_grammar(_json_string_chars(str(grammar)))
+                text = _json_string_chars(str(grammar))
             elif kind == "regex":
-                compiled = self.compiler.compile_regex(spec)
+                text = str(xgr.Grammar.from_regex(spec))
             else:
-                compiled = self.compiler.compile_grammar(spec)
+                text = str(xgr.Grammar.from_ebnf(spec))
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"invalid {kind} ({self.name}): {_first_line(e)}") from None
+        # a rule that never ends makes the jump-forward string endless (memory, in the
+        # scheduler): refused, in any state the matcher could reach
+        check_ebnf_productive(text)
+        try:
+            compiled = self.compiler.compile_grammar(text)
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"invalid {kind} ({self.name}): {_first_line(e)}") from None
         return XGrammarGrammar(kind, compiled, self.vocab_size, self.stop_token_ids)

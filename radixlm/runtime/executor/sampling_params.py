@@ -14,7 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.executor.stop_regex import stop_automaton
+from radixlm.runtime.executor.stop_regex import (
+    MAX_STOP_REGEX_SIZE,
+    check_stop_regex,
+    stop_automaton,
+)
 
 # Temperatures below this are treated as greedy (argmax), as in SGLang.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -210,9 +214,16 @@ class SamplingParams:
     def _verify_stops(self, vocab_size: int) -> None:
         if any(s == "" for s in self.stop or []):
             raise ValueError("stop strings must be non-empty, got ''")
+        size = 0  # every pattern checked cheaply (and their total bounded) before any build
         for pattern in self.stop_regex or []:
             if not pattern:
                 raise ValueError("stop_regex patterns must be non-empty, got ''")
+            size += check_stop_regex(pattern)
+            if size > MAX_STOP_REGEX_SIZE:
+                raise ValueError(f"stop_regex patterns expand to more than {MAX_STOP_REGEX_SIZE}"
+                                 " elements in all (bounded repeats such as {n,m} are unrolled;"
+                                 f" limit {MAX_STOP_REGEX_SIZE})")
+        for pattern in self.stop_regex or []:
             stop_automaton(pattern)  # ValueError for what an automaton cannot express
         for token_id in self.stop_token_ids or []:
             if not 0 <= token_id < vocab_size:

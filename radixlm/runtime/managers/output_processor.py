@@ -10,6 +10,7 @@ import torch
 
 from radixlm.runtime.constrained import allocate_token_bitmask
 from radixlm.runtime.constrained.jump_forward import canonical_jump
+from radixlm.runtime.constrained.probe import allows_nothing
 from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
@@ -194,6 +195,21 @@ class OutputProcessor:
                 r.grammar.fill_bitmask(bitmask, i)
         return bitmask
 
+    def _rejected(self, g: Any, tok: int) -> dict[str, Any]:
+        """The finish reason of a row whose sampled token its grammar refused: a 400 when
+        the mask allowed nothing (the grammar matches nothing from here, or llguidance hit
+        a limit), sampling then picked a forbidden token; else the backend's bug, a 500."""
+        row = allocate_token_bitmask(1, self.vocab_size)
+        g.fill_bitmask(row, 0)
+        if allows_nothing(g, row[0], self.eos_ids):
+            error = g.error() if hasattr(g, "error") else ""
+            return {"type": "abort", "status_code": 400,
+                    "message": "the grammar allows no next token: it matches no string "
+                               "from here" + (f" ({error})" if error else "")}
+        return {"type": "abort", "status_code": 500,
+                "message": f"the grammar backend rejected token {tok} that its own mask "
+                           "allowed"}
+
     def _advance_grammar(self, req: Req, tok: int) -> None:
         """Move the request's matcher over ``tok``; finish the request when only EOS is
         left; append the text the grammar forces (canonical jump-forward), each forced
@@ -201,10 +217,8 @@ class OutputProcessor:
         g = req.grammar
         if g is None or req.finished or self._prefill_side(req):
             return  # a prefill server's request: the decode server advances its own
-        if not g.accept_token(tok):  # the mask allowed it: a backend bug, not the user's
-            req.finish_reason = {"type": "abort", "status_code": 500,
-                                 "message": f"the grammar backend rejected token {tok} "
-                                            "that its own mask allowed"}
+        if not g.accept_token(tok):
+            req.finish_reason = self._rejected(g, tok)
             return
         if g.is_terminated():
             req.finish_reason = {"type": "stop", "matched": None}

@@ -86,7 +86,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.grammar_compiler = GrammarCompiler(
             create_grammar_backend(args.grammar_backend, tokenizer, self.model_config.vocab_size,
                                    self.model_config.eos_token_ids),
-            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout)
+            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
+            memory_mb=args.grammar_compile_memory_mb)
         self.grammar_waiting: list[Req] = []  # requests whose grammar is compiling
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # requests that decode

@@ -45,6 +45,40 @@ HOSTILE_SCHEMAS = [{"type": "object", "properties": [1]}, {"type": 5}, {"$ref": 
                    {"type": "string", "maxLength": 10**9}, {"properties": {"a": 1}}]
 
 
+def recursive_schemas() -> st.SearchStrategy:
+    """JSON schemas whose $defs refer to each other (and themselves) through required and
+    optional properties, arrays and anyOf: some have a finite instance, some do not."""
+    names = ["a", "b", "c"]
+    leaf = st.sampled_from([{"type": "integer"}, {"type": "string", "maxLength": 3},
+                            {"type": "null"}, {"enum": []}])
+    ref = st.sampled_from(names).map(lambda n: {"$ref": f"#/$defs/{n}"})
+    sub = st.one_of(leaf, ref, ref.map(lambda r: {"type": "array", "items": r,
+                                                  "minItems": 1}),
+                    st.lists(st.one_of(leaf, ref), min_size=1, max_size=2).map(
+                        lambda xs: {"anyOf": xs}))
+
+    def obj(props: dict) -> st.SearchStrategy:
+        return st.sets(st.sampled_from(sorted(props) or ["x"]), max_size=len(props)).map(
+            lambda req: {"type": "object", "properties": props,
+                         "required": sorted(req & set(props))})
+
+    defs = st.fixed_dictionaries({n: st.dictionaries(st.sampled_from(["x", "y"]), sub,
+                                                     max_size=2).flatmap(obj) for n in names})
+    return st.tuples(defs, ref).map(lambda t: {"$defs": t[0], **t[1]})
+
+
+def nested_regexes() -> st.SearchStrategy:
+    """Regexes with nested counted repetitions ((a{1000}){1000}), alternations, stars."""
+    counts = st.sampled_from(["{0}", "{1}", "{2,5}", "{10}", "{100}", "{1000}", "*", "+",
+                              "?", "{3,}"])
+    atoms = st.sampled_from(["a", "[ab]", ".", "\\d", "(?:)", "[^\\x00-\\U0010FFFF]"])
+    return st.recursive(atoms, lambda kids: st.one_of(
+        st.tuples(kids, counts).map(lambda t: f"({t[0]}){t[1]}"),
+        st.lists(kids, min_size=2, max_size=3).map("".join),
+        st.lists(kids, min_size=2, max_size=3).map(lambda xs: "(" + "|".join(xs) + ")")),
+        max_leaves=6)
+
+
 def deep(n: int) -> list:
     value: list = []
     for _ in range(n):
@@ -161,10 +195,15 @@ def mutated(draw, base: st.SearchStrategy) -> bytes:
     elif how == "grammar" and isinstance(body, dict):
         sp = body.setdefault("sampling_params", {}) if "text" in body else body
         if isinstance(sp, dict):
-            if draw(st.booleans()):
+            which = draw(st.sampled_from(["regex", "schema", "recursive", "nested"]))
+            if which == "regex":
                 sp["regex"] = draw(st.sampled_from(HOSTILE_REGEXES))
-            else:
+            elif which == "schema":
                 sp["json_schema"] = draw(st.sampled_from(HOSTILE_SCHEMAS))
+            elif which == "recursive":
+                sp["json_schema"] = draw(recursive_schemas())
+            else:
+                sp[draw(st.sampled_from(["regex", "stop_regex"]))] = draw(nested_regexes())
     elif how == "deep" and isinstance(body, dict):
         body[draw(st.sampled_from([*body] or ["text"]))] = deep(draw(st.sampled_from([50, 400])))
     text = json.dumps(body, allow_nan=True)
@@ -211,6 +250,34 @@ def test_fuzz_route(server, openapi, route):
     assert any(400 <= s < 500 for s in seen), seen  # the mutations reached the checks
     if route != "/abort_request":
         assert any(s < 300 for s in seen), seen  # and valid bodies got through
+
+
+GRAMMAR_EXAMPLES = max(EXAMPLES // 3, 10)
+
+
+@pytest.mark.parametrize("field", ["json_schema", "regex", "stop_regex"])
+def test_fuzz_recursive_grammars(server, field):
+    """Recursive / mutually recursive schemas and nested repetitions: a bounded answer
+    (2xx or 4xx, within the client's timeout) and /health answering after each."""
+    strategy = recursive_schemas() if field == "json_schema" else nested_regexes()
+    seen: dict[int, int] = {}
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+
+        @settings(max_examples=GRAMMAR_EXAMPLES, deadline=None, derandomize=True,
+                  database=None, suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def campaign(spec) -> None:
+            value = json.dumps(spec) if field == "json_schema" else spec
+            resp = client.post("/generate", json={"text": "x", "sampling_params": {
+                "max_new_tokens": 16, field: value}})
+            seen[resp.status_code] = seen.get(resp.status_code, 0) + 1
+            assert resp.status_code < 500, (value[:300], resp.text[:300])
+            if resp.status_code >= 400:
+                assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+            assert client.get("/health").status_code == 200, server.log()
+
+        campaign()
+    assert any(400 <= s < 500 for s in seen) and any(s < 300 for s in seen), seen
 
 
 def test_after_the_campaign_nothing_is_lost(server):
