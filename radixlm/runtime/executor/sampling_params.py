@@ -129,12 +129,15 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
 
-    def verify(self, vocab_size: int, context_len: int | None = None) -> None:
-        """Raise ValueError naming the first field of the wrong type or out of range."""
+    def verify(self, vocab_size: int, context_len: int | None = None,
+               build_stop_automata: bool = True) -> None:
+        """Raise ValueError naming the first field of the wrong type or out of range.
+        ``build_stop_automata=False`` checks the stop_regex patterns' size only (cheap);
+        the caller then builds them (``build_stop_automata``) off its event loop."""
         self._verify_types()
         self._verify_distribution()
         self._verify_lengths(context_len)
-        self._verify_stops(vocab_size)
+        self._verify_stops(vocab_size, build_stop_automata)
         given = [k for k in GRAMMAR_FIELDS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"only one of regex, json_schema and ebnf may be set, got "
@@ -211,7 +214,7 @@ class SamplingParams:
                 f"got {self.min_new_tokens}"
             )
 
-    def _verify_stops(self, vocab_size: int) -> None:
+    def _verify_stops(self, vocab_size: int, build: bool) -> None:
         if any(s == "" for s in self.stop or []):
             raise ValueError("stop strings must be non-empty, got ''")
         size = 0  # every pattern checked cheaply (and their total bounded) before any build
@@ -223,11 +226,19 @@ class SamplingParams:
                 raise ValueError(f"stop_regex patterns expand to more than {MAX_STOP_REGEX_SIZE}"
                                  " elements in all (bounded repeats such as {n,m} are unrolled;"
                                  f" limit {MAX_STOP_REGEX_SIZE})")
-        for pattern in self.stop_regex or []:
-            stop_automaton(pattern)  # ValueError for what an automaton cannot express
+        if build:
+            self.build_stop_automata()
         for token_id in self.stop_token_ids or []:
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {token_id}")
+
+
+    def build_stop_automata(self) -> None:
+        """Build (and cache) each stop_regex automaton: ValueError for what an automaton
+        cannot express or past its state limit. Bounded (``stop_regex``'s limits), but up
+        to about 0.2 s: the server does it on a worker thread."""
+        for pattern in self.stop_regex or []:
+            stop_automaton(pattern)
 
 
 def _token_id_key(key: object) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import re
 import re._parser as sre_parse
+import threading
 from typing import Any
 
 import interegular
@@ -38,9 +39,16 @@ class _TooManyStates(Exception):
     pass
 
 
+_bounds = threading.local()  # .active: set while stop_automaton builds on this thread
+_unbounded_crawl = ifsm.crawl
+
+
 def _bounded_crawl(alphabet: Any, initial: Any, final: Any, follow: Any) -> Any:
     """interegular's ``crawl`` (explore an automaton from its initial state), stopping
-    past MAX_STOP_REGEX_STATES states, and with an index instead of a list search."""
+    past MAX_STOP_REGEX_STATES states, and with an index instead of a list search; only
+    inside ``stop_automaton`` (other users of interegular keep its own crawl)."""
+    if not getattr(_bounds, "active", False):
+        return _unbounded_crawl(alphabet, initial, final, follow)
     states, index, finals, transitions = [initial], {_freeze(initial): 0}, set(), {}
     i = 0
     while i < len(states):
@@ -103,6 +111,7 @@ def stop_automaton(pattern: str) -> Any:
     """The FSM of ``[\\s\\S]*(?:pattern)``; ValueError for a pattern it cannot express or
     one beyond the limits above."""
     check_stop_regex(pattern)
+    _bounds.active = True
     try:
         return interegular.parse_pattern(f"[\\s\\S]*(?:{pattern})").to_fsm()
     except _TooManyStates:
@@ -113,6 +122,8 @@ def stop_automaton(pattern: str) -> Any:
     except Exception as e:  # noqa: BLE001 - interegular's errors name no common base
         raise ValueError(f"stop_regex {pattern!r} cannot be used: {type(e).__name__} "
                          f"{e}".strip()) from None
+    finally:
+        _bounds.active = False
 
 
 def contains_match(pattern: str, text: str) -> bool:

@@ -68,7 +68,7 @@ class Admission:
         try:
             params = SamplingParams.from_dict(sampling_params)
             validate_request(input_ids, params, self.limits, top_logprobs_num,
-                             token_ids_logprob)
+                             token_ids_logprob, build_stop_automata=False)  # in submit
             self.metrics.check_labels(custom_labels)
             resolved_priority = request_priority(priority, self.args)
         except PriorityRefused as e:

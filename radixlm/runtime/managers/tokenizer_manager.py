@@ -237,6 +237,7 @@ class TokenizerManager(Admission, ControlCalls):
             subs += with_rooms(samples, p.bootstrap)
             labels += [p.labels] * n
             origins += [p.origin] * n
+        await self._build_stop_automata(items)
         self.check_capacity(len(subs))
         if len({m.rid for m in subs}) != len(subs) or any(m.rid in self.states for m in subs):
             raise ApiError(400, "rid is already in use", param="rid")
@@ -256,6 +257,17 @@ class TokenizerManager(Admission, ControlCalls):
         for state, origin in zip(states, origins):
             state.origin = origin
         return states
+
+    @staticmethod
+    async def _build_stop_automata(items: list[Prepared]) -> None:
+        """The stop_regex automata, built on a worker thread: bounded by their limits, but
+        pure Python that would hold the event loop for up to about 0.2 s a pattern."""
+        for p in items:
+            if p.params.stop_regex:
+                try:
+                    await asyncio.to_thread(p.params.build_stop_automata)
+                except ValueError as e:
+                    raise ApiError(400, str(e), param="stop_regex") from None
 
     @staticmethod
     def _encode(msg: GenerateReqInput) -> bytes:

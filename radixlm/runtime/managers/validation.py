@@ -37,7 +37,10 @@ class RequestLimits:
 
 def validate_request(input_ids: list[int], params: SamplingParams, limits: RequestLimits,
                      top_logprobs_num: int = 0,
-                     token_ids_logprob: list[int] | None = None) -> None:
+                     token_ids_logprob: list[int] | None = None,
+                     build_stop_automata: bool = True) -> None:
+    """ValueError naming the first problem. ``build_stop_automata=False`` leaves the
+    stop_regex automata (bounded, but not instant) to the caller's worker thread."""
     if not input_ids:
         raise ValueError("the prompt is empty: text or input_ids must hold at least one token")
     n, context_len = len(input_ids), limits.context_len
@@ -50,7 +53,7 @@ def validate_request(input_ids: list[int], params: SamplingParams, limits: Reque
         if isinstance(t, bool) or not (isinstance(t, int) and 0 <= t < vocab):
             raise ValueError(f"input_ids holds token id {t!r}, outside the vocabulary "
                              f"[0, {vocab})")
-    params.verify(vocab, context_len)
+    params.verify(vocab, context_len, build_stop_automata)
     _check_caps(params, limits, top_logprobs_num)
     _check_token_ids_logprob(token_ids_logprob, limits)
     if n + params.max_new_tokens > context_len:

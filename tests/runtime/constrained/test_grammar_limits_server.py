@@ -106,3 +106,12 @@ def test_stop_regex_beyond_its_limit_is_400_while_health_answers(server):
     assert "stop_regex" in message and "256" in message
     ok = _generate(server, stop_regex="zz+", temperature=0)
     assert ok.status_code == 200, ok.text
+
+
+def test_stop_regex_past_the_state_limit_is_400(server):
+    """Small to parse but exponential to determinise: the automaton stops at its state
+    limit, built on the tokenizer manager's worker thread, and the request is a 400."""
+    if server.grammar_backend != "xgrammar":
+        pytest.skip("stop_regex does not depend on the grammar backend")
+    message = _error(_generate(server, stop_regex="(a|b)*a(a|b){20}"))
+    assert "stop_regex" in message and "2000 states" in message

@@ -48,3 +48,36 @@ def test_engine_stops_at_a_regex_match(eng):
 def test_bad_stop_regex_is_a_value_error(eng, pattern, match):
     with pytest.raises(ValueError, match=match):
         eng.generate("x", {"max_new_tokens": 4, "stop_regex": pattern})
+
+
+def test_server_builds_stop_automata_off_the_event_loop(monkeypatch):
+    """The tokenizer manager builds a request's automata on a worker thread (bounded, but
+    pure Python): the event loop's thread never runs interegular's construction."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from radixlm.runtime.executor import stop_regex
+    from radixlm.runtime.executor.sampling_params import SamplingParams
+    from radixlm.runtime.managers.api_error import ApiError
+    from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+
+    builders: list[threading.Thread] = []
+    real = stop_regex.stop_automaton.__wrapped__
+
+    def recording(pattern: str):
+        builders.append(threading.current_thread())
+        return real(pattern)
+
+    monkeypatch.setattr("radixlm.runtime.executor.sampling_params.stop_automaton", recording)
+
+    async def run(pattern: str) -> None:
+        params = SamplingParams.from_dict({"stop_regex": pattern})
+        params.verify(100, 1024, build_stop_automata=False)
+        await TokenizerManager._build_stop_automata([SimpleNamespace(params=params)])
+
+    asyncio.run(run("ab+c"))
+    assert builders and threading.main_thread() not in builders
+    with pytest.raises(ApiError) as e:
+        asyncio.run(run("(a|b)*a(a|b){20}"))
+    assert e.value.status == 400 and "states" in str(e.value.body())
