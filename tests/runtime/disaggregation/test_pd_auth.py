@@ -243,3 +243,26 @@ def test_pd_bootstrap_port_drops_a_raw_peer():
         assert closes_after_huge_frame(prefill.transport.transfer_port)
     finally:
         prefill.close()
+
+
+def test_serve_pd_shares_a_fresh_secret(monkeypatch):
+    """``radixlm serve-pd`` without a secret file: both servers get one it made (0600, in
+    a 0700 directory), removed when it returns; one given in the flags is used as is."""
+    from radixlm.runtime.disaggregation import launcher
+
+    seen: list = []
+
+    def fake_run(args, flags):
+        path = flags[flags.index("--disaggregation-secret-file") + 1]
+        seen.append((path, os.stat(path).st_mode & 0o777,
+                     os.stat(os.path.dirname(path)).st_mode & 0o777, load_secret(path)))
+        return 0
+
+    monkeypatch.setattr(launcher, "_run", fake_run)
+    assert launcher.run(None, ["--page-size", "4"]) == 0
+    path, mode, dir_mode, key = seen[0]
+    assert (mode, dir_mode, len(key)) == (0o600, 0o700, 64) and not os.path.exists(path)
+    given = ["--disaggregation-secret-file=/etc/pd-key"]
+    monkeypatch.setattr(launcher, "_run", lambda args, flags: seen.append(flags) or 0)
+    launcher.run(None, given)
+    assert seen[1] == given
