@@ -43,7 +43,8 @@ def _pd_cluster(d: Path, flags: list[str], pd: list[str],
         yield (*servers, f"http://127.0.0.1:{port}", bport)
     finally:
         router.should_exit = True
-        thread.join(timeout=10)
+        if thread.is_alive():  # not started when a server never became healthy
+            thread.join(timeout=10)
         for s in servers:
             s.stop()
 

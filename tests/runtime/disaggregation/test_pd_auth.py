@@ -17,7 +17,7 @@ from radixlm.runtime.disaggregation.auth import PeerKeys, load_secret, write_sec
 from radixlm.runtime.disaggregation.base import KVPoll
 from radixlm.runtime.disaggregation.fake_backend import FakeNetwork, FakeTransport
 from radixlm.runtime.disaggregation.manager import KVManager
-from radixlm.runtime.disaggregation.wire import Claim, RouteQuery, encode
+from radixlm.runtime.disaggregation.wire import Abort, Claim, RouteQuery, encode
 from radixlm.runtime.entrypoints.server_process import free_port
 from tests.runtime.disaggregation.test_pd_transfer import (
     ADDR,
@@ -57,6 +57,21 @@ def test_a_later_claim_does_not_override_the_first():
     sender.send(slots(2), 42, 3)
     turn(prefill, first, second)
     assert rx[0].poll() == KVPoll.Success and rx[0].first_token == 42
+
+
+def test_only_its_claimer_withdraws_a_waiting_claim():
+    """An Abort for room 7 from another decode server leaves the first one's claim."""
+    clock, net = Clock(), FakeNetwork()
+    pbuf = pool(0)
+    prefill = KVManager("prefill", pbuf, FakeTransport(net, pbuf.layout, ADDR), 10, 20, clock)
+    first, other = decoders(net, clock, 2)
+    rx = first.create_receiver(*ADDR, 7)
+    turn(prefill, first)
+    rx.send_metadata(slots(0), 0, 3)
+    turn(prefill, first)
+    other.transport.send(ADDR, Abort(7, "not mine"))
+    turn(prefill, first, other)
+    assert prefill.early_claims[7][0] == first.transport.id
 
 
 def test_waiting_claims_are_bounded():
