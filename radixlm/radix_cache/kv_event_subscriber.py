@@ -34,6 +34,9 @@ from radixlm.radix_cache.prefix_index import PrefixIndex
 logger = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_MS = 2000  # how long one replay answer may take before the gap counts as lost
+# the largest frame a stream may send (one step's event batch: a few bytes per token of the
+# step, so far below this); a bigger frame drops its connection (zmq.MAXMSGSIZE)
+MAX_FRAME_BYTES = 64 << 20
 
 
 @dataclass
@@ -64,6 +67,7 @@ class KVEventSubscriber:
         self._poller = zmq.Poller()
         for stream in streams:
             sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
             sub.connect(stream.endpoint)
             self._poller.register(sub, zmq.POLLIN)
@@ -76,6 +80,7 @@ class KVEventSubscriber:
         if stream.replay is None:
             return None
         sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         sock.connect(stream.replay)
         return sock
 

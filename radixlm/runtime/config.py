@@ -237,6 +237,16 @@ class ServerArgs:
     disaggregation_transfer_backend: str = field(default="zmq", metadata={
         "help": "how KV pages travel: zmq (TCP; SGLang's mooncake, nixl, ascend and mori "
                 "need RDMA/NVLink libraries radixlm does not ship)"})
+    disaggregation_secret_file: str | None = field(default=None, metadata={
+        "help": "prefill and decode servers: a file (mode 0600, 32..4096 bytes, e.g. "
+                "`openssl rand -hex 32`) holding the key both servers share; every PD "
+                "socket speaks CurveZMQ with keys derived from it, so KV pages and claims "
+                "come only from peers holding it. Required by --disaggregation-mode "
+                "prefill/decode (radixlm serve-pd makes one itself)"})
+    disaggregation_trusted_hosts: tuple[str, ...] = field(default=(), metadata={
+        "help": "decode server: the only bootstrap_host values a request may name (others "
+                "get a 403 before anything connects); empty: any host, authenticated by "
+                "the secret"})
     disaggregation_bootstrap_timeout: float = field(default=300.0, metadata={
         "help": "seconds a room may wait to be claimed (prefill) or for the prefill's "
                 "bootstrap service to answer (decode) before its request fails "
@@ -374,6 +384,9 @@ class ServerArgs:
                 "fake is for SGLang's tests)" if backend in SGLANG_TRANSFER_BACKENDS else ""))
         need(0 < self.disaggregation_bootstrap_port < 65536, "disaggregation_bootstrap_port "
              f"must be a TCP port (1..65535), got {self.disaggregation_bootstrap_port}")
+        need(all(h and h.strip() == h for h in self.disaggregation_trusted_hosts),
+             "disaggregation_trusted_hosts must be host names or addresses, got "
+             f"{self.disaggregation_trusted_hosts!r}")
         for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
             need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
 

@@ -13,6 +13,7 @@ import pytest
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 from tests.compat.test_sglang_router import router_python
+from tests.runtime.disaggregation.pd_client import secret_flags
 
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", "4",
          "--cpu-threads", "1"]
@@ -26,7 +27,7 @@ def pd(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("router-pd")
     bport = free_port()
     mode = ["--dp-size", str(request.param), "--disaggregation-bootstrap-port", str(bport),
-            "--disaggregation-mode"]
+            *secret_flags(d), "--disaggregation-mode"]
     servers = [ServerProcess(FLAGS, d / "mono.log"),
                ServerProcess(FLAGS + mode + ["prefill"], d / "prefill.log"),
                ServerProcess(FLAGS + mode + ["decode"], d / "decode.log")]

@@ -11,6 +11,10 @@ import torch
 from radixlm.runtime.disaggregation.wire import KVLayout
 
 CHUNK_BYTES = 4 << 20  # one KVChunk message carries at most this much K/V (whole pages)
+# the largest message header (a KVChunk with the first token's top logprobs: ~15 bytes a
+# pair) and what CurveZMQ adds to a frame: the frame limit's floor and slack
+META_BYTES = 4 << 20
+FRAME_SLACK = 64 << 10
 
 
 class KVBuffers:
@@ -38,6 +42,11 @@ class KVBuffers:
         """Tokens per KVChunk: whole pages, about CHUNK_BYTES of K and V over all layers."""
         per_page = 2 * len(self.k) * self.token_bytes * self.page_size
         return max(CHUNK_BYTES // per_page, 1) * self.page_size
+
+    def max_frame(self) -> int:
+        """The largest frame a peer with this layout sends (one layer's K or V of a chunk,
+        or a message header), plus slack: every PD socket's ``zmq.MAXMSGSIZE``."""
+        return max(self.chunk_tokens() * self.token_bytes, META_BYTES) + FRAME_SLACK
 
     def gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
         """[K_0, V_0, K_1, V_1, ...] at ``slots``, each [n, heads, dim], contiguous, on CPU."""

@@ -5,6 +5,9 @@ The router (``pd_router.PDRouter``) does what sglang-router's PD mode does with 
 
 ``--router sglang`` runs sglang-router's own ``--pd-disaggregation`` instead (its Python
 given by ``--sglang-router-python``).
+
+Both servers get the same ``--disaggregation-secret-file``: the one given in the server
+flags, else a fresh random key in a private (0700) temporary directory, removed at exit.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
 import uvicorn
 
+from radixlm.runtime.disaggregation.auth import SECRET_FLAG, write_secret
 from radixlm.runtime.disaggregation.pd_router import PDRouter
 
 logger = logging.getLogger(__name__)
@@ -60,8 +65,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None
 
 
 def run(args: argparse.Namespace, server_flags: list[str]) -> int:
-    """Start both servers (``server_flags`` go to both), wait for them, serve the router
-    until SIGINT/SIGTERM, then stop everything."""
+    """Start both servers (``server_flags`` go to both, with a shared secret file), wait
+    for them, serve the router until SIGINT/SIGTERM, then stop everything."""
+    if any(f.split("=")[0] == SECRET_FLAG for f in server_flags):
+        return _run(args, server_flags)
+    with tempfile.TemporaryDirectory(prefix="radixlm-pd-") as d:  # mkdtemp: mode 0700
+        write_secret(os.path.join(d, "secret"))
+        return _run(args, [*server_flags, SECRET_FLAG, os.path.join(d, "secret")])
+
+
+def _run(args: argparse.Namespace, server_flags: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     pport, dport = args.prefill_port or args.port + 1, args.decode_port or args.port + 2
     host, bport = args.host, args.disaggregation_bootstrap_port

@@ -19,6 +19,10 @@ from radixlm.runtime.disaggregation.wire import Abort, Ack, Claim, KVChunk, Rout
 
 logger = logging.getLogger(__name__)
 
+# prefill: claims waiting for their request (each held until --disaggregation-bootstrap-
+# timeout); beyond this many a new one is refused (an Abort to its sender)
+EARLY_CLAIMS_LIMIT = 16384
+
 # the first token's (logprob, top logprobs, logprobs of the asked ids), prefill -> decode
 FirstLogprobs = tuple[float | None, list[tuple[float, int]] | None,
                       list[tuple[float, int]] | None]
@@ -187,15 +191,18 @@ class KVManager:
 
     def __init__(self, mode: str, buffers: KVBuffers, transport: Transport,
                  bootstrap_timeout: float, waiting_timeout: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 early_claims_limit: int = EARLY_CLAIMS_LIMIT) -> None:
         assert mode in ("prefill", "decode"), f"mode {mode!r}"
         self.mode, self.buffers, self.transport = mode, buffers, transport
         self.bootstrap_timeout, self.waiting_timeout = bootstrap_timeout, waiting_timeout
         self.clock = clock
         self.senders: dict[int, KVSender] = {}
         self.receivers: dict[int, KVReceiver] = {}
-        # prefill: claims that came before their request, with their arrival time
+        # prefill: claims that came before their request, with their arrival time (the
+        # first claim of a room wins; at most early_claims_limit of them)
         self.early_claims: dict[int, tuple[Peer, Claim, float]] = {}
+        self.early_claims_limit = early_claims_limit
         # decode: (host, port) -> RouteInfo, or the time it was asked for
         self.routes: dict[tuple[str, int], RouteInfo | float] = {}
         self.sent_tokens = self.received_tokens = 0
@@ -280,14 +287,24 @@ class KVManager:
             self._peer_abort(ev.peer, msg)
 
     def _claim(self, peer: Peer, claim: Claim) -> None:
+        """The first claim of a room wins: a later one (while the first waits for its
+        request, or once it was taken) is refused with an Abort to its sender."""
         sender = self.senders.get(claim.room)
-        if sender is None:
+        if sender is None and claim.room in self.early_claims:
+            self._refuse(peer, claim.room, "was already claimed")
+        elif sender is None and len(self.early_claims) >= self.early_claims_limit:
+            self._refuse(peer, claim.room, f"cannot wait: {self.early_claims_limit} claims "
+                                           "already wait for their request")
+        elif sender is None:
             self.early_claims[claim.room] = (peer, claim, self.clock())
         elif sender.claim is not None or sender.state != KVPoll.Bootstrapping:
-            self.transport.send(peer, Abort(claim.room, f"room {claim.room} was already "
-                                                        "claimed or is closed"))
+            self._refuse(peer, claim.room, "was already claimed or is closed")
         else:
             self._claimed(sender, peer, claim)
+
+    def _refuse(self, peer: Peer, room: int, why: str) -> None:
+        logger.warning("refused a claim of room %d: it %s", room, why)
+        self.transport.send(peer, Abort(room, f"room {room} {why}"))
 
     def _claimed(self, sender: KVSender, peer: Peer, claim: Claim) -> None:
         sender.peer, sender.claim = peer, claim
@@ -311,7 +328,9 @@ class KVManager:
 
     def _peer_abort(self, peer: Peer, msg: Abort) -> None:
         if self.mode == "prefill":
-            self.early_claims.pop(msg.room, None)
+            early = self.early_claims.get(msg.room)
+            if early is not None and early[0] == peer:  # only its claimer withdraws it
+                del self.early_claims[msg.room]
             sender = self.senders.get(msg.room)
             if sender is not None and sender.peer == peer:
                 sender._fail(f"the decode server aborted the transfer: {msg.reason}")

@@ -21,6 +21,11 @@ the pool into a frame, until the receiving side copies it into its pool). What a
 is queued for ``KVManager.poll``. A send to a decode server whose connection is gone
 fails at once (``EHOSTUNREACH``); a silent peer is caught by the manager's deadlines.
 Messages are msgpack (``base.encode``); nothing is unpickled.
+
+Every TCP socket speaks CurveZMQ with keys derived from the shared secret (``auth.py``):
+a peer without it never gets a message through. Every socket also refuses frames over
+``max_frame`` bytes (``zmq.MAXMSGSIZE``: libzmq drops the connection as soon as a frame
+header declares more), sized from the largest legitimate frame (``KVBuffers.max_frame``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import msgspec
 import torch
 import zmq
 
+from radixlm.runtime.disaggregation.auth import Gatekeeper, PeerKeys
 from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
 from radixlm.runtime.disaggregation.wire import (
     KVLayout,
@@ -57,13 +63,18 @@ def tensor_frame(t: torch.Tensor) -> Any:
 class ZmqTransport(Transport):
     """``bootstrap`` (host, port): a prefill server's bootstrap service binds there (its
     transfer socket binds a free port on the same host); None: a decode server. A prefill
-    replica ``dp_rank`` > 0 of ``dp_size`` registers with replica 0's service instead."""
+    replica ``dp_rank`` > 0 of ``dp_size`` registers with replica 0's service instead.
+    ``keys``: the CURVE keys of the shared secret; ``max_frame``: the largest frame any
+    socket accepts (bytes)."""
 
-    def __init__(self, layout: KVLayout, bootstrap: tuple[str, int] | None = None,
-                 dp_rank: int = 0, dp_size: int = 1) -> None:
+    def __init__(self, layout: KVLayout, keys: PeerKeys, max_frame: int,
+                 bootstrap: tuple[str, int] | None = None, dp_rank: int = 0,
+                 dp_size: int = 1) -> None:
         super().__init__()
-        self.layout = layout
+        self.layout, self.keys, self.max_frame = layout, keys, max_frame
         self.ctx = zmq.Context()
+        # the ZAP handler: a prefill's ROUTERs admit only clients holding the secret
+        self.gate = Gatekeeper(self.ctx, keys) if bootstrap is not None else None
         addr = f"inproc://radixlm-pd-{id(self)}-{next(_ids)}"
         self.cmd = self.ctx.socket(zmq.PUSH)  # scheduler thread only
         self.cmd.bind(addr)
@@ -79,11 +90,11 @@ class ZmqTransport(Transport):
         self.waiting_routes: list[bytes] = []
         if bootstrap is not None:
             host, port = bootstrap
-            self.xfer = self._socket(zmq.ROUTER)
+            self.xfer = self._socket(zmq.ROUTER, server=True)
             self.xfer.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.transfer_port = self.xfer.bind_to_random_port(f"tcp://{host}")
             if dp_rank == 0:
-                self.boot = self._socket(zmq.ROUTER)
+                self.boot = self._socket(zmq.ROUTER, server=True)
                 self.boot.bind(f"tcp://{host}:{port}")
                 self.replica_ports[0] = self.transfer_port
             else:  # queued by zmq until replica 0 has bound
@@ -97,8 +108,11 @@ class ZmqTransport(Transport):
                                         name="kv-transfer")
         self._thread.start()
 
-    def _socket(self, kind: int) -> zmq.Socket:
+    def _socket(self, kind: int, server: bool = False) -> zmq.Socket:
+        """A TCP socket: CURVE server (bind) or client (connect), frames bounded."""
         s = self.ctx.socket(kind)
+        (self.keys.serve if server else self.keys.connect)(s)
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 0)  # never drop or block a page: the deadlines bound it
         s.setsockopt(zmq.RCVHWM, 0)
@@ -122,6 +136,8 @@ class ZmqTransport(Transport):
             self.cmd.send_multipart([msgspec.msgpack.encode(["stop", None])])
             self._thread.join(timeout=5)
         self.cmd.close(linger=0)
+        if self.gate is not None:
+            self.gate.stop()
         self.ctx.term()
 
     # --- I/O thread ---------------------------------------------------------------------

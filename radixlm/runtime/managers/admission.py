@@ -154,10 +154,24 @@ class Admission:
                                  self.args.disaggregation_bootstrap_port)
         except ValueError as e:
             raise ApiError(400, str(e), param=str(e).split(" ")[0]) from None
+        self._check_trusted(rooms)
         self._check_prefill_replica(items, rooms, prefill_dp_rank)
         for p, samples in zip(items, rooms):
             p.bootstrap = [dataclasses.replace(b, prefill_dp_rank=prefill_dp_rank)
                            for b in samples]
+
+    def _check_trusted(self, rooms: list[list[Bootstrap]]) -> None:
+        """A decode server connects only to the bootstrap hosts of
+        ``--disaggregation-trusted-hosts`` (when given): 403 before anything connects."""
+        trusted = self.args.disaggregation_trusted_hosts
+        if not trusted or self.args.disaggregation_mode != "decode":
+            return
+        allowed = {h.lower() for h in trusted}
+        for b in (b for samples in rooms for b in samples):
+            if b.host.lower() not in allowed:
+                raise ApiError(403, f"bootstrap_host {b.host!r} is not one of this decode "
+                               f"server's --disaggregation-trusted-hosts {list(trusted)}",
+                               "permission_denied", param="bootstrap_host")
 
     def _check_prefill_replica(self, items: list[Prepared], rooms: list[list[Bootstrap]],
                                hint: int | None) -> None:

@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _BIND_HOSTS = ("*", "0.0.0.0", "::", "[::]", "localhost", "[::1]", "::1")
+# the largest frame a peer may send: a replay request's frames are an empty delimiter and an
+# 8-byte seq; a subscriber's, a subscription (its topic); bigger drops the connection
+REPLAY_REQUEST_MAX_BYTES = 64
+SUBSCRIPTION_MAX_BYTES = 64 << 10
 _IDLE_WAIT_S = 0.01  # how long the sender waits for a batch before it looks at replay
 
 
@@ -79,6 +83,7 @@ class KVEventPublisher:
         # sockets are made (and bound: an address in use fails the start) here, then used
         # only by the sender thread
         self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX_BYTES)
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
         try:
@@ -88,6 +93,7 @@ class KVEventPublisher:
                 self._pub.connect(self.endpoint)
             if self.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.MAXMSGSIZE, REPLAY_REQUEST_MAX_BYTES)
                 self._replay.bind(self.replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()

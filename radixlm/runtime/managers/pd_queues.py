@@ -32,6 +32,7 @@ import logging
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.disaggregation.auth import SECRET_FLAG, PeerKeys, load_secret
 from radixlm.runtime.disaggregation.base import KVPoll
 from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
 from radixlm.runtime.disaggregation.manager import KVManager
@@ -52,14 +53,22 @@ def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any], dp_rank: int
                       runner: Any = None) -> KVManager:
     """The transfer manager of replica ``dp_rank`` of a server in
     ``args.disaggregation_mode`` (not "null"); with --tp-size > 1, ``runner`` (rank 0's
-    ModelRunner) reads and writes every rank's heads."""
+    ModelRunner) reads and writes every rank's heads. ValueError naming the flag without
+    a usable ``--disaggregation-secret-file``: no PD socket is opened without it."""
+    if args.disaggregation_secret_file is None:
+        raise ValueError(f"--disaggregation-mode {args.disaggregation_mode} needs "
+                         f"{SECRET_FLAG}: a key file both PD servers share (e.g. "
+                         "`openssl rand -hex 32 > key; chmod 600 key`), so that KV pages "
+                         "come only from a prefill server holding it")
+    keys = PeerKeys.from_secret(load_secret(args.disaggregation_secret_file))
     shards = None
     if runner is not None and runner.tp.size > 1:
         shards = (runner.model_config.num_key_value_heads, runner.read_kv, runner.write_kv)
     buffers = KVBuffers(k, v, args.page_size, shards)
     assert args.disaggregation_transfer_backend == "zmq", args.disaggregation_transfer_backend
     prefill = args.disaggregation_mode == "prefill"
-    transport = ZmqTransport(buffers.layout, (args.host, args.disaggregation_bootstrap_port)
+    transport = ZmqTransport(buffers.layout, keys, buffers.max_frame(),
+                             (args.host, args.disaggregation_bootstrap_port)
                              if prefill else None, dp_rank, args.dp_size)
     return KVManager(args.disaggregation_mode, buffers, transport,
                      args.disaggregation_bootstrap_timeout,

@@ -14,16 +14,17 @@ import uvicorn
 
 from radixlm.runtime.disaggregation.pd_router import PDRouter
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
+from tests.runtime.disaggregation.pd_client import secret_flags
 
 
 @contextlib.contextmanager
 def _pd_cluster(d: Path, flags: list[str], pd: list[str],
                decode: list[str] = ()) -> Iterator[tuple]:
     """``flags`` for all three servers, ``pd`` for both PD servers (a fresh bootstrap port
-    is added), ``decode`` for the decode server. Yields (mono, prefill, decode, router
-    url, bootstrap port)."""
+    is added, and a shared secret), ``decode`` for the decode server. Yields (mono,
+    prefill, decode, router url, bootstrap port)."""
     bport = free_port()
-    pd = [*pd, "--disaggregation-bootstrap-port", str(bport)]
+    pd = [*pd, "--disaggregation-bootstrap-port", str(bport), *secret_flags(d)]
     servers = [ServerProcess(flags, d / "mono.log"),
                ServerProcess(flags + pd + ["--disaggregation-mode", "prefill"], d / "p.log"),
                ServerProcess(flags + pd + ["--disaggregation-mode", "decode", *decode],
@@ -42,7 +43,8 @@ def _pd_cluster(d: Path, flags: list[str], pd: list[str],
         yield (*servers, f"http://127.0.0.1:{port}", bport)
     finally:
         router.should_exit = True
-        thread.join(timeout=10)
+        if thread.is_alive():  # not started when a server never became healthy
+            thread.join(timeout=10)
         for s in servers:
             s.stop()
 

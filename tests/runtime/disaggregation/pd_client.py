@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
+
+from radixlm.runtime.disaggregation.auth import SECRET_FLAG, write_secret
+
+
+def secret_flags(d: Path) -> list[str]:
+    """A fresh key in ``d`` and the flag that gives it to a PD server."""
+    path = d / "pd-secret"
+    if not path.exists():
+        write_secret(str(path))
+    return [SECRET_FLAG, str(path)]
 
 
 def post(url: str, body: dict) -> httpx.Response:

@@ -14,9 +14,11 @@ from radixlm.runtime.entrypoints.server_process import free_port
 from radixlm.runtime.managers.messages import AbortReq, GenerateReqInput, ReqOutput
 from radixlm.runtime.managers.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer
+from tests.runtime.disaggregation.pd_client import secret_flags
 
 COMMON = dict(max_total_tokens=4096, cpu_threads=1, random_seed=0, page_size=4,
               chunked_prefill_size=64)
+COMMON_PD: dict = {}  # the shared secret's file, once ``sides`` made it
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 
 
@@ -44,18 +46,21 @@ class Side:
 
 
 @pytest.fixture(scope="module")
-def sides(tiny_llama_dir):
+def sides(tiny_llama_dir, tmp_path_factory):
     path = str(tiny_llama_dir)
+    COMMON_PD["disaggregation_secret_file"] = secret_flags(tmp_path_factory.mktemp("key"))[1]
     tok = load_tokenizer(path)
     port = free_port()
     timeouts = dict(disaggregation_bootstrap_timeout=3.0, disaggregation_waiting_timeout=3.0)
     mono = Side(Scheduler(ServerArgs(**COMMON), path, tok))
-    prefill = Side(Scheduler(ServerArgs(**COMMON, **timeouts, disaggregation_mode="prefill",
+    prefill = Side(Scheduler(ServerArgs(**COMMON, **COMMON_PD, **timeouts,
+                                        disaggregation_mode="prefill",
                                         host="127.0.0.1", disaggregation_bootstrap_port=port),
                              path, tok))
     # the decode waits longer for KV than the prefill keeps an early claim: the prefill's
     # answer (no such request) comes first
-    dec = Side(Scheduler(ServerArgs(**COMMON, disaggregation_bootstrap_timeout=3.0,
+    dec = Side(Scheduler(ServerArgs(**COMMON, **COMMON_PD,
+                                    disaggregation_bootstrap_timeout=3.0,
                                     disaggregation_waiting_timeout=6.0,
                                     disaggregation_mode="decode"), path, tok))
     yield mono, prefill, dec, port
@@ -183,7 +188,8 @@ def test_decode_dies_mid_transfer(tiny_llama_dir, sides):
     its ack never comes (waiting timeout); the prefill frees everything."""
     _, prefill, _, port = sides
     path = str(tiny_llama_dir)
-    doomed = Side(Scheduler(ServerArgs(**COMMON, disaggregation_mode="decode"), path,
+    doomed = Side(Scheduler(ServerArgs(**COMMON, **COMMON_PD, disaggregation_mode="decode"),
+                            path,
                             load_tokenizer(path)))
     ids = prompt(200, 5)
     doomed.inbox.append(req("doomed", ids, 47, port))

@@ -12,7 +12,7 @@ import torch
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 from radixlm.runtime.executor.tp_worker import whole_heads
-from tests.runtime.disaggregation.pd_client import both, post
+from tests.runtime.disaggregation.pd_client import both, post, secret_flags
 
 FLAGS = ["--max-total-tokens", "4096", "--log-level", "warning", "--page-size", "4",
          "--chunked-prefill-size", "64", "--cpu-threads", "1", "--dtype", "float32"]
@@ -25,7 +25,7 @@ def servers(tmp_path_factory):
     d = tmp_path_factory.mktemp("pd-tp")
     bport = free_port()
     pd = ["--disaggregation-bootstrap-port", str(bport), "--disaggregation-bootstrap-timeout",
-          "10", "--disaggregation-waiting-timeout", "20"]
+          "10", "--disaggregation-waiting-timeout", "20", *secret_flags(d)]
     procs = {"mono": ServerProcess(FLAGS, d / "mono.log"),
              "prefill": ServerProcess(FLAGS + pd + ["--tp-size", "2", "--disaggregation-mode",
                                                     "prefill"], d / "p.log"),

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from radixlm.runtime.disaggregation.auth import PeerKeys
 from radixlm.runtime.disaggregation.base import KVPoll
 from radixlm.runtime.disaggregation.fake_backend import FakeNetwork, FakeTransport
 from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
@@ -18,6 +19,7 @@ from radixlm.runtime.disaggregation.zmq_backend import ZmqTransport
 
 PAGE, LAYERS, HEADS, DIM, POOL = 4, 3, 2, 8, 64
 ADDR = ("prefill-host", 8998)
+KEYS = PeerKeys.from_secret(b"a test secret of 32 bytes or more")
 
 
 class Clock:
@@ -33,6 +35,11 @@ def pool(seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> 
     k = [torch.randn(POOL, HEADS, DIM, generator=g).to(device, dtype) for _ in range(LAYERS)]
     v = [torch.randn(POOL, HEADS, DIM, generator=g).to(device, dtype) for _ in range(LAYERS)]
     return KVBuffers(k, v, PAGE)
+
+
+def zmq_transport(buf: KVBuffers, *bootstrap) -> ZmqTransport:
+    """A zmq transport holding the tests' secret; ``bootstrap``: (host, port)[, rank, size]."""
+    return ZmqTransport(buf.layout, KEYS, buf.max_frame(), *bootstrap)
 
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -253,8 +260,8 @@ def test_zmq_moves_pages_bit_for_bit(dtype, device):
 
     port = free_port()
     pbuf, dbuf = pool(0, dtype, device), pool(1, dtype, device)
-    prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 30)
-    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    prefill = KVManager("prefill", pbuf, zmq_transport(pbuf, ("127.0.0.1", port)), 30, 30)
+    dec = KVManager("decode", dbuf, zmq_transport(dbuf), 30, 30)
     old = kv_buffers.CHUNK_BYTES
     kv_buffers.CHUNK_BYTES = 1  # one page per chunk
     try:
@@ -287,8 +294,8 @@ def test_zmq_decode_gone_fails_the_sender():
 
     port = free_port()
     pbuf, dbuf = pool(0), pool(1)
-    prefill = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port)), 30, 2)
-    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    prefill = KVManager("prefill", pbuf, zmq_transport(pbuf, ("127.0.0.1", port)), 30, 2)
+    dec = KVManager("decode", dbuf, zmq_transport(dbuf), 30, 30)
     try:
         sender = prefill.create_sender(5)
         receiver = dec.create_receiver("127.0.0.1", port, 5)
@@ -323,12 +330,12 @@ def test_zmq_two_prefill_replicas_share_one_bootstrap_port():
     port = free_port()
     bufs = [pool(0), pool(2)]
     dbuf = pool(1)
-    late = KVManager("prefill", bufs[1], ZmqTransport(bufs[1].layout, ("127.0.0.1", port), 1, 2),
+    late = KVManager("prefill", bufs[1], zmq_transport(bufs[1], ("127.0.0.1", port), 1, 2),
                      30, 30)
-    first = KVManager("prefill", bufs[0], ZmqTransport(bufs[0].layout, ("127.0.0.1", port), 0, 2),
+    first = KVManager("prefill", bufs[0], zmq_transport(bufs[0], ("127.0.0.1", port), 0, 2),
                       30, 30)
     replicas = [first, late]
-    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    dec = KVManager("decode", dbuf, zmq_transport(dbuf), 30, 30)
     try:
         rooms = {40: slots(3), 41: slots(5, 6), 50: slots(7)}
         where = {40: 0, 41: 1, 50: 1}
@@ -367,9 +374,9 @@ def test_zmq_bootstrap_answers_once_every_replica_registered():
 
     port = free_port()
     pbuf, dbuf = pool(0), pool(1)
-    only = KVManager("prefill", pbuf, ZmqTransport(pbuf.layout, ("127.0.0.1", port), 0, 2),
+    only = KVManager("prefill", pbuf, zmq_transport(pbuf, ("127.0.0.1", port), 0, 2),
                      30, 30)
-    dec = KVManager("decode", dbuf, ZmqTransport(dbuf.layout), 30, 30)
+    dec = KVManager("decode", dbuf, zmq_transport(dbuf), 30, 30)
     try:
         receiver = dec.create_receiver("127.0.0.1", port, 8)
         for _ in range(40):
@@ -377,7 +384,7 @@ def test_zmq_bootstrap_answers_once_every_replica_registered():
             dec.poll()
             time.sleep(0.005)
         assert receiver.poll() == KVPoll.Bootstrapping
-        late = ZmqTransport(pbuf.layout, ("127.0.0.1", port), 1, 2)
+        late = zmq_transport(pbuf, ("127.0.0.1", port), 1, 2)
         try:
             _until(lambda: receiver.poll() == KVPoll.WaitingForInput, only, dec)
         finally:
