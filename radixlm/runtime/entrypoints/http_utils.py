@@ -25,14 +25,18 @@ M = TypeVar("M", bound=BaseModel)
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
+PARSE_ON_LOOP_BYTES = 64 << 10  # bodies over this are parsed off the event loop
 
 
 async def read_model(request: Request, model: type[M]) -> M:
     """The body parsed into ``model`` (``protocol.py``); 400 naming the field otherwise.
-    The body's size was bounded by ``BodyLimitMiddleware`` before it was read."""
+    The body's size was bounded by ``BodyLimitMiddleware`` before it was read; a large
+    one is parsed on a worker thread (an 8 MB chat takes seconds to validate)."""
     body = await request.body()
     try:
-        return model.model_validate_json(body or b"{}")
+        if len(body) <= PARSE_ON_LOOP_BYTES:
+            return model.model_validate_json(body or b"{}")
+        return await asyncio.to_thread(model.model_validate_json, body)
     except ValidationError as e:
         message, param = describe(e)
         raise ApiError(400, message, param=param) from None

@@ -318,32 +318,6 @@ class TokenizerManager(Admission, ControlCalls):
         self.request_log.add(state.msg, state.origin, out,
                              Timings(state.created, state.first_token_time, now, 0))
 
-    async def merged_outputs(self, states: list[ReqState]) -> AsyncIterator[tuple[int, TextOutput]]:
-        """``(index, output)`` pairs of several requests, as they arrive."""
-        if len(states) == 1:
-            async for out in self.outputs(states[0]):
-                yield 0, out
-            return
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int, state: ReqState) -> None:
-            async for out in self.outputs(state):
-                merged.put_nowait((i, out))
-            merged.put_nowait((i, None))
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                i, out = await merged.get()
-                if out is None:
-                    remaining -= 1
-                else:
-                    yield i, out
-        finally:
-            for t in tasks:
-                t.cancel()
-
     @staticmethod
     def new_builder(state: ReqState) -> ResultBuilder:
         return ResultBuilder(client_rid(state.msg.rid), state.msg.return_logprob,
