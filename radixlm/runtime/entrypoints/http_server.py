@@ -28,7 +28,11 @@ from radixlm.runtime.entrypoints.http_utils import (
     BodyLimitMiddleware,
     install_error_handlers,
 )
-from radixlm.runtime.entrypoints.lifecycle import DrainingServer, scheduler_watchdog
+from radixlm.runtime.entrypoints.lifecycle import (
+    DrainingServer,
+    LoopWatchdog,
+    scheduler_watchdog,
+)
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
 from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.protocol import (
@@ -117,7 +121,8 @@ async def _serve(
         )
 
     tasks = [loop.create_task(announce()),
-             loop.create_task(scheduler_watchdog(tm, server, children, args.watchdog_timeout))]
+             loop.create_task(scheduler_watchdog(tm, server, children, args.watchdog_timeout)),
+             loop.create_task(LoopWatchdog(args.watchdog_timeout).beat())]
     await server.serve()
     for task in tasks:
         task.cancel()

@@ -1,15 +1,20 @@
-"""How the server ends: SIGTERM/SIGINT draining (``DrainingServer``) and the scheduler
+"""How the server ends: SIGTERM/SIGINT draining (``DrainingServer``), the scheduler
 watchdog (``scheduler_watchdog``), which ends it with exit code 1 when the scheduler's loop
-stops turning."""
+stops turning, and the event-loop watchdog (``LoopWatchdog``), which does the same when the
+HTTP process's own event loop stops turning (no signal handler can run then)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
@@ -100,3 +105,45 @@ async def scheduler_watchdog(tm: TokenizerManager, server: DrainingServer,
         await asyncio.sleep(1.0)  # the failed requests' responses go out
         server.should_exit = True
         return
+
+
+class LoopWatchdog:
+    """Ends the process when its asyncio loop stops turning for ``timeout`` seconds.
+
+    Every check runs before the loop, and bounded work runs off it, so this is the guard
+    for a bug: a blocked loop answers nothing, not even ``/health``, and SIGTERM's handler
+    (a loop callback) never runs; only SIGKILL would end it. A daemon thread reads the
+    loop's heartbeat (``beat``, a loop task) and, past the timeout, logs the main thread's
+    stack and calls ``on_stuck`` (``os._exit(1)``: the children die with their parent).
+    """
+
+    def __init__(self, timeout: float, on_stuck: Callable[[], None] | None = None) -> None:
+        self.timeout = timeout
+        self.on_stuck = on_stuck or (lambda: os._exit(1))
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+
+    async def beat(self) -> None:
+        """The loop's side: a heartbeat a few times per timeout, until cancelled."""
+        self._thread.start()
+        try:
+            while True:
+                self.last = time.monotonic()
+                await asyncio.sleep(min(0.5, self.timeout / 4))
+        finally:
+            self._stop.set()
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        while not self._stop.wait(min(1.0, self.timeout / 4)):
+            age = time.monotonic() - self.last
+            if age <= self.timeout:
+                continue
+            frame = sys._current_frames().get(main or 0)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+            logger.error("the HTTP event loop made no progress for %.0f s (--watchdog-timeout "
+                         "%g); the server is exiting. Main thread:\n%s", age, self.timeout,
+                         stack)
+            self.on_stuck()
+            return
