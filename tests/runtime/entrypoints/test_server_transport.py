@@ -6,6 +6,7 @@ answered in order, and no file descriptor is left behind."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 
@@ -119,3 +120,33 @@ def test_pipelined_generates_are_answered_in_order(server):
     assert [status for status, _ in answers] == [200] * 3
     assert [json.loads(body)["meta_info"]["id"] for _, body in answers] == [
         "pipe-0", "pipe-1", "pipe-2"]
+
+
+def _listening_addresses(pid: int) -> list[str]:
+    """The local addresses (hex, as /proc/net prints them) of ``pid``'s listening TCP
+    sockets."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    found.append(cols[1].rsplit(":", 1)[0])
+    return found
+
+
+def test_every_listening_socket_is_on_loopback(server):
+    """Default flags bind nothing but loopback: the HTTP port, and no other TCP listener
+    in the server or its children (they talk over ipc sockets in a 0700 directory)."""
+    pids = [p for p in httpx.get(server.url + "/get_server_info").json()["pids"].values() if p]
+    addresses = [a for pid in pids for a in _listening_addresses(pid)]
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+    assert addresses and set(addresses) <= loopback, addresses
