@@ -150,3 +150,23 @@ def test_every_listening_socket_is_on_loopback(server):
     addresses = [a for pid in pids for a in _listening_addresses(pid)]
     loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
     assert addresses and set(addresses) <= loopback, addresses
+
+
+def test_ipc_directory_is_private_and_messages_are_not_pickle(server):
+    """The processes talk over ipc sockets in a 0700 directory of the server's uid, and a
+    message is msgspec's closed union: a pickle (or anything else) does not decode."""
+    import pickle
+    import tempfile
+    from pathlib import Path
+
+    import msgspec
+
+    from radixlm.runtime.managers.messages import AbortReq, decode, encode
+
+    main = httpx.get(server.url + "/get_server_info").json()["pids"]["main"]
+    dirs = list(Path(tempfile.gettempdir()).glob(f"radixlm-{main}-*"))
+    assert len(dirs) == 1 and dirs[0].stat().st_mode & 0o777 == 0o700
+    assert dirs[0].stat().st_uid == os.getuid() and any(dirs[0].iterdir())
+    assert decode(encode(AbortReq("r"))) == AbortReq("r")
+    with pytest.raises(msgspec.DecodeError):
+        decode(pickle.dumps(AbortReq("r")))
