@@ -168,7 +168,8 @@ class CompileWorker:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.runtime.constrained.compile_worker"],
+            [sys.executable, "-c",
+             "from radixlm.runtime.constrained.compile_worker import main; main()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
         write_frame(self._proc.stdin, msgspec.msgpack.encode(self.config))  # type: ignore[arg-type]
         try:

@@ -57,7 +57,12 @@ class GrammarCompiler:
         self.cache_hits = 0
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
-        if self.worker is not None:  # start the child now: it takes seconds
+
+    def warm_up(self) -> None:
+        """Start the compile worker now, in the background (the server does: it takes
+        seconds and about 400 MB). Otherwise the first compile starts it; an Engine that
+        never constrains a request never pays for it."""
+        if self.worker is not None:
             self._pool.submit(self._start_worker)
 
     def _start_worker(self) -> None:

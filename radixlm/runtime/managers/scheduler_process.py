@@ -142,6 +142,7 @@ def run_scheduler_process(
     args, tp_ranks = start_tp_ranks(args, model_path)  # --tp-size: this process is rank 0
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer, dp_rank)
+    scheduler.grammar_compiler.warm_up()  # a server's first grammar should not wait for it
     if tp_ranks is not None:
         tp_ranks.watch()  # a rank that exits ends this process, and so the server
     publisher = attach_publisher(scheduler, dp_rank)  # --kv-events-config
