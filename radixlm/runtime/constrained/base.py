@@ -23,10 +23,17 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from radixlm.runtime.constrained.productivity import check_productive
+from radixlm.runtime.constrained.schema_walk import (
+    SUBSCHEMA_LISTS,
+    SUBSCHEMA_MAPS,
+    walk_schema,
+)
 
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
 MAX_SCHEMA_DEPTH = 64
@@ -37,13 +44,6 @@ ANNOTATION_KEYWORDS = frozenset({
     "$schema", "$id", "$comment", "$anchor", "title", "description", "default", "examples",
     "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
 })
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
-                   "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                   "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-
-
 # --- bitmasks --------------------------------------------------------------------------------
 def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
@@ -150,8 +150,6 @@ class GrammarBackend(abc.ABC):
                              f"grammars (it supports {', '.join(sorted(self.kinds))}); "
                              "choose another with --grammar-backend")
         if kind == "json_schema":
-            from radixlm.runtime.constrained.productivity import check_productive  # a cycle
-
             schema = json.loads(spec)
             self.check_schema(schema)
             check_productive(schema)
@@ -177,25 +175,6 @@ class GrammarBackend(abc.ABC):
             if bad:
                 raise ValueError(f"unsupported json_schema: the {self.name} grammar backend "
                                  f"cannot enforce keyword {bad[0]!r} at {where}")
-
-
-def walk_schema(schema: Any, path: str = "#") -> Iterator[tuple[dict[str, Any], str]]:
-    """Every sub-schema object of ``schema`` with its JSON-pointer-like location."""
-    stack: list[tuple[Any, str]] = [(schema, path)]
-    while stack:
-        node, where = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        yield node, where
-        for key in _SUBSCHEMA_MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend((sub, f"{where}/{key}/{name}") for name, sub in node[key].items())
-        for key in _SUBSCHEMA_LISTS:
-            if isinstance(node.get(key), list):
-                stack.extend((sub, f"{where}/{key}/{i}") for i, sub in enumerate(node[key]))
-        for key in _SUBSCHEMA_ONES:
-            if isinstance(node.get(key), dict):
-                stack.append((node[key], f"{where}/{key}"))
 
 
 def close_objects(schema: Any) -> Any:
@@ -274,10 +253,10 @@ def canonical_schema(spec: str | dict[str, Any] | bool) -> str:
 def _check_structure(schema: dict[str, Any]) -> None:
     """Shapes every backend needs: maps where maps go, lists where lists go."""
     for node, where in walk_schema(schema):
-        for key in _SUBSCHEMA_MAPS:
+        for key in SUBSCHEMA_MAPS:
             if key in node and not isinstance(node[key], dict):
                 raise ValueError(f"invalid json_schema: {key!r} at {where} must be an object")
-        for key in (*_SUBSCHEMA_LISTS, "required", "enum"):
+        for key in (*SUBSCHEMA_LISTS, "required", "enum"):
             if key in node and not isinstance(node[key], list):
                 raise ValueError(f"invalid json_schema: {key!r} at {where} must be an array")
         if "type" in node and not isinstance(node["type"], (str, list)):

@@ -29,6 +29,8 @@ from typing import IO, Any
 
 import msgspec
 
+from radixlm.runtime.parent_death import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 MAX_FRAME = 1 << 30  # an exported grammar is bounded by the child's memory limit
@@ -124,6 +126,8 @@ def _serve(config: WorkerConfig, inp: IO[bytes], out: IO[bytes]) -> None:
 
 
 def main() -> None:
+    """The child: argv[1] is the parent's pid (it dies with it, even SIGKILLed)."""
+    die_with_parent(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # library prints go to stderr, never into the frames
     inp = sys.stdin.buffer
@@ -169,7 +173,8 @@ class CompileWorker:
             return self._proc
         self._proc = subprocess.Popen(
             [sys.executable, "-c",
-             "from radixlm.runtime.constrained.compile_worker import main; main()"],
+             "from radixlm.runtime.constrained.compile_worker import main; main()",
+             str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
         write_frame(self._proc.stdin, msgspec.msgpack.encode(self.config))  # type: ignore[arg-type]
         try:

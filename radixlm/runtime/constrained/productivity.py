@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from radixlm.runtime.constrained.base import (
-    _SUBSCHEMA_LISTS,
-    _SUBSCHEMA_MAPS,
+from radixlm.runtime.constrained.schema_walk import (
+    SUBSCHEMA_LISTS,
+    SUBSCHEMA_MAPS,
     walk_schema,
 )
 
@@ -120,10 +120,10 @@ def _reachable(root: dict[str, Any]) -> set[int]:
         if not isinstance(node, dict) or id(node) in seen:
             continue
         seen.add(id(node))
-        for key in _SUBSCHEMA_MAPS:
+        for key in SUBSCHEMA_MAPS:
             if key not in ("$defs", "definitions") and isinstance(node.get(key), dict):
                 stack.extend(node[key].values())
-        for key in _SUBSCHEMA_LISTS:
+        for key in SUBSCHEMA_LISTS:
             if isinstance(node.get(key), list):
                 stack.extend(node[key])
         stack.extend(node[key] for key in _GENERATED_ONES if isinstance(node.get(key), dict))

@@ -3,29 +3,17 @@ stop on SIGTERM, log with its name. The parent's side is ``entrypoints/child_pro
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 
+from radixlm.runtime.parent_death import die_with_parent
+
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    """Linux: the kernel sends ``sig`` to this process when its parent dies."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl: the ppid polling still catches it
-        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
 
 
 def setup_child(name: str, parent_pid: int, log_level: str) -> Callable[[], bool]:
@@ -34,12 +22,10 @@ def setup_child(name: str, parent_pid: int, log_level: str) -> Callable[[], bool
     the terminal reaches only the parent, which drains requests and then stops us."""
     logging.basicConfig(level=log_level.upper(), format=f"{LOG_FORMAT} [{name}]")
     os.setpgrp()
-    _set_parent_death_signal(signal.SIGKILL)
+    die_with_parent(parent_pid)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
     def should_stop() -> bool:
         return stop.is_set() or os.getppid() != parent_pid

@@ -193,3 +193,43 @@ def test_scheduler_finishes_a_row_whose_mask_allowed_nothing_as_400(compiler, to
                               is_accepting=lambda: False)
     assert OutputProcessor._rejected(stub, nothing, 0)["status_code"] == 400
     assert OutputProcessor._rejected(stub, matcher, 0)["status_code"] == 500
+
+
+def test_worker_dies_with_its_parent(tokenizer, tmp_path):
+    """A SIGKILLed scheduler leaves no compile worker behind (PR_SET_PDEATHSIG): the
+    worker's parent is killed while the worker is busy (a probe held by the delay hook),
+    so it would not read the closed pipe for minutes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    script = (
+        "import sys, time\n"
+        "from radixlm.runtime.constrained.compile_worker import CompileWorker, WorkerConfig\n"
+        f"w = CompileWorker(WorkerConfig('xgrammar', {str(default_tiny_model_path('llama'))!r}, "
+        f"{len(tokenizer)}, [0], 1024, delay_s=600.0), 900.0)\n"
+        "proc = w.ensure_started()\n"
+        "import threading; threading.Thread(target=w.probe, args=('regex', 'a+')).start()\n"
+        "time.sleep(1.0)  # the probe is sent: the worker sleeps in it, not reading\n"
+        f"open({str(pid_file)!r}, 'w').write(str(proc.pid))\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(1200):  # the worker's start-up: seconds
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    for _ in range(100):
+        try:
+            with open(f"/proc/{worker}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):  # dead, not reaped
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"compile worker {worker} outlived its parent")
