@@ -138,6 +138,16 @@ def main() -> None:
         pass  # the parent closed the pipe: its compiler shut down
 
 
+# The child's first lines, before `import radixlm` (seconds of imports): it dies with its
+# parent from the start (PR_SET_PDEATHSIG; die_with_parent in main checks the pid again).
+_BOOTSTRAP = ("import ctypes, os, signal, sys\n"
+              "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+              "if os.getppid() != int(sys.argv[1]):\n"
+              "    os._exit(1)\n"
+              "from radixlm.runtime.constrained.compile_worker import main\n"
+              "main()\n")
+
+
 class WorkerDied(Exception):
     """The child ended or was killed; ``reason`` says which limit (or none)."""
 
@@ -172,9 +182,7 @@ class CompileWorker:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self._proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "from radixlm.runtime.constrained.compile_worker import main; main()",
-             str(os.getpid())],
+            [sys.executable, "-c", _BOOTSTRAP, str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
         write_frame(self._proc.stdin, msgspec.msgpack.encode(self.config))  # type: ignore[arg-type]
         try:
