@@ -58,11 +58,15 @@ class GrammarCompiler:
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
 
-    def warm_up(self) -> None:
-        """Start the compile worker now, in the background (the server does: it takes
-        seconds and about 400 MB). Otherwise the first compile starts it; an Engine that
-        never constrains a request never pays for it."""
-        if self.worker is not None:
+    def warm_up(self, wait: bool = False) -> None:
+        """Start the compile worker now, in the background unless ``wait`` (the server
+        does: it takes seconds and about 400 MB). Otherwise the first compile starts it;
+        an Engine that never constrains a request never pays for it."""
+        if self.worker is None:
+            return
+        if wait:
+            self._start_worker()
+        else:
             self._pool.submit(self._start_worker)
 
     def _start_worker(self) -> None:

@@ -63,6 +63,8 @@ def sides(tiny_llama_dir, tmp_path_factory):
                                     disaggregation_bootstrap_timeout=3.0,
                                     disaggregation_waiting_timeout=6.0,
                                     disaggregation_mode="decode"), path, tok))
+    for s in (prefill, dec):  # as a server's scheduler does at start: the grammar tests'
+        s.sched.grammar_compiler.warm_up(wait=True)  # rooms must not wait for the worker
     yield mono, prefill, dec, port
     for s in (mono, prefill, dec):
         s.sched.grammar_compiler.shutdown()
