@@ -39,7 +39,8 @@ BAD_PARAMS = [
 def scheduler(tiny_llama_dir):
     args = ServerArgs(max_total_tokens=2048, cpu_threads=1, random_seed=0)
     sched = Scheduler(args, str(tiny_llama_dir), load_tokenizer(str(tiny_llama_dir)))
-    yield sched
+    sched.grammar_compiler.warm_up(wait=True)  # as a server's scheduler: the grammar
+    yield sched  # requests below get a bounded number of steps, not the worker's start-up
     sched.grammar_compiler.shutdown()
 
 
