@@ -68,6 +68,7 @@ class OpenAIRoutes:
         self.created = int(time.time())
         self.router = APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
+        self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
         self.router.add_api_route("/v1/completions", self.completions, methods=["POST"])
         self.router.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
 
@@ -100,21 +101,27 @@ class OpenAIRoutes:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "radixlm",
+            "root": self.tm.model_path,
+            "max_model_len": self.tm.server_info["context_length"],
+        }
+
+    async def model(self, model_id: str) -> Response:
+        """OpenAI's ``GET /v1/models/{model}``: the served model's card, else 404."""
+        if model_id != self.served_model_name:
+            self.check_model(model_id)  # the served model's other names, else 404
+        return json_response(self._model_card())
+
     async def models(self) -> Response:
-        ctx = self.tm.server_info["context_length"]
         return json_response(
             {
                 "object": "list",
-                "data": [
-                    {
-                        "id": self.served_model_name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "radixlm",
-                        "root": self.tm.model_path,
-                        "max_model_len": ctx,
-                    }
-                ],
+                "data": [self._model_card()],
             }
         )
 
@@ -140,6 +147,7 @@ class OpenAIRoutes:
 
     async def completions(self, request: Request) -> Response:
         body = await read_model(request, CompletionRequest)
+        _refuse_unsupported(body)
         self.check_model(body.model)
         prompts = await self._prompts(body.prompt)
         max_tokens = body.max_tokens
@@ -223,6 +231,7 @@ class OpenAIRoutes:
 
     async def chat(self, request: Request) -> Response:
         body = await read_model(request, ChatCompletionRequest)
+        _refuse_unsupported(body)
         self.check_model(body.model)
         ids = await self._chat_prompt(body.messages)
         max_tokens = body.max_completion_tokens
@@ -250,3 +259,11 @@ class OpenAIRoutes:
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
         return json_response(job.response(builders))
+
+
+def _refuse_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """A 400 naming an OpenAI feature the request asks for and radixlm lacks (tools,
+    suffix, audio, ...), rather than an answer that silently ignores it."""
+    refused = body.unsupported()
+    if refused is not None:
+        raise ApiError(400, refused[1], param=refused[0])

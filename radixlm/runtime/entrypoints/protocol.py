@@ -289,6 +289,14 @@ class CompletionRequest(OpenAISampling):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: Count | None = None
     echo: bool = False
+    suffix: str | None = None  # fill-in-the-middle: refused unless empty
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, why) of an OpenAI feature this server lacks, set to a non-neutral value."""
+        if self.suffix:
+            return "suffix", ("suffix (fill-in-the-middle) is not supported: the served "
+                              "models have no insertion template")
+        return None
 
 
 class ContentPart(_Lenient):
@@ -300,6 +308,9 @@ class ChatMessage(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # refused (no tool calling yet)
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
 
 
 class JsonSchemaFormat(_Lenient):
@@ -320,6 +331,40 @@ class ChatCompletionRequest(OpenAISampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
+    # OpenAI features radixlm does not implement yet: a 400 naming them unless neutral
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, why) of the first OpenAI feature this server lacks that the request
+        asks for. ``tools`` with ``tool_choice: "none"`` are left out of the prompt, as
+        vLLM does without a tool parser; any other choice would be ignored silently."""
+        if (self.tools or self.functions) and self.tool_choice != "none" \
+                and self.function_call != "none":
+            field = "tools" if self.tools else "functions"
+            return field, (f"tool calling is not supported yet (no tool-call parser): {field} "
+                           "with tool_choice 'auto' (the default), 'required' or a named "
+                           "function cannot be served; send tool_choice 'none' to ignore them")
+        for i, m in enumerate(self.messages):
+            if m.role in ("tool", "function") or m.tool_calls or m.function_call:
+                return f"messages[{i}]", ("tool calls and tool results in the history are "
+                                          "not supported yet (no tool-call parser)")
+        refused = {"prediction": self.prediction, "audio": self.audio,
+                   "reasoning_effort": self.reasoning_effort,
+                   "web_search_options": self.web_search_options,
+                   "modalities": None if self.modalities in (None, ["text"]) else 1}
+        for field, value in refused.items():
+            if value is not None:
+                return field, f"{field} is not supported: radixlm serves text generation only"
+        return None
 
 
 ROUTE_MODELS: dict[str, type[BaseModel]] = {

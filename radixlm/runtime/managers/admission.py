@@ -75,7 +75,7 @@ class Admission:
             raise ApiError(503, str(e), "service_unavailable", param="priority") from None
         except ValueError as e:
             code = "context_length_exceeded" if "context length" in str(e) else None
-            raise ApiError(400, str(e), code=code) from None
+            raise ApiError(400, str(e), code=code, param=_param_of(str(e))) from None
         msg = GenerateReqInput(
             scoped,
             input_ids,
@@ -226,3 +226,16 @@ def with_rooms(samples: list[GenerateReqInput], rooms: list[Bootstrap] | None
     return [msgspec.structs.replace(m, bootstrap_host=b.host, bootstrap_port=b.port,
                                     bootstrap_room=b.room, prefill_dp_rank=b.prefill_dp_rank)
             for m, b in zip(samples, rooms)]
+
+
+# the request fields a validation message may start with (``param`` of its 400)
+_PARAMS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | {
+    "input_ids", "top_logprobs_num", "logprob_start_len", "token_ids_logprob",
+    "stop_strings", "custom_labels"}
+
+
+def _param_of(message: str) -> str | None:
+    """The field a validation message names first ("temperature must be ...", "n is
+    ..."), so OpenAI clients get ``param``; None when it starts with no field."""
+    first = message.split(" ", 1)[0].rstrip(":,")
+    return first if first in _PARAMS else None
