@@ -10,29 +10,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from radixlm.runtime.config_checks import (  # noqa: F401 - the names callers import
+    DISAGGREGATION_MODES,
+    GRAMMAR_BACKENDS,
+    KV_CACHE_DTYPES,
+    LOAD_BALANCE_ALIASES,
+    LOAD_BALANCE_METHODS,
+    RADIX_EVICTION_POLICIES,
+    SCHEDULE_POLICIES,
+    SGLANG_KV_CACHE_DTYPES,
+    SGLANG_TRANSFER_BACKENDS,
+    TRANSFER_BACKENDS,
+    check_server_args,
+)
 from radixlm.runtime.kv_events_config import KVEventsConfig
-
-SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
-RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
-GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
-LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
-# SGLang 0.5's names: "auto" (its default), its request and token counts, and PD's room
-# placement (round_robin for requests without a room)
-LOAD_BALANCE_ALIASES = {"auto": "cache_aware", "total_requests": "shortest_queue",
-                        "total_tokens": "minimum_tokens", "follow_bootstrap_room": "round_robin"}
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
-TRANSFER_BACKENDS = ("zmq",)
-# SGLang's backends that need RDMA / NVLink libraries radixlm does not ship
-SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "mori", "fake")
-# --kv-cache-dtype: SGLang's spellings that apply to us, plus fp16 / float16 / float32
-# (radix_cache.kv_pool.KV_CACHE_DTYPES maps them to torch dtypes)
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "float32", "fp8_e5m2",
-                   "fp8_e4m3")
-SGLANG_KV_CACHE_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")  # block-scaled: refused
 
 
 @dataclass(frozen=True)
@@ -260,135 +254,7 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(msg)
-
-        need(self.page_size >= 1, f"page_size must be >= 1, got {self.page_size}")
-        need(self.schedule_policy in SCHEDULE_POLICIES,
-             f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        need(self.dtype in ("auto", "float32", "float16", "bfloat16"),
-             f"dtype must be auto|float32|float16|bfloat16, got {self.dtype!r}")
-        why = (" (SGLang's block-scaled mxfp8, nvfp4 and fp4_mx_block16 need CUDA kernels "
-               "radixlm does not have)" if self.kv_cache_dtype in SGLANG_KV_CACHE_DTYPES else "")
-        need(self.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype (--kv-cache-dtype) must "
-             f"be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}{why}")
-        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-             f"device must be auto|cpu|cuda, got {self.device!r}")
-        need(self.radix_eviction_policy in RADIX_EVICTION_POLICIES,
-             f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
-             f"priority and tlru are not supported), got {self.radix_eviction_policy!r}")
-        need(self.priority_scheduling_preemption_threshold >= 0,
-             "priority_scheduling_preemption_threshold must be >= 0, got "
-             f"{self.priority_scheduling_preemption_threshold}")
-        need(self.grammar_backend in GRAMMAR_BACKENDS,
-             f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
-        need(self.grammar_compile_timeout > 0,
-             f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout}")
-        need(self.grammar_compile_memory_mb == 0 or self.grammar_compile_memory_mb >= 64,
-             "grammar_compile_memory_mb must be 0 (no limit) or >= 64, got "
-             f"{self.grammar_compile_memory_mb}")
-        need(self.attention_backend in (None, "torch", "triton"),
-             f"attention_backend must be torch or triton, got {self.attention_backend!r}")
-        need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
-             f"max_total_tokens must be >= 2 pages, got {self.max_total_tokens}")
-        need(self.chunked_prefill_size == -1 or self.chunked_prefill_size >= 1,
-             f"chunked_prefill_size must be >= 1 or -1, got {self.chunked_prefill_size}")
-        need(self.max_prefill_tokens >= 1,
-             f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        need(self.max_running_requests is None or self.max_running_requests >= 1,
-             f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        need(self.max_queued_requests is None or self.max_queued_requests >= 1,
-             f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
-        need(self.context_length is None or self.context_length >= 2,
-             f"context_length must be >= 2, got {self.context_length}")
-        need(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1,
-             f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        need(self.cpu_threads is None or self.cpu_threads >= 1,
-             f"cpu_threads must be >= 1, got {self.cpu_threads}")
-        for name in ("max_request_bytes", "max_n", "max_stop_sequences", "max_stop_length",
-                     "max_logit_bias", "max_top_logprobs_num", "max_batch_prompts",
-                     "max_chat_messages"):
-            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        need(self.log_requests_level in (0, 1, 2, 3),
-             f"log_requests_level must be 0, 1, 2 or 3, got {self.log_requests_level}")
-        need(self.log_requests_max_chars >= 1,
-             f"log_requests_max_chars must be >= 1, got {self.log_requests_max_chars}")
-        for name in ("request_read_timeout", "watchdog_timeout"):
-            need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-        need(self.timeout_header_read > 0,
-             f"timeout_header_read must be > 0, got {self.timeout_header_read}")
-        need(self.max_connections is None or self.max_connections >= 1,
-             f"max_connections must be >= 1, got {self.max_connections}")
-        for name in self.tokenizer_metrics_allowed_custom_labels or ():
-            need(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
-                 and not name.startswith("__") and name != "finish_reason",
-                 f"tokenizer_metrics_allowed_custom_labels: {name!r} is not a usable "
-                 "Prometheus label name")
-        if self.kv_events_config is not None:
-            KVEventsConfig.from_json(self.kv_events_config)
-        need(self.tp_size >= 1, f"tp_size must be >= 1, got {self.tp_size}")
-        need(self.nnodes >= 1 and self.tp_size % self.nnodes == 0,
-             f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})")
-        need(0 <= self.node_rank < self.nnodes,
-             f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
-        need(self.nnodes == 1 or self.dist_init_addr is not None,
-             "dist_init_addr (host:port of node 0) is needed when nnodes > 1")
-        need(self.dist_init_addr is None
-             or re.fullmatch(r"[^:\s]+:\d+", self.dist_init_addr) is not None,
-             f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
-        port = (self.dist_init_addr or "").rpartition(":")[2]
-        need(not (port.isascii() and port.isdigit())
-             or 0 < int(port) + self.dp_size - 1 < 65536,
-             f"dist_init_addr's port + dp_size - 1 must be a TCP port (replica r meets at "
-             f"port + r), got {self.dist_init_addr!r} with dp_size {self.dp_size}")
-        need(self.dist_timeout > 0, f"dist_timeout must be > 0, got {self.dist_timeout}")
-        need(self.dp_size >= 1, f"dp_size must be >= 1, got {self.dp_size}")
-        need(self.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {self.base_gpu_id}")
-        need(self.load_balance_method in LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES),
-             f"load_balance_method must be one of "
-             f"{LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES)}, "
-             f"got {self.load_balance_method!r}")
-        need(self.load_balance_method != "follow_bootstrap_room"
-             or self.disaggregation_mode != "null", "load_balance_method "
-             "follow_bootstrap_room places PD requests by their bootstrap_room: it needs "
-             "--disaggregation-mode prefill or decode")
-        need(self.cache_aware_balance_abs_threshold >= 0,
-             "cache_aware_balance_abs_threshold must be >= 0, got "
-             f"{self.cache_aware_balance_abs_threshold}")
-        need(self.cache_aware_balance_rel_threshold >= 1.0,
-             "cache_aware_balance_rel_threshold must be >= 1.0, got "
-             f"{self.cache_aware_balance_rel_threshold}")
-        need(0.0 <= self.cache_aware_threshold <= 1.0,
-             f"cache_aware_threshold must be in [0, 1], got {self.cache_aware_threshold}")
-        self._validate_disaggregation(need)
-        self._validate_keys(need)
-
-    def _validate_keys(self, need: Any) -> None:
-        key = self.admin_api_key
-        need(key is None or (key != "" and key.split() == [key]),
-             "admin_api_key must be a non-empty string without spaces")
-        need(self.admin_api_key is None or self.admin_api_key != self.api_key,
-             "admin_api_key must differ from api_key")
-        need(self.weights_root is None or os.path.isdir(self.weights_root),
-             f"weights_root must be a directory, got {self.weights_root!r}")
-
-    def _validate_disaggregation(self, need: Any) -> None:
-        need(self.disaggregation_mode in DISAGGREGATION_MODES,
-             f"disaggregation_mode must be one of {DISAGGREGATION_MODES}, "
-             f"got {self.disaggregation_mode!r}")
-        backend = self.disaggregation_transfer_backend
-        need(backend in TRANSFER_BACKENDS, f"disaggregation_transfer_backend {backend!r} is "
-             f"not available: radixlm moves KV pages over {TRANSFER_BACKENDS} only"
-             + (" (SGLang's mooncake, nixl, ascend and mori need RDMA/NVLink libraries; "
-                "fake is for SGLang's tests)" if backend in SGLANG_TRANSFER_BACKENDS else ""))
-        need(0 < self.disaggregation_bootstrap_port < 65536, "disaggregation_bootstrap_port "
-             f"must be a TCP port (1..65535), got {self.disaggregation_bootstrap_port}")
-        need(all(h and h.strip() == h for h in self.disaggregation_trusted_hosts),
-             "disaggregation_trusted_hosts must be host names or addresses, got "
-             f"{self.disaggregation_trusted_hosts!r}")
-        for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
-            need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        check_server_args(self)
 
     @property
     def balance_method(self) -> str:

@@ -1,0 +1,164 @@
+"""ServerArgs' allowed values and range checks (``check_server_args``, which
+``ServerArgs.validate`` calls): every setting's limits in one place, apart from the fields."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from radixlm.runtime.kv_events_config import KVEventsConfig
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
+RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
+LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
+# SGLang 0.5's names: "auto" (its default), its request and token counts, and PD's room
+# placement (round_robin for requests without a room)
+LOAD_BALANCE_ALIASES = {"auto": "cache_aware", "total_requests": "shortest_queue",
+                        "total_tokens": "minimum_tokens", "follow_bootstrap_room": "round_robin"}
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("zmq",)
+# SGLang's backends that need RDMA / NVLink libraries radixlm does not ship
+SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "mori", "fake")
+# --kv-cache-dtype: SGLang's spellings that apply to us, plus fp16 / float16 / float32
+# (radix_cache.kv_pool.KV_CACHE_DTYPES maps them to torch dtypes)
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "float32", "fp8_e5m2",
+                   "fp8_e4m3")
+SGLANG_KV_CACHE_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")  # block-scaled: refused
+
+
+def check_server_args(args: Any) -> None:
+    """ValueError naming the first ServerArgs field out of range (``ServerArgs.validate``)."""
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(msg)
+
+    need(args.page_size >= 1, f"page_size must be >= 1, got {args.page_size}")
+    need(args.schedule_policy in SCHEDULE_POLICIES,
+         f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {args.schedule_policy!r}")
+    need(args.dtype in ("auto", "float32", "float16", "bfloat16"),
+         f"dtype must be auto|float32|float16|bfloat16, got {args.dtype!r}")
+    why = (" (SGLang's block-scaled mxfp8, nvfp4 and fp4_mx_block16 need CUDA kernels "
+           "radixlm does not have)" if args.kv_cache_dtype in SGLANG_KV_CACHE_DTYPES else "")
+    need(args.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype (--kv-cache-dtype) must "
+         f"be one of {KV_CACHE_DTYPES}, got {args.kv_cache_dtype!r}{why}")
+    need(args.device in ("auto", "cpu", "cuda") or args.device.startswith("cuda:"),
+         f"device must be auto|cpu|cuda, got {args.device!r}")
+    need(args.radix_eviction_policy in RADIX_EVICTION_POLICIES,
+         f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
+         f"priority and tlru are not supported), got {args.radix_eviction_policy!r}")
+    need(args.priority_scheduling_preemption_threshold >= 0,
+         "priority_scheduling_preemption_threshold must be >= 0, got "
+         f"{args.priority_scheduling_preemption_threshold}")
+    need(args.grammar_backend in GRAMMAR_BACKENDS,
+         f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {args.grammar_backend!r}")
+    need(args.grammar_compile_timeout > 0,
+         f"grammar_compile_timeout must be > 0, got {args.grammar_compile_timeout}")
+    need(args.grammar_compile_memory_mb == 0 or args.grammar_compile_memory_mb >= 64,
+         "grammar_compile_memory_mb must be 0 (no limit) or >= 64, got "
+         f"{args.grammar_compile_memory_mb}")
+    need(args.attention_backend in (None, "torch", "triton"),
+         f"attention_backend must be torch or triton, got {args.attention_backend!r}")
+    need(args.max_total_tokens is None or args.max_total_tokens >= 2 * args.page_size,
+         f"max_total_tokens must be >= 2 pages, got {args.max_total_tokens}")
+    need(args.chunked_prefill_size == -1 or args.chunked_prefill_size >= 1,
+         f"chunked_prefill_size must be >= 1 or -1, got {args.chunked_prefill_size}")
+    need(args.max_prefill_tokens >= 1,
+         f"max_prefill_tokens must be >= 1, got {args.max_prefill_tokens}")
+    need(args.max_running_requests is None or args.max_running_requests >= 1,
+         f"max_running_requests must be >= 1, got {args.max_running_requests}")
+    need(args.max_queued_requests is None or args.max_queued_requests >= 1,
+         f"max_queued_requests must be >= 1, got {args.max_queued_requests}")
+    need(args.context_length is None or args.context_length >= 2,
+         f"context_length must be >= 2, got {args.context_length}")
+    need(args.cuda_graph_max_bs is None or args.cuda_graph_max_bs >= 1,
+         f"cuda_graph_max_bs must be >= 1, got {args.cuda_graph_max_bs}")
+    need(args.cpu_threads is None or args.cpu_threads >= 1,
+         f"cpu_threads must be >= 1, got {args.cpu_threads}")
+    for name in ("max_request_bytes", "max_n", "max_stop_sequences", "max_stop_length",
+                 "max_logit_bias", "max_top_logprobs_num", "max_batch_prompts",
+                 "max_chat_messages"):
+        need(getattr(args, name) >= 1, f"{name} must be >= 1, got {getattr(args, name)}")
+    need(args.log_requests_level in (0, 1, 2, 3),
+         f"log_requests_level must be 0, 1, 2 or 3, got {args.log_requests_level}")
+    need(args.log_requests_max_chars >= 1,
+         f"log_requests_max_chars must be >= 1, got {args.log_requests_max_chars}")
+    for name in ("request_read_timeout", "watchdog_timeout"):
+        need(getattr(args, name) > 0, f"{name} must be > 0, got {getattr(args, name)}")
+    need(args.timeout_header_read > 0,
+         f"timeout_header_read must be > 0, got {args.timeout_header_read}")
+    need(args.max_connections is None or args.max_connections >= 1,
+         f"max_connections must be >= 1, got {args.max_connections}")
+    for name in args.tokenizer_metrics_allowed_custom_labels or ():
+        need(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
+             and not name.startswith("__") and name != "finish_reason",
+             f"tokenizer_metrics_allowed_custom_labels: {name!r} is not a usable "
+             "Prometheus label name")
+    if args.kv_events_config is not None:
+        KVEventsConfig.from_json(args.kv_events_config)
+    need(args.tp_size >= 1, f"tp_size must be >= 1, got {args.tp_size}")
+    need(args.nnodes >= 1 and args.tp_size % args.nnodes == 0,
+         f"tp_size ({args.tp_size}) must be a multiple of nnodes ({args.nnodes})")
+    need(0 <= args.node_rank < args.nnodes,
+         f"node_rank must be in [0, nnodes={args.nnodes}), got {args.node_rank}")
+    need(args.nnodes == 1 or args.dist_init_addr is not None,
+         "dist_init_addr (host:port of node 0) is needed when nnodes > 1")
+    need(args.dist_init_addr is None
+         or re.fullmatch(r"[^:\s]+:\d+", args.dist_init_addr) is not None,
+         f"dist_init_addr must be host:port, got {args.dist_init_addr!r}")
+    port = (args.dist_init_addr or "").rpartition(":")[2]
+    need(not (port.isascii() and port.isdigit())
+         or 0 < int(port) + args.dp_size - 1 < 65536,
+         f"dist_init_addr's port + dp_size - 1 must be a TCP port (replica r meets at "
+         f"port + r), got {args.dist_init_addr!r} with dp_size {args.dp_size}")
+    need(args.dist_timeout > 0, f"dist_timeout must be > 0, got {args.dist_timeout}")
+    need(args.dp_size >= 1, f"dp_size must be >= 1, got {args.dp_size}")
+    need(args.base_gpu_id >= 0, f"base_gpu_id must be >= 0, got {args.base_gpu_id}")
+    need(args.load_balance_method in LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES),
+         f"load_balance_method must be one of "
+         f"{LOAD_BALANCE_METHODS + tuple(LOAD_BALANCE_ALIASES)}, "
+         f"got {args.load_balance_method!r}")
+    need(args.load_balance_method != "follow_bootstrap_room"
+         or args.disaggregation_mode != "null", "load_balance_method "
+         "follow_bootstrap_room places PD requests by their bootstrap_room: it needs "
+         "--disaggregation-mode prefill or decode")
+    need(args.cache_aware_balance_abs_threshold >= 0,
+         "cache_aware_balance_abs_threshold must be >= 0, got "
+         f"{args.cache_aware_balance_abs_threshold}")
+    need(args.cache_aware_balance_rel_threshold >= 1.0,
+         "cache_aware_balance_rel_threshold must be >= 1.0, got "
+         f"{args.cache_aware_balance_rel_threshold}")
+    need(0.0 <= args.cache_aware_threshold <= 1.0,
+         f"cache_aware_threshold must be in [0, 1], got {args.cache_aware_threshold}")
+    _check_disaggregation(args, need)
+    _check_keys(args, need)
+
+
+def _check_keys(args: Any, need: Any) -> None:
+    key = args.admin_api_key
+    need(key is None or (key != "" and key.split() == [key]),
+         "admin_api_key must be a non-empty string without spaces")
+    need(args.admin_api_key is None or args.admin_api_key != args.api_key,
+         "admin_api_key must differ from api_key")
+    need(args.weights_root is None or os.path.isdir(args.weights_root),
+         f"weights_root must be a directory, got {args.weights_root!r}")
+
+
+def _check_disaggregation(args: Any, need: Any) -> None:
+    need(args.disaggregation_mode in DISAGGREGATION_MODES,
+         f"disaggregation_mode must be one of {DISAGGREGATION_MODES}, "
+         f"got {args.disaggregation_mode!r}")
+    backend = args.disaggregation_transfer_backend
+    need(backend in TRANSFER_BACKENDS, f"disaggregation_transfer_backend {backend!r} is "
+         f"not available: radixlm moves KV pages over {TRANSFER_BACKENDS} only"
+         + (" (SGLang's mooncake, nixl, ascend and mori need RDMA/NVLink libraries; "
+            "fake is for SGLang's tests)" if backend in SGLANG_TRANSFER_BACKENDS else ""))
+    need(0 < args.disaggregation_bootstrap_port < 65536, "disaggregation_bootstrap_port "
+         f"must be a TCP port (1..65535), got {args.disaggregation_bootstrap_port}")
+    need(all(h and h.strip() == h for h in args.disaggregation_trusted_hosts),
+         "disaggregation_trusted_hosts must be host names or addresses, got "
+         f"{args.disaggregation_trusted_hosts!r}")
+    for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
+        need(getattr(args, name) > 0, f"{name} must be > 0, got {getattr(args, name)}")
