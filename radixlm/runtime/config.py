@@ -43,6 +43,14 @@ class ServerArgs:
                 "model's. A narrower cache holds more tokens and is read faster; fp8 rows are "
                 "plain casts with no scale (SGLang's default scale 1.0, without "
                 "--quantization-param-path), e4m3 saturating at +-448"})
+    torchao_config: str = field(default="", metadata={
+        "help": "int8wo (SGLang's flag and name): weight-only int8 of every projection "
+                "(q/k/v, o, gate/up, down; one scale per output channel), made at load; "
+                "activations stay in --dtype. Decode multiplies by torch's packed int8 "
+                "kernel; the dense weights are dropped. Empty: off"})
+    quantization: str | None = field(default=None, metadata={
+        "help": "SGLang's / vLLM's checkpoint quantization methods: none is supported "
+                "(refused at start-up); see --torchao-config int8wo"})
     # memory and cache
     page_size: int = field(default=1, metadata={"help": "tokens per KV page"})
     max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens"})

@@ -26,6 +26,11 @@ SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "mori", "fake")
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "float32", "fp8_e5m2",
                    "fp8_e4m3")
 SGLANG_KV_CACHE_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")  # block-scaled: refused
+# --torchao-config: SGLang's values radixlm implements ("" is off); its others need
+# dynamic-activation int8 or int4 / fp8 kernels radixlm does not have
+TORCHAO_CONFIGS = ("", "int8wo")
+SGLANG_TORCHAO_CONFIGS = ("int8dq", "int4wo-<group_size>", "fp8wo", "fp8dq-per_tensor",
+                          "fp8dq-per_row")
 
 
 def check_server_args(args: Any) -> None:
@@ -46,6 +51,7 @@ def check_server_args(args: Any) -> None:
          f"be one of {KV_CACHE_DTYPES}, got {args.kv_cache_dtype!r}{why}")
     need(args.device in ("auto", "cpu", "cuda") or args.device.startswith("cuda:"),
          f"device must be auto|cpu|cuda, got {args.device!r}")
+    _check_quantization(args, need)
     need(args.radix_eviction_policy in RADIX_EVICTION_POLICIES,
          f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
          f"priority and tlru are not supported), got {args.radix_eviction_policy!r}")
@@ -134,6 +140,20 @@ def check_server_args(args: Any) -> None:
          f"cache_aware_threshold must be in [0, 1], got {args.cache_aware_threshold}")
     _check_disaggregation(args, need)
     _check_keys(args, need)
+
+
+def _check_quantization(args: Any, need: Any) -> None:
+    """--torchao-config int8wo is the one weight quantization; --quantization (SGLang's and
+    vLLM's checkpoint formats and online methods) is refused with a pointer to it."""
+    need(args.torchao_config in TORCHAO_CONFIGS,
+         f"torchao_config (--torchao-config) must be 'int8wo' (weight-only int8, per output "
+         f"channel) or empty, got {args.torchao_config!r}; SGLang's "
+         f"{', '.join(SGLANG_TORCHAO_CONFIGS)} are not supported")
+    need(args.quantization is None,
+         f"quantization (--quantization) is not supported, got {args.quantization!r}: "
+         "radixlm serves unquantized checkpoints (no awq, gptq, fp8, w8a8_int8, ...; "
+         "SGLang's and vLLM's 'rtn' is int8 with one scale per 128 columns); for "
+         "weight-only int8 with one scale per output channel use --torchao-config int8wo")
 
 
 def _check_keys(args: Any, need: Any) -> None:

@@ -23,6 +23,9 @@ repacks the whole weight on every call. That is most of a decode step's matmul c
 small batches (measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows; see
 docs/benchmarks.md). The dense weight stays the parameter (checkpoint loading, weight
 updates and TP slicing write it), so whoever changes it must ``prepack`` again.
+
+With ``--torchao-config int8wo`` the projections multiply by an int8 copy instead
+(``qweight`` / ``scales``, made by ``quantization.py``; their dense weight is dropped).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.int8_linear import int8_linear
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.model_config import ModelConfig
 
@@ -125,6 +129,9 @@ class Prepackable:
 
     weight: torch.Tensor
     packed: torch.Tensor | None = None  # oneDNN's layout of ``weight``; None: use weight
+    # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
+    qweight: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
 
     def prepack(self) -> None:
         """(Re)build the packed copy from the current weight."""
@@ -136,6 +143,8 @@ class Prepackable:
         self.packed = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.qweight is not None:
+            return int8_linear(x, self.qweight, self.scales, bias)
         if self.packed is None:
             return F.linear(x, self.weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

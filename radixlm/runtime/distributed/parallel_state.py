@@ -54,6 +54,12 @@ class TpGroup:
             dist.all_reduce(x, group=self.device_group)
         return x
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum of ``x`` over the ranks, in place."""
+        if self.size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.device_group)
+        return x
+
     def all_reduce_min(self, value: int) -> int:
         """The smallest ``value`` over the ranks (sizes every rank must agree on)."""
         if self.size == 1:

@@ -25,10 +25,17 @@ from radixlm.runtime.distributed.layers import (
     prepack_weights,
 )
 from radixlm.runtime.distributed.parallel_state import TpGroup, destroy_tp, init_tp
+from radixlm.runtime.distributed.quantization import (
+    dense_weight_bytes,
+    dense_weights,
+    quantize_weights,
+    quantized_weight_bytes,
+)
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.models import load_model
 from radixlm.runtime.executor.models.weights import (
+    LoadTarget,
     config_differences,
     copy_weights,
     plan_load,
@@ -73,6 +80,11 @@ class ModelRunner:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device, self.tp)
+        if args.torchao_config:  # "int8wo", the one value config_checks lets through
+            n = quantize_weights(self.model)
+            logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
+                        "%.3f GiB (dense: %.3f GiB)", n, quantized_weight_bytes(self.model)
+                        / (1 << 30), dense_weight_bytes(self.model) / (1 << 30))
         self.prepack = not args.disable_cpu_weight_prepack
         prepack_weights(self.model, self.prepack)
         self.pool_size = self._pool_size(args)
@@ -136,10 +148,12 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """This rank's weights: parameters and buffers (a tied tensor once) and the
-        prepacked copies."""
-        tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}
-        return sum(t.nbytes for t in tensors.values()) + self.prepacked_weight_bytes
+        """This rank's weights: parameters and buffers (a tied tensor once; not the
+        ``meta`` placeholders of int8 layers), the int8 weights and the prepacked copies."""
+        tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())
+                   if not t.is_meta}
+        return (sum(t.nbytes for t in tensors.values()) + quantized_weight_bytes(self.model)
+                + self.prepacked_weight_bytes)
 
     @property
     def graph_bytes(self) -> int:
@@ -339,15 +353,25 @@ class ModelRunner:
             send_step(self.tp, UpdateWeightsStep(model_path))
         previous = self.model_config.model_dir
         try:
+            with dense_weights(self.model) as quantized:  # int8 layers: quantized on exit
+                if quantized:  # the targets were the meta placeholders
+                    targets = plan_load(self.model, model_path)
+                self._copy_or_reload(targets, model_path, previous)
+        finally:  # the packed copies are of the weights that were there before
+            prepack_weights(self.model, self.prepack)
+        self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
+
+    def _copy_or_reload(self, targets: dict[str, LoadTarget], model_path: str,
+                        previous: Path) -> None:
+        """Copy ``model_path`` into ``targets``; a failure half-way reloads ``previous``
+        and raises ValueError."""
+        try:
             copy_weights(targets, model_path)
         except Exception as e:  # noqa: BLE001 - put the previous weights back, then report
             logger.exception("loading %s failed half-way; reloading %s", model_path, previous)
             copy_weights(plan_load(self.model, previous), previous)
             raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
                              f"previous weights ({previous}) were reloaded") from None
-        finally:  # the packed copies are of the weights that were there before
-            prepack_weights(self.model, self.prepack)
-        self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
 
     def shutdown_tp(self, notify: bool = True) -> None:
         """Leave the tensor-parallel group; rank 0 first tells the other ranks to stop

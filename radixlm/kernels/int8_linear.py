@@ -1,0 +1,75 @@
+"""Weight-only int8 linear: ``y = x @ (q * scales[:, None]).T (+ bias)``.
+
+    quantize_per_channel(w [N, K] float) -> (q [N, K] int8, scales [N] in w's dtype)
+    int8_linear(x [M, K], q, scales, bias [N] | None) -> y [M, N] in x's dtype
+    int8_linear_reference(...)  the same in float64 (the tests' oracle)
+
+Symmetric, one scale per output row (torchao's ``int8_weight_only``, which SGLang's
+``--torchao-config int8wo`` applies): ``scale = max|w_row| / 127``, ``q = round(w / scale)``
+in [-127, 127]. A tensor-parallel shard of rows quantizes on its own; a shard of columns
+needs the whole rows' maxima (``row_max``, one all-reduce), so every rank holds exactly
+its slice of the single-rank int8 weights.
+
+In bfloat16 and float16, up to ``PACKED_MAX_ROWS`` rows (decode steps), torch's packed
+int8 CPU kernel (``aten._weight_int8pack_mm``: the int8 weight widened in registers, the
+scales applied to the output, scales in x's dtype). It reads half of a bf16 weight's
+bytes, which is what a step of a row or two is bound by, but has no blocking along the
+rows: its cost grows with every row. Beyond ``PACKED_MAX_ROWS`` rows, in float32 (where
+torch 2.13's kernel has no vector path and is slower than widening) and off the CPU, the
+weight is widened to x's dtype for that one call and multiplied densely; the widened copy
+is freed after it. Measured on the small preset's four projections of one layer, one
+thread, CPU time (bf16): 1 row 0.47 ms packed int8 / 0.76 ms oneDNN-prepacked bf16 / 1.16 ms dense
+bf16; 16 rows 2.6 / 0.81 / 1.25; 32 rows 5.2 (widening: 3.4) / 1.17 / 1.73.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# most rows for the packed kernel: the widened dense matmul overtakes it between 16 and 32
+# (small preset's shapes, bf16; docs/benchmarks.md "Weight-only int8")
+PACKED_MAX_ROWS = 16
+PACKED_DTYPES = (torch.bfloat16, torch.float16)
+QMAX = 127
+
+
+def quantize_per_channel(w: torch.Tensor,
+                         row_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] -> (int8 [N, K], scales [N] in ``w``'s dtype). ``row_max`` [N]: the
+    rows' largest magnitudes when ``w`` holds only some of each row's columns (a
+    tensor-parallel shard; default: ``w``'s own). The int8 values are rounded against the
+    stored (dtype-rounded) scales, so ``q * scales`` is the weight the kernel multiplies
+    by; an all-zero row gets scale 1 and zeros."""
+    assert w.dim() == 2 and w.is_floating_point(), f"need a 2-D float weight, got {w.shape} " \
+        f"{w.dtype}"
+    amax = w.detach().abs().amax(dim=1).float() if row_max is None else row_max.float()
+    scales = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax)).to(w.dtype)
+    q = torch.round(w.detach().float() / scales.float()[:, None]).clamp_(-QMAX, QMAX)
+    return q.to(torch.int8).contiguous(), scales.contiguous()
+
+
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ (q * scales).T + bias`` in ``x``'s dtype (see the module docstring
+    for which path runs)."""
+    assert q.dtype == torch.int8 and q.dim() == 2 and x.shape[-1] == q.shape[1], \
+        f"x {tuple(x.shape)} against int8 weight {tuple(q.shape)} {q.dtype}"
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, q.shape[1])
+    s = scales if scales.dtype == x.dtype else scales.to(x.dtype)
+    if (x2.device.type == "cpu" and x.dtype in PACKED_DTYPES
+            and x2.shape[0] <= PACKED_MAX_ROWS):
+        y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), q, s)
+    else:
+        y = F.linear(x2, q.to(x.dtype)) * s
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*lead, q.shape[0])
+
+
+def int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``x @ (q * scales).T + bias``."""
+    w = q.double() * scales.double()[:, None]
+    return F.linear(x.double(), w, None if bias is None else bias.double())
