@@ -10,7 +10,8 @@ in [-127, 127]. A tensor-parallel shard of rows quantizes on its own; a shard of
 needs the whole rows' maxima (``row_max``, one all-reduce), so every rank holds exactly
 its slice of the single-rank int8 weights.
 
-In bfloat16 and float16, up to ``PACKED_MAX_ROWS`` rows (decode steps), torch's packed
+In bfloat16 and float16, up to ``PACKED_MAX_ROWS`` rows (decode steps) and for in-features
+a multiple of 16, torch's packed
 int8 CPU kernel (``aten._weight_int8pack_mm``: the int8 weight widened in registers, the
 scales applied to the output, scales in x's dtype). It reads half of a bf16 weight's
 bytes, which is what a step of a row or two is bound by, but has no blocking along the
@@ -31,6 +32,9 @@ import torch.nn.functional as F
 # (small preset's shapes, bf16; docs/benchmarks.md "Weight-only int8")
 PACKED_MAX_ROWS = 16
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
+# its vector loop steps 16 columns at a time with no tail: other widths read past the rows
+# (garbage or a segfault in torch 2.13, measured), so they take the widened path
+PACKED_K_MULTIPLE = 16
 QMAX = 127
 
 
@@ -40,11 +44,12 @@ def quantize_per_channel(w: torch.Tensor,
     rows' largest magnitudes when ``w`` holds only some of each row's columns (a
     tensor-parallel shard; default: ``w``'s own). The int8 values are rounded against the
     stored (dtype-rounded) scales, so ``q * scales`` is the weight the kernel multiplies
-    by; an all-zero row gets scale 1 and zeros."""
+    by; an all-zero row (or one whose scale underflows the dtype) gets scale 1 and zeros."""
     assert w.dim() == 2 and w.is_floating_point(), f"need a 2-D float weight, got {w.shape} " \
         f"{w.dtype}"
     amax = w.detach().abs().amax(dim=1).float() if row_max is None else row_max.float()
-    scales = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax)).to(w.dtype)
+    scales = (amax / QMAX).to(w.dtype)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # zero (or underflowed)
     q = torch.round(w.detach().float() / scales.float()[:, None]).clamp_(-QMAX, QMAX)
     return q.to(torch.int8).contiguous(), scales.contiguous()
 
@@ -59,7 +64,7 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     x2 = x.reshape(-1, q.shape[1])
     s = scales if scales.dtype == x.dtype else scales.to(x.dtype)
     if (x2.device.type == "cpu" and x.dtype in PACKED_DTYPES
-            and x2.shape[0] <= PACKED_MAX_ROWS):
+            and x2.shape[0] <= PACKED_MAX_ROWS and q.shape[1] % PACKED_K_MULTIPLE == 0):
         y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), q, s)
     else:
         y = F.linear(x2, q.to(x.dtype)) * s
