@@ -45,17 +45,21 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def run_round(engines: dict, ids: list[list[int]], out_len: int) -> dict[str, float]:
-    """Output tok/s of each engine on ``ids``, one after the other."""
+def run_round(engines: dict, ids: list[list[int]],
+              out_len: int) -> dict[str, tuple[float, float]]:
+    """(output tok/s, output tokens per CPU-second of this process) of each engine on
+    ``ids``, one after the other. The Engine steps in the caller's threads, so with one
+    torch thread the second figure is what an idle core would give, however busy the
+    machine is."""
     sp = {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}
     result = {}
     for name, eng in engines.items():
         eng.flush_cache()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = eng.generate(input_ids=ids, sampling_params=sp)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         assert all(len(o["output_ids"]) == out_len for o in outs)
-        result[name] = len(ids) * out_len / dt
+        result[name] = (len(ids) * out_len / dt, len(ids) * out_len / dc)
     return result
 
 
@@ -82,24 +86,34 @@ def engine_report(args: argparse.Namespace, path: str) -> None:
             print(f"  {name:10s} weight_bytes {mb:8.1f} MB")
         ids = prompts(args.prompts, args.input_len, vocab, seed=0)
         run_round(engines, ids[:2], 4)  # warm-up
-        rounds: dict[str, list[float]] = {k: [] for k in engines}
+        rounds: dict[str, list[tuple[float, float]]] = {k: [] for k in engines}
         for r in range(args.rounds):
             order = list(engines) if r % 2 == 0 else list(engines)[::-1]
             got = run_round({k: engines[k] for k in order}, ids, args.output_len)
             for k, v in got.items():
                 rounds[k].append(v)
-            print(f"  round {r + 1}: " + ", ".join(f"{k} {got[k]:.1f}" for k in engines),
+            print(f"  round {r + 1} (tok/s, tok per CPU-s): "
+                  + ", ".join(f"{k} {got[k][0]:.1f} {got[k][1]:.1f}" for k in engines),
                   flush=True)
-        print(f"\n| {args.prompts} x {args.input_len} in, {args.output_len} out | output tok/s,"
-              f" median (min-max) of {args.rounds} | vs dense |\n|---|---|---|")
-        for k, v in rounds.items():
-            base = statistics.median(rounds[k.split("+")[0]])
-            print(f"| {k} | {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) | "
-                  f"{statistics.median(v) / base:.2f}x |")
+        print_table(rounds, f"{args.prompts} x {args.input_len} in, {args.output_len} out")
         match_report(engines, prompts(16, 32, vocab, seed=1), args.match_tokens)
     finally:
         for eng in engines.values():
             eng.shutdown()
+
+
+def print_table(rounds: dict[str, list[tuple[float, float]]], workload: str) -> None:
+    """Medians (min-max) of both figures, and each against the dense model of its dtype."""
+    def cell(k: str, i: int) -> tuple[str, float]:
+        v = [r[i] for r in rounds[k]]
+        base = statistics.median(r[i] for r in rounds[k.split("+")[0]])
+        return (f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})",
+                statistics.median(v) / base)
+    print(f"\n| {workload} | output tok/s, median (min-max) of {len(rounds['fp32'])} | vs "
+          "dense | output tokens per CPU-second | vs dense |\n|---|---|---|---|---|")
+    for k in rounds:
+        (wall, wr), (cpu, cr) = cell(k, 0), cell(k, 1)
+        print(f"| {k} | {wall} | {wr:.2f}x | {cpu} | {cr:.2f}x |")
 
 
 def match_report(engines: dict, ids: list[list[int]], n: int) -> None:
