@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -26,6 +25,7 @@ from radixlm.runtime.config_checks import (  # noqa: F401 - the names callers im
     TRANSFER_BACKENDS,
     check_server_args,
 )
+from radixlm.runtime.cpu_threads import cpu_budget
 from radixlm.runtime.kv_events_config import KVEventsConfig
 
 
@@ -262,9 +262,10 @@ class ServerArgs:
         return LOAD_BALANCE_ALIASES.get(self.load_balance_method, self.load_balance_method)
 
     def resolve_cpu_threads(self) -> int:
-        """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;
-        with ``dp_size`` replicas each gets its share (at least one)."""
-        total = self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
+        """Torch threads for the scheduler on a CPU at start-up: ``cpu_threads``, else all
+        cores of the budget (affinity, cgroup quota) but one; with ``dp_size`` replicas each
+        gets its share (at least one). ``cpu_threads.ThreadSizer`` adjusts it later."""
+        total = self.cpu_threads or max(cpu_budget() - 1, 1)
         return max(total // self.dp_size, 1)
 
     def kv_events(self) -> KVEventsConfig | None:
