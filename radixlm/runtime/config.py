@@ -92,11 +92,12 @@ class ServerArgs:
                 "the copies hold the linear and LM-head weights a second time"})
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
-                "leaving one for HTTP and detokenisation; split evenly between --dp-size replicas; "
-                "OpenMP threads that compete with "
-                "other processes for a core slow every step down); in the offline Engine, "
-                "when given, torch's thread count (default: torch's own)"})
+        "help": "torch CPU threads, fixed (split evenly between --dp-size replicas and "
+                "tensor-parallel ranks). Default: the cores other processes leave free, "
+                "measured every 2 s (CPU affinity and cgroup quota, less other processes' "
+                "load in /proc/stat), in a server less one core for HTTP and "
+                "detokenisation: OpenMP threads that compete with other processes for a "
+                "core slow every step down"})
     # constrained decoding
     grammar_backend: str = field(default="xgrammar", metadata={
         "help": "xgrammar|llguidance|outlines: compiles regex / json_schema / ebnf grammars"})

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import requests
+import torch
 
 from radixlm.runtime import cpu_threads
 from radixlm.runtime.cpu_threads import CpuSample, ThreadSizer, busy_to_cores, others_busy_cores
@@ -163,3 +164,18 @@ def test_server_cpu_threads_flag_is_kept(make_server, tiny_llama_dir) -> None:
                        "--cpu-threads", "1"])
     info = requests.get(f"{srv.url}/get_server_info", timeout=30).json()
     assert info["torch_threads"] == 1 and info["cpu_threads"] == 1
+
+
+def test_engine_sizes_from_the_budget_and_keeps_cpu_threads(make_engine,
+                                                            tiny_llama_dir) -> None:
+    before = torch.get_num_threads()
+    try:
+        eng = make_engine(model_path=str(tiny_llama_dir), cpu_threads=None)
+        info = eng.get_server_info()
+        assert 1 <= info["torch_threads"] <= cpu_threads.cpu_budget()
+        assert torch.get_num_threads() == info["torch_threads"]
+        fixed = make_engine(model_path=str(tiny_llama_dir), cpu_threads=1)
+        assert fixed.get_server_info()["torch_threads"] == 1 == torch.get_num_threads()
+        assert fixed.scheduler.threads.resize() is None  # --cpu-threads: never resized
+    finally:
+        torch.set_num_threads(before)
