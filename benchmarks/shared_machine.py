@@ -13,7 +13,8 @@ wait policy once, when torch loads it), idle and with a busy-looping process bes
   (one per core) and libgomp's default wait (spin 300,000 times at every barrier);
 - ``new``: radixlm's defaults, nothing set (threads from the free cores, short spin);
 - ``passive``: one thread per core, ``OMP_WAIT_POLICY=PASSIVE``;
-- ``spin10k``: one thread per core, ``GOMP_SPINCOUNT=10000``;
+- ``spin10k`` / ``spin1k``: one thread per core, ``GOMP_SPINCOUNT=10000`` / ``1000`` (the
+  new default wait with the old thread count);
 - ``one``: one thread, libgomp's default wait.
 
 Rows alternate variants within each round; the table has median (min-max) output tok/s.
@@ -41,6 +42,7 @@ def variant_setup(name: str, cores: int) -> tuple[int | None, dict[str, str]]:
         "new": (None, {}),
         "passive": (cores, {"OMP_WAIT_POLICY": "PASSIVE"}),
         "spin10k": (cores, {"GOMP_SPINCOUNT": "10000"}),
+        "spin1k": (cores, {"GOMP_SPINCOUNT": "1000"}),
         "one": (1, {"GOMP_SPINCOUNT": LIBGOMP_DEFAULT_SPIN}),
     }
     if name not in table:
@@ -105,7 +107,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--pin-hog", type=int, default=None, help="CPU the busy loop runs on")
-    ap.add_argument("--no-idle", action="store_true", help="only the busy-loop rows")
+    ap.add_argument("--load", nargs="+", choices=["none", "busy"], default=["none", "busy"],
+                    help="rows without and with the busy-looping process")
     ap.add_argument("--one", default=None, help="(internal) one measurement, JSON spec")
     a = ap.parse_args()
     if a.one is not None:
@@ -115,7 +118,7 @@ def main() -> None:
 
     path = resolve_model(a.model_path, None if a.model_path else a.preset)
     cores = len(os.sched_getaffinity(0))
-    loads = (["busy loop"] if a.no_idle else ["none", "busy loop"])
+    loads = ["busy loop" if x == "busy" else "none" for x in a.load]
     results: dict[tuple, list[float]] = {}
     seen: dict[tuple, str] = {}
     for r in range(a.rounds):

@@ -103,25 +103,30 @@ class ThreadSizer:
     """torch's thread count for one compute process.
 
     ``cpu_threads`` (the user's ``--cpu-threads``) fixes it at ``cpu_threads // share``.
-    Otherwise it is ``(budget - max(reserved, busy)) // share``, at least 1, where
-    ``busy`` is the other processes' load in whole cores (``busy_to_cores``), measured over
-    the last ``interval_s``: ``reserved`` cores are left to this server's other processes
-    (HTTP, detokenizer) even when they look idle, ``share`` is how many compute processes
-    split the budget (``--dp-size`` scheduler processes x tensor-parallel ranks)."""
+    Otherwise it is ``budget - max(reserved, busy)``, at least 1, where ``busy`` is the
+    other processes' load in whole cores (``busy_to_cores``) measured over the last
+    ``interval_s``, and ``reserved`` cores are left to this server's other processes (HTTP,
+    detokenizer) even when they look idle. ``share`` is how many compute processes split
+    the budget (``--dp-size`` replicas x tensor-parallel ranks of this machine); with more
+    than one, each keeps ``(budget - reserved) // share`` and is not resized: its siblings'
+    load would look like other processes' and they would shrink one another."""
 
     def __init__(self, cpu_threads: int | None, reserved: int = 0, share: int = 1,
                  interval_s: float = RESIZE_INTERVAL_S) -> None:
         assert share >= 1 and reserved >= 0, (share, reserved)
         self.budget = cpu_budget()
-        self.reserved, self.share, self.interval_s = reserved, share, interval_s
-        self.fixed = max(cpu_threads // share, 1) if cpu_threads else None
+        self.reserved, self.interval_s = reserved, interval_s
+        if cpu_threads:
+            self.fixed: int | None = max(cpu_threads // share, 1)
+        else:
+            self.fixed = None if share == 1 else max((self.budget - reserved) // share, 1)
         self.threads = self.fixed or self.target(busy=0)
         self.last_busy = 0.0  # the other processes' load at the last measurement (cores)
         self._sample = CpuSample.take()
 
     def target(self, busy: int) -> int:
         """The thread count with ``busy`` cores taken by other processes."""
-        return max((self.budget - max(self.reserved, busy)) // self.share, 1)
+        return max(self.budget - max(self.reserved, busy), 1)
 
     def resize(self) -> int | None:
         """The new thread count when it should change now, else None. Cheap between

@@ -82,13 +82,23 @@ def test_sizer_shrinks_and_grows_with_other_load(monkeypatch: pytest.MonkeyPatch
     assert sizer.resize() == 4
 
 
-def test_sizer_reserves_and_shares(monkeypatch: pytest.MonkeyPatch) -> None:
-    samples = [sample(0, 0, 0.0), sample(2.0, 0, 2.0)]  # one core busy elsewhere
+def test_sizer_reserves_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one core busy elsewhere, then two
+    samples = [sample(0, 0, 0.0), sample(2.0, 0, 2.0), sample(6.0, 0, 4.0)]
+    sizer = sizer_on(monkeypatch, samples, cpu_threads=None, reserved=1, interval_s=1.0)
+    assert sizer.threads == 3
+    assert sizer.resize() is None  # the busy core is the reserved one
+    assert sizer.resize() == 2
+    assert sizer.target(busy=5) == 1  # never fewer than one
+
+
+def test_sizer_with_siblings_keeps_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    # two replicas (or ranks): each one's load would look like the other's "other load"
+    samples = [sample(0, 0, 0.0), sample(4.0, 1.0, 2.0)]
     sizer = sizer_on(monkeypatch, samples, cpu_threads=None, reserved=1, share=2,
                      interval_s=1.0)
-    assert sizer.threads == 1  # (4 - 1) // 2
-    assert sizer.resize() is None  # the busy core is the reserved one
-    assert sizer.target(busy=3) == 1  # never fewer than one
+    assert sizer.threads == 1 == sizer.fixed  # (4 - 1) // 2
+    assert sizer.resize() is None
 
 
 def test_sizer_fixed_by_cpu_threads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,11 +58,12 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
     def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any,
                  dp_rank: int = 0, threads: ThreadSizer | None = None) -> None:
         """``threads``: this process's torch thread count on a CPU (the server's scheduler
-        process passes its own; default: the Engine's, every free core of the budget)."""
+        process passes its own; default: the Engine's, every free core of the budget split
+        between its replicas and tensor-parallel ranks)."""
         self.args = args
         self.dp_rank = dp_rank  # which of --dp-size replicas this is
-        self.threads = threads or ThreadSizer(args.cpu_threads,
-                                              share=args.tp_size // args.nnodes)
+        self.threads = threads or ThreadSizer(
+            args.cpu_threads, share=args.dp_size * (args.tp_size // args.nnodes))
         self.on_cpu = resolve_device(args.device).type == "cpu"
         if self.on_cpu:
             torch.set_num_threads(self.threads.threads)
