@@ -7,7 +7,7 @@ operators by self CPU time.
 
 Workloads are ``benchmarks/workloads.py``'s (unique: 32 x 256 in, 64 out; variable: 48
 prompts, 16-512 in, 8-128 out), greedy, EOS ignored, through ``radixlm.Engine`` in float32
-(``--dtype``). The split wraps ``ModelRunner.forward`` (batch building and the model), the
+(``--dtype``). The split wraps ``ModelRunner.forward`` and ``build_forward_batch`` in it, the
 output processor's ``process`` and ``sample`` inside it with timers (CPU work is
 synchronous); ``--profile`` runs one round under
 ``torch.profiler`` instead and prints the top operators.
@@ -30,7 +30,7 @@ from radixlm.runtime.managers import output_processor
 from radixlm.runtime.managers.output_processor import OutputProcessor
 from radixlm.tiny_model import add_model_args, resolve_model
 
-TIMERS = {"forward": 0.0, "outputs": 0.0, "sample": 0.0}
+TIMERS = {"forward": 0.0, "batch": 0.0, "outputs": 0.0, "sample": 0.0}
 
 
 def timed(name: str, fn: Callable) -> Callable:
@@ -58,11 +58,13 @@ def split(eng: radixlm.Engine, reqs: list[Request], rounds: int) -> None:
     rows = []
     for _ in range(rounds):
         wall = run(eng, reqs)
-        rows.append((wall, TIMERS["forward"], TIMERS["sample"], TIMERS["outputs"]))
-    wall, fwd, smp, outs = (statistics.median(r[i] for r in rows) for i in range(4))
+        rows.append((wall, TIMERS["forward"], TIMERS["sample"], TIMERS["outputs"],
+                     TIMERS["batch"]))
+    wall, fwd, smp, outs, fb = (statistics.median(r[i] for r in rows) for i in range(5))
     print(f"  wall {wall:.2f} s ({out_tokens / wall:.1f} output tok/s, min-max "
           f"{out_tokens / max(r[0] for r in rows):.1f}-{out_tokens / min(r[0] for r in rows):.1f})"
-          f"; model forward {100 * fwd / wall:.1f}%, sampling {100 * smp / wall:.1f}%, "
+          f"; model forward {100 * (fwd - fb) / wall:.1f}%, forward batch building "
+          f"{100 * fb / wall:.1f}%, sampling {100 * smp / wall:.1f}%, "
           f"the rest of output processing {100 * (outs - smp) / wall:.1f}%, the rest "
           f"(scheduling, batch building, tokenizing) {100 * (wall - fwd - outs) / wall:.1f}%")
 
@@ -91,6 +93,7 @@ def main() -> None:
     a = ap.parse_args()
     path = resolve_model(a.model_path, a.preset)
     ModelRunner.forward = timed("forward", ModelRunner.forward)
+    ModelRunner.build_forward_batch = timed("batch", ModelRunner.build_forward_batch)
     OutputProcessor.process = timed("outputs", OutputProcessor.process)
     output_processor.sample = timed("sample", output_processor.sample)
     eng = radixlm.Engine(model_path=path, dtype=a.dtype, random_seed=0, cpu_threads=a.threads,
