@@ -3,9 +3,16 @@
 ``radixlm.Engine`` runs offline generation in-process; ``radixlm serve`` starts the server.
 The frontend DSL (``function``, ``gen``, ``select``, roles, backends) is SGLang's, so
 programs written for SGLang run with ``import radixlm as sgl``.
+
+Importing radixlm before torch lets it set OpenMP's wait policy (a short spin, then sleep:
+``runtime/openmp_env.py``) while torch has not loaded OpenMP yet.
 """
 
-from radixlm.frontend_dsl import (
+from radixlm.runtime.openmp_env import set_openmp_defaults
+
+set_openmp_defaults()  # before anything below imports torch
+
+from radixlm.frontend_dsl import (  # noqa: E402 - after set_openmp_defaults
     Backend,
     BackendError,
     LocalBackend,
@@ -42,8 +49,8 @@ from radixlm.frontend_dsl import (
     user_end,
     video,
 )
-from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.config import ServerArgs  # noqa: E402
+from radixlm.runtime.entrypoints.engine import Engine  # noqa: E402
 
 __all__ = [
     "Backend",

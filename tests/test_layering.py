@@ -14,7 +14,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "radixlm"
 SHARED = ("radixlm.runtime.config", "radixlm.runtime.kv_events_config",
           "radixlm.runtime.model_config", "radixlm.runtime.metrics", "radixlm.runtime.tokenizer",
           "radixlm.runtime.parent_death", "radixlm.runtime.config_checks",
-          "radixlm.runtime.sglang_metrics")
+          "radixlm.runtime.sglang_metrics", "radixlm.runtime.cpu_threads",
+          "radixlm.runtime.openmp_env")
 
 # room -> the other rooms its modules may import (a module may always import its own room)
 ALLOWED: dict[str, set[str]] = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -26,6 +25,7 @@ from radixlm.runtime.config_checks import (  # noqa: F401 - the names callers im
     TRANSFER_BACKENDS,
     check_server_args,
 )
+from radixlm.runtime.cpu_threads import cpu_budget
 from radixlm.runtime.kv_events_config import KVEventsConfig
 
 
@@ -100,11 +100,12 @@ class ServerArgs:
                 "the copies hold the linear and LM-head weights a second time"})
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads of the server's scheduler process (default: CPU cores - 1, "
-                "leaving one for HTTP and detokenisation; split evenly between --dp-size replicas; "
-                "OpenMP threads that compete with "
-                "other processes for a core slow every step down); in the offline Engine, "
-                "when given, torch's thread count (default: torch's own)"})
+        "help": "torch CPU threads, fixed (split evenly between --dp-size replicas and "
+                "tensor-parallel ranks). Default: the cores other processes leave free, "
+                "measured every 2 s (CPU affinity and cgroup quota, less other processes' "
+                "load in /proc/stat), in a server less one core for HTTP and "
+                "detokenisation: OpenMP threads that compete with other processes for a "
+                "core slow every step down"})
     # constrained decoding
     grammar_backend: str = field(default="xgrammar", metadata={
         "help": "xgrammar|llguidance|outlines: compiles regex / json_schema / ebnf grammars"})
@@ -270,9 +271,10 @@ class ServerArgs:
         return LOAD_BALANCE_ALIASES.get(self.load_balance_method, self.load_balance_method)
 
     def resolve_cpu_threads(self) -> int:
-        """Torch threads for the scheduler on a CPU: ``cpu_threads``, else all cores but one;
-        with ``dp_size`` replicas each gets its share (at least one)."""
-        total = self.cpu_threads or max(len(os.sched_getaffinity(0)) - 1, 1)
+        """Torch threads for the scheduler on a CPU at start-up: ``cpu_threads``, else all
+        cores of the budget (affinity, cgroup quota) but one; with ``dp_size`` replicas each
+        gets its share (at least one). ``cpu_threads.ThreadSizer`` adjusts it later."""
+        total = self.cpu_threads or max(cpu_budget() - 1, 1)
         return max(total // self.dp_size, 1)
 
     def kv_events(self) -> KVEventsConfig | None:

@@ -17,7 +17,8 @@ import torch
 from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, KVEventRecorder
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
-from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.cpu_threads import ThreadSizer
+from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
 from radixlm.runtime.managers.cache_manager import CacheManager
 from radixlm.runtime.managers.messages import (
     AbortReq,
@@ -55,9 +56,17 @@ def wants_kv_events(args: ServerArgs) -> bool:
 
 class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
     def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any,
-                 dp_rank: int = 0) -> None:
+                 dp_rank: int = 0, threads: ThreadSizer | None = None) -> None:
+        """``threads``: this process's torch thread count on a CPU (the server's scheduler
+        process passes its own; default: the Engine's, every free core of the budget split
+        between its replicas and tensor-parallel ranks)."""
         self.args = args
         self.dp_rank = dp_rank  # which of --dp-size replicas this is
+        self.threads = threads or ThreadSizer(
+            args.cpu_threads, share=args.dp_size * (args.tp_size // args.nnodes))
+        self.on_cpu = resolve_device(args.device).type == "cpu"
+        if self.on_cpu:
+            torch.set_num_threads(self.threads.threads)
         self.model_runner = ModelRunner(args, model_path)
         self.model_config = self.model_runner.model_config
         self.context_len = self.model_config.context_length
@@ -173,6 +182,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         return True
 
     def step(self) -> list[ReqOutput]:
+        if self.on_cpu and (threads := self.threads.resize()) is not None:
+            torch.set_num_threads(threads)  # other processes took or left cores
         if self.pd is not None:
             self.pd.poll()  # claimed rooms to waiting, received KV to running
         if self.grammar_waiting:

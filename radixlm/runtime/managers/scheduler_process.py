@@ -20,6 +20,7 @@ import zmq
 
 from radixlm.radix_cache.kv_events import KVEventBatch, encode_batch
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.cpu_threads import ThreadSizer
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.child_setup import setup_child
 from radixlm.runtime.managers.data_parallel_controller import replica_args, replica_load
@@ -136,12 +137,16 @@ def run_scheduler_process(
     args = replica_args(ServerArgs(**json.loads(args_json)), dp_rank)
     name = "scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}"
     should_stop = setup_child(name, parent_pid, args.log_level)
-    torch.set_num_threads(args.resolve_cpu_threads())
+    # one core left to the HTTP and detokenizer processes; the replicas and their
+    # tensor-parallel ranks split the rest (start_tp_ranks gives the followers their share)
+    threads = ThreadSizer(args.cpu_threads, reserved=1,
+                          share=args.dp_size * (args.tp_size // args.nnodes))
+    torch.set_num_threads(threads.threads)
     if args.device.startswith("cuda:"):
         torch.cuda.set_device(args.device)
     args, tp_ranks = start_tp_ranks(args, model_path)  # --tp-size: this process is rank 0
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-    scheduler = Scheduler(args, model_path, tokenizer, dp_rank)
+    scheduler = Scheduler(args, model_path, tokenizer, dp_rank, threads)
     scheduler.grammar_compiler.warm_up()  # a server's first grammar should not wait for it
     if tp_ranks is not None:
         tp_ranks.watch()  # a rank that exits ends this process, and so the server

@@ -10,6 +10,7 @@ from typing import Any
 from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.schedule_policy import PrefillAdder
 from radixlm.runtime.managers.validation import MAX_NAMESPACE_LABELS, namespace_label
+from radixlm.runtime.openmp_env import wait_policy
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class SchedulerReports:
             "kv_cache_bytes": self.model_runner.kv_pool_bytes,
             "graph_bytes": self.model_runner.graph_bytes,
             "disaggregation_mode": self.args.disaggregation_mode,
+            "torch_threads": self.threads.threads if self.on_cpu else 0,  # on a CPU, now
+            "omp_wait_policy": wait_policy(),
             **(self.pd.info() if self.pd is not None else {}),
             **{k: int(v) for k, v in self.stats.items()},
         }
