@@ -11,6 +11,7 @@ import random
 from dataclasses import asdict, dataclass
 
 WORKLOADS = ("unique", "shared-prefix", "variable", "json")
+SMOKE = "smoke"  # 4 x 32 in, 8 out: the test that runs both systems, not a benchmark
 
 # long fixed keys (jump-forward has something to skip), bounded values
 SCHEMA = {
@@ -67,6 +68,8 @@ def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
         return out
     if name == "variable":
         return [Request(ids(rng.randint(16, 1024)), rng.randint(8, 256)) for _ in range(48)]
+    if name == SMOKE:
+        return [Request(ids(32), 8) for _ in range(4)]
     if name == "json":
         return [Request(ids(rng.randint(32, 96)), JSON_MAX_TOKENS, json_schema=True)
                 for _ in range(16)]
