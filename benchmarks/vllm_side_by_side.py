@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_side, run as a 
 
 from vllm_side.checkpoint import DTYPES, checkpoint_in  # noqa: E402
 from vllm_side.offline import count_valid, run_worker  # noqa: E402
+from vllm_side.profile_summary import load_events, self_times, top_table, traces_in  # noqa: E402
 from vllm_side.report import add_offline, add_served, offline_table, served_table  # noqa: E402
 from vllm_side.served import ServedLoad, run_served  # noqa: E402
 from vllm_side.stats import token_match  # noqa: E402
@@ -150,6 +151,10 @@ def main() -> int:
     if "served" in results:
         print(f"served: random {args.serve_input_len} in / {args.serve_output_len} out, "
               f"{args.serve_prompts} requests per rate\n\n" + served_table(results))
+    if args.profile_dir:
+        for trace in traces_in(Path(args.profile_dir)):
+            print(f"\nvLLM profile {trace}, top ops by self time\n\n"
+                  + top_table(self_times(load_events(trace)), 25))
     print(f"\nwrote {args.out}")
     return 0
 

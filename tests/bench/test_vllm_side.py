@@ -219,3 +219,25 @@ def test_smoke_round_through_both(tmp_path, tiny_llama_dir):
     ids = {s: o["workloads"][workloads.SMOKE]["output_ids"] for s, o in outs.items()}
     assert [len(x) for x in ids["radixlm"]] == [8] * 4 == [len(x) for x in ids["vllm"]]
     assert stats.token_match(ids["radixlm"], ids["vllm"]) == 1.0
+
+
+def test_profile_self_times(tmp_path):
+    import gzip
+
+    from vllm_side.profile_summary import load_events, self_times, top_table, traces_in
+
+    def op(name, ts, dur, tid=1, dims=None):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1,
+                "tid": tid, "args": {"Input Dims": dims} if dims else {}}
+
+    events = [op("step", 0, 100), op("aten::linear", 10, 50, dims=[[4, 8]]),
+              op("aten::mm", 15, 40), op("aten::softmax", 70, 20),
+              op("aten::mm", 0, 30, tid=2), {"ph": "i", "name": "marker", "ts": 1}]
+    path = tmp_path / "host.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert traces_in(tmp_path) == [path]
+    totals = self_times(load_events(path))
+    assert totals == {"step": 30, "aten::linear": 10, "aten::mm": 70, "aten::softmax": 20}
+    assert "aten::linear [[4, 8]]" in self_times(load_events(path), shapes=True)
+    assert top_table(totals, 1).splitlines()[2] == "| `aten::mm` | 0.1 | 53.8% |"
