@@ -129,8 +129,11 @@ def run(args: argparse.Namespace) -> dict:
                 offline_round(args, setup, model, dtype, order, results)
             if "served" in args.modes:
                 for system in order:
-                    add_served(results, dtype, system,
-                               run_served(system, setup, model, dtype, load, args.log))
+                    per_rate = run_served(system, setup, model, dtype, load, args.log)
+                    add_served(results, dtype, system, per_rate)
+                    logging.warning("%s %s served: output tok/s %s", system, dtype, {
+                        rate: round(r["output_throughput"] or 0, 1)
+                        for rate, r in per_rate.items()})
             args.out.write_text(json.dumps(results, indent=1) + "\n")  # after every round
     return results
 
