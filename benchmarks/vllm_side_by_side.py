@@ -33,7 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_side, run as a 
 from vllm_side.checkpoint import DTYPES, checkpoint_in  # noqa: E402
 from vllm_side.offline import count_valid, run_worker  # noqa: E402
 from vllm_side.profile_summary import load_events, self_times, top_table, traces_in  # noqa: E402
-from vllm_side.report import add_offline, add_served, offline_table, served_table  # noqa: E402
+from vllm_side.report import (  # noqa: E402
+    add_offline,
+    add_served,
+    json_table,
+    offline_table,
+    served_table,
+)
 from vllm_side.served import ServedLoad, run_served  # noqa: E402
 from vllm_side.stats import token_match  # noqa: E402
 from vllm_side.systems import SYSTEMS, Setup  # noqa: E402
@@ -151,6 +157,9 @@ def main() -> int:
           f"(min-max) of {args.rounds} alternating rounds\n")
     if "offline" in results:
         print("offline, output tok/s\n\n" + offline_table(results, json_requests) + "\n")
+        if "json" in args.workloads:
+            print(f"json workload ({json_requests} requests)\n\n"
+                  + json_table(results, json_requests) + "\n")
     if "served" in results:
         print(f"served: random {args.serve_input_len} in / {args.serve_output_len} out, "
               f"{args.serve_prompts} requests per rate\n\n" + served_table(results))

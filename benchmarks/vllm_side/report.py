@@ -77,3 +77,22 @@ def served_table(results: dict) -> str:
                              str(failed)])
     return markdown_table(["dtype", "req/s", "system", *(h for _, h, _ in SERVED_METRICS),
                            "failed"], rows)
+
+
+def json_table(results: dict, requests: int) -> str:
+    """The JSON workload by wall time: its output lengths differ between the systems (an
+    object ends at EOS; an output that never closes runs to the cap), so tok/s alone can
+    flatter the one that generates more."""
+    rows = []
+    for dtype, workloads in results.get("offline", {}).items():
+        for system in ("radixlm", "vllm"):
+            runs = workloads.get("json", {}).get(system)
+            if not runs:
+                continue
+            per_s = [v / t for v, t in zip(runs["valid"], runs["seconds"], strict=True)]
+            rows.append([dtype, "vLLM" if system == "vllm" else system,
+                         Summary.of(runs["seconds"]).cell(2),
+                         Summary.of(runs["output_tokens"]).cell(0),
+                         _valid(runs, requests), Summary.of(per_s).cell(2)])
+    return markdown_table(["dtype", "system", "seconds", "output tokens", "valid",
+                           "valid objects/s"], rows)

@@ -95,6 +95,11 @@ def test_offline_and_served_tables():
     assert table[2] == ("| unique | bfloat16 | 100.0 (90.0-120.0) | 200.0 (180.0-240.0) | "
                         "0.50x | 90% | - |")
     assert table[3].endswith("| 0.50x | - | 16/16 / 14-16/16 |")
+    js = report.json_table(results, 16).splitlines()
+    assert js[2] == ("| bfloat16 | radixlm | 1.00 (1.00-1.00) | 100 (90-120) | 16/16 | "
+                     "16.00 (16.00-16.00) |")  # valid objects / s: the wall time counts
+    assert js[3] == ("| bfloat16 | vLLM | 1.00 (1.00-1.00) | 200 (180-240) | 14-16/16 | "
+                     "15.00 (14.00-16.00) |")
     report.add_served(results, "float32", "radixlm", {"2": {
         "output_throughput": 50.0, "median_ttft_ms": 20.0, "p99_ttft_ms": 40.0,
         "median_tpot_ms": 9.5, "p99_tpot_ms": None, "failed": 0}})
