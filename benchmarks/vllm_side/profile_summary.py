@@ -4,7 +4,8 @@ e.g. the one ``--profile-dir`` has vLLM's CPU worker write.
     python benchmarks/vllm_side/profile_summary.py DIR_OR_TRACE [--top 25]
 
 Self time: an op's duration less that of the ops nested directly inside it, per thread.
-Ops are grouped by name (and input shapes with ``--shapes``, when the trace recorded them).
+Ops are grouped by name (and input shapes with ``--shapes``, when the trace recorded them);
+numbers in annotations (vLLM labels every step) are folded into one row.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,6 +42,8 @@ def self_times(events: list[dict], shapes: bool = False) -> dict[str, float]:
                 end, key, child = stack.pop()
                 totals[key] -= child
             key = e["name"]
+            if e.get("cat") == "user_annotation":  # per-step labels: one row for all steps
+                key = re.sub(r"\d+", "N", key)
             if shapes and e.get("args", {}).get("Input Dims"):
                 key += " " + json.dumps(e["args"]["Input Dims"])
             totals[key] += e["dur"]

@@ -237,12 +237,15 @@ def test_profile_self_times(tmp_path):
 
     events = [op("step", 0, 100), op("aten::linear", 10, 50, dims=[[4, 8]]),
               op("aten::mm", 15, 40), op("aten::softmax", 70, 20),
-              op("aten::mm", 0, 30, tid=2), {"ph": "i", "name": "marker", "ts": 1}]
+              op("aten::mm", 0, 30, tid=2), {"ph": "i", "name": "marker", "ts": 1},
+              {**op("step_7(7)", 200, 5), "cat": "user_annotation"},
+              {**op("step_12(12)", 300, 5), "cat": "user_annotation"}]
     path = tmp_path / "host.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     assert traces_in(tmp_path) == [path]
     totals = self_times(load_events(path))
-    assert totals == {"step": 30, "aten::linear": 10, "aten::mm": 70, "aten::softmax": 20}
+    assert totals == {"step": 30, "aten::linear": 10, "aten::mm": 70, "aten::softmax": 20,
+                      "step_N(N)": 10}
     assert "aten::linear [[4, 8]]" in self_times(load_events(path), shapes=True)
-    assert top_table(totals, 1).splitlines()[2] == "| `aten::mm` | 0.1 | 53.8% |"
+    assert top_table(totals, 1).splitlines()[2] == "| `aten::mm` | 0.1 | 50.0% |"
