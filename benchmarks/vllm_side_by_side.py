@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "'nobind', or a list such as 0-1")
     ap.add_argument("--profile-dir", default=None,
                     help="write a torch profiler trace of vLLM's timed offline part here")
-    ap.add_argument("--out", type=Path, default=Path("vllm_side_by_side.json"))
+    ap.add_argument("--out", type=Path, default=Path("vllm_side_by_side.json"),
+                    help="every round's figures (JSON), rewritten after each round")
     ap.add_argument("--log", type=Path, default=Path("vllm_side_by_side.log"),
-                    help="the subprocesses' output")
+                    help="the subprocesses' output (appended)")
     return ap
 
 

@@ -71,7 +71,10 @@ def write_marker(spec: VenvSpec) -> None:
 
 def _run(cmd: Sequence[str]) -> int:
     logger.warning("vllm venv: %s", " ".join(cmd))
-    return subprocess.run(list(cmd), check=False).returncode
+    try:
+        return subprocess.run(list(cmd), check=False).returncode
+    except FileNotFoundError:  # no such interpreter (--venv-python)
+        return 127
 
 
 def ensure_venv(spec: VenvSpec, run: Runner = _run) -> Path:

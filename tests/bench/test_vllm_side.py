@@ -179,6 +179,12 @@ def test_failed_install_leaves_no_marker(tmp_path):
     assert venv.marker_ok(spec)
 
 
+def test_missing_interpreter_is_a_clear_error(tmp_path):
+    spec = venv.VenvSpec(tmp_path / "v", python="no-such-python3.99")
+    with pytest.raises(RuntimeError, match="exit 127.*no-such-python3.99 -m venv"):
+        venv.ensure_venv(spec)
+
+
 def test_checkpoint_in_dtype(tmp_path, tiny_llama_dir):
     from safetensors import safe_open
 
