@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,7 +99,7 @@ def check(args: argparse.Namespace) -> ServedLoad:
     return ServedLoad(rates, args.serve_prompts, args.serve_input_len, args.serve_output_len)
 
 
-def offline_round(args, setup: Setup, model: Path, dtype: str, order: list[str],
+def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: str, order: list[str],
                   results: dict) -> None:
     outs = {}
     for system in order:
@@ -150,7 +151,7 @@ def main() -> int:
     args = build_parser().parse_args()
     try:
         results = run(args)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"vllm_side_by_side: error: {e}", file=sys.stderr)
         return 2
     json_requests = len(make_workload("json", 100))
