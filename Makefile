@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # torch first, pinned: on these CPU machines 2.13.0 is a CPU build; unpinned pulls CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install serve demo test lint bench gpu-check clean
+.PHONY: install serve demo test lint bench bench-vllm gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench: install
 	$(PY) benchmarks/offline_throughput.py
 	$(PY) benchmarks/constrained_throughput.py
 	$(PY) benchmarks/serving.py
+
+# radixlm against vLLM's CPU build, side by side (creates vLLM's own venv under
+# ~/.cache/radixlm/vllm-venv on first use), e.g. ARGS="--preset small" or, quick,
+# ARGS="--workloads unique --rounds 1 --modes offline --preset tiny"
+bench-vllm: install
+	$(PY) benchmarks/vllm_side_by_side.py $(ARGS)
 
 # On a CUDA machine (no venv: the image's Python with torch, plus ../shared/gpu/carry-wheels.sh
 # wheels in .site): engine tokens vs the CPU and vs transformers, and the kernels' timings.
