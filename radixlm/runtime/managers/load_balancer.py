@@ -1,8 +1,8 @@
 """Which of ``--dp-size`` replicas serves each request: ``LoadBalancer``, the policy and
-its bookkeeping, with no I/O. The tokenizer manager (server, through
-``DataParallelController``) and the Engine (``SchedulerReplicas``) ask it ``select`` and
-tell it what was ``sent``, what ``finished``, each replica's ``ReplicaLoad`` and KV events,
-and which replica died (``retire``).
+its bookkeeping, with no I/O. ``DataParallelController`` (the server's tokenizer manager,
+``Engine(dp_size > 1)``) asks it ``select`` and tells it what was ``sent``, what
+``finished``, each replica's ``ReplicaLoad`` and KV events, and which replica died
+(``retire``).
 
 Load of a replica = what it last reported (KV tokens in use + tokens of waiting requests,
 SGLang's ``/get_load`` ``num_tokens``) + the prompt tokens of requests sent to it that the
