@@ -105,12 +105,13 @@ def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
 
 def replica_load(scheduler: Any, dp_rank: int, received: int) -> ReplicaLoad:
     """A ``Scheduler``'s load between two steps, with every request it has read so far
-    (``received``) in it: running + waiting + held requests, KV tokens in use + tokens of
-    the waiting and held ones."""
+    (``received``) in it: running + waiting + held requests, KV tokens in use + tokens the
+    waiting ones still have to compute (beyond their cached prefix: a prompt whose prefix
+    the replica holds adds little work) + tokens of the held ones."""
     waiting = [*scheduler.waiting, *scheduler.grammar_waiting]
     reqs = (len(scheduler.running) + (scheduler.chunked_req is not None) + len(waiting)
             + len(scheduler.held))
-    tokens = (scheduler.cache.used_size() + sum(r.seq_len for r in waiting)
+    tokens = (scheduler.cache.used_size() + scheduler.waiting_uncached_tokens()
               + sum(len(m.input_ids) for m in scheduler.held))
     return ReplicaLoad(dp_rank, received, reqs, tokens)
 
