@@ -43,6 +43,7 @@ from pathlib import Path
 import httpx
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
+from radixlm.runtime.managers.load_balancer import common_prefix_len
 from radixlm.runtime.tokenizer import load_tokenizer
 from radixlm.tiny_model import add_model_args, resolve_model
 
@@ -92,6 +93,16 @@ def workload(args: argparse.Namespace, tokenizer: object) -> list[str]:
                for p in prefixes for q in range(args.requests_per_tenant)]
     rng.shuffle(prompts)
     return prompts
+
+
+def hit_rate_bound(tokenizer: object, prompts: list[str]) -> float:
+    """The best hit rate any dispatcher can reach: each prompt's longest prefix shared with
+    an earlier one (in arrival order), as if one unbounded cache served them all."""
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    cached = 0
+    for i, x in enumerate(ids):
+        cached += max((min(common_prefix_len(x, y), len(x) - 1) for y in ids[:i]), default=0)
+    return cached / sum(map(len, ids))
 
 
 async def one_request(client: httpx.AsyncClient, url: str, text: str, out_tokens: int
@@ -260,10 +271,12 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
     model = resolve_model(args.model_path, args.preset)
-    prompts = workload(args, load_tokenizer(model))
+    tokenizer = load_tokenizer(model)
+    prompts = workload(args, tokenizer)
     logs = Path(tempfile.mkdtemp(prefix="dp-routing-"))
     print(f"{len(prompts)} requests ({args.tenants} tenants x {args.requests_per_tenant}), "
-          f"concurrency {args.concurrency}, {args.replicas} replicas; logs in {logs}\n")
+          f"concurrency {args.concurrency}, {args.replicas} replicas; best possible hit rate "
+          f"{100 * hit_rate_bound(tokenizer, prompts):.1f}%; logs in {logs}\n")
     print("| configuration | hit rate | prompt tokens recomputed | output tok/s | TTFT p50 ms "
           "| TTFT p99 ms | requests per replica |")
     print("|---|---|---|---|---|---|---|", flush=True)

@@ -58,8 +58,14 @@ REPLIES = (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
 def replica_process_args(args: ServerArgs) -> ServerArgs:
     """The replicas' settings: ``cpu_threads`` counts the Engine's threads, all cores of
     this process unless set, which each replica divides by ``dp_size``
-    (``ServerArgs.resolve_cpu_threads``)."""
-    return dataclasses.replace(args, cpu_threads=args.cpu_threads or len(os.sched_getaffinity(0)))
+    (``ServerArgs.resolve_cpu_threads``). They log what the caller's ``radixlm`` logger
+    would show in-process (a script that configured no logging sees warnings only), and
+    never below ``log_level``."""
+    caller = logging.getLogger("radixlm").getEffectiveLevel()
+    own = logging.getLevelName(args.log_level.upper())
+    level = max(caller, own if isinstance(own, int) else logging.INFO)
+    return dataclasses.replace(args, cpu_threads=args.cpu_threads or len(os.sched_getaffinity(0)),
+                               log_level=logging.getLevelName(level).lower())
 
 
 class ReplicaProcesses(RequestStreams):

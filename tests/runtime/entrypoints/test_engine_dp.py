@@ -10,6 +10,7 @@ caller's process.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -70,6 +71,19 @@ def test_each_replica_gets_its_share_of_the_cores() -> None:
         cores // 2, 1)
     assert replica_process_args(ServerArgs(dp_size=2, cpu_threads=6)).resolve_cpu_threads() == 3
     assert replica_process_args(ServerArgs(dp_size=4, cpu_threads=2)).resolve_cpu_threads() == 1
+
+
+def test_replicas_log_what_the_caller_would_see() -> None:
+    logger = logging.getLogger("radixlm")
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # a script that configured no logging
+        assert replica_process_args(ServerArgs(dp_size=2)).log_level == "warning"
+        logger.setLevel(logging.DEBUG)
+        assert replica_process_args(ServerArgs(dp_size=2)).log_level == "info"
+        assert replica_process_args(ServerArgs(dp_size=2, log_level="error")).log_level == "error"
+    finally:
+        logger.setLevel(old)
 
 
 def test_stream_async_and_placement(dp2) -> None:
