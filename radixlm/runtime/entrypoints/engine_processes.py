@@ -90,8 +90,7 @@ class ReplicaProcesses(RequestStreams):
         except BaseException:
             self._close()
             raise
-        info, model_info = ready[0].info, ready[0].model_info
-        self.info = info  # replica 0's at startup (the replicas have the same settings)
+        info, model_info = ready[0].info, ready[0].model_info  # the replicas' settings agree
         self.limits = RequestLimits.from_args(args, info["context_length"],
                                               model_info["vocab_size"],
                                               info["max_total_num_tokens"])
