@@ -43,6 +43,7 @@ from pathlib import Path
 import httpx
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
+from radixlm.runtime.managers.load_balancer import common_prefix_len
 from radixlm.runtime.tokenizer import load_tokenizer
 from radixlm.tiny_model import add_model_args, resolve_model
 
@@ -65,6 +66,7 @@ class Result:
     wall_s: float
     ttfts: list[float]
     per_replica: list[int]
+    decisions: dict[str, int] | None = None  # radixlm cache_aware: cache / balance / miss
 
     def row(self) -> str:
         hit = self.cached_tokens / max(self.prompt_tokens, 1)
@@ -91,6 +93,16 @@ def workload(args: argparse.Namespace, tokenizer: object) -> list[str]:
                for p in prefixes for q in range(args.requests_per_tenant)]
     rng.shuffle(prompts)
     return prompts
+
+
+def hit_rate_bound(tokenizer: object, prompts: list[str]) -> float:
+    """The best hit rate any dispatcher can reach: each prompt's longest prefix shared with
+    an earlier one (in arrival order), as if one unbounded cache served them all."""
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    cached = 0
+    for i, x in enumerate(ids):
+        cached += max((min(common_prefix_len(x, y), len(x) - 1) for y in ids[:i]), default=0)
+    return cached / sum(map(len, ids))
 
 
 async def one_request(client: httpx.AsyncClient, url: str, text: str, out_tokens: int
@@ -150,6 +162,12 @@ def generated(url: str) -> list[int]:
     return [s["generation_tokens"] for s in info.get("internal_states") or [info]]
 
 
+def decisions(url: str) -> Counter:
+    """cache_aware's choices so far (by cache, balancing the load, no cached prefix)."""
+    info = httpx.get(url + "/get_server_info", timeout=60).json()
+    return Counter(info.get("dp_decisions") or {})
+
+
 def server_flags(args: argparse.Namespace, model: str) -> list[str]:
     return ["--model-path", model, "--max-total-tokens", str(args.pool),
             "--log-level", "warning"]
@@ -158,15 +176,17 @@ def server_flags(args: argparse.Namespace, model: str) -> list[str]:
 def run_internal(args: argparse.Namespace, model: str, prompts: list[str], logs: Path
                  ) -> list[Result]:
     results = []
-    for method in INTERNAL:
+    for method in args.methods:
         srv = ServerProcess([*server_flags(args, model), "--dp-size", str(args.replicas),
                              "--cpu-threads", str(args.replicas),
                              "--load-balance-method", method], logs / f"dp-{method}.log")
         try:
-            srv.wait_healthy()
+            srv.wait_healthy(args.start_timeout)
             warm_up(srv.url, 2 * args.replicas)
+            before = decisions(srv.url)
             results.append(measure(f"radixlm --dp-size {args.replicas} {method}", srv.url,
                                    prompts, args, lambda s=srv: generated(s.url)))
+            results[-1].decisions = dict(decisions(srv.url) - before)
         finally:
             srv.stop()
         print(results[-1].row(), flush=True)
@@ -204,14 +224,14 @@ def run_router(args: argparse.Namespace, model: str, prompts: list[str], logs: P
     results = []
     try:
         for w in workers:
-            w.wait_healthy()
+            w.wait_healthy(args.start_timeout)
         for w in workers:
             warm_up(w.url, 2)
 
         def served() -> list[int]:
             return [generated(w.url)[0] for w in workers]
 
-        for policy in ROUTER:
+        for policy in args.router_policies:
             for w in workers:
                 httpx.post(w.url + "/flush_cache", params={"timeout": 30},
                            timeout=60).raise_for_status()
@@ -241,14 +261,22 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--pool", type=int, default=16384, help="KV tokens per replica")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-timeout", type=float, default=600.0,
+                   help="seconds a server may take to start (a loaded machine is slow)")
+    p.add_argument("--methods", nargs="*", default=list(INTERNAL), choices=INTERNAL,
+                   help="radixlm's --load-balance-method values to run")
+    p.add_argument("--router-policies", nargs="*", default=list(ROUTER), choices=ROUTER,
+                   help="sglang-router --policy values to run")
     p.add_argument("--skip-router", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
     model = resolve_model(args.model_path, args.preset)
-    prompts = workload(args, load_tokenizer(model))
+    tokenizer = load_tokenizer(model)
+    prompts = workload(args, tokenizer)
     logs = Path(tempfile.mkdtemp(prefix="dp-routing-"))
     print(f"{len(prompts)} requests ({args.tenants} tenants x {args.requests_per_tenant}), "
-          f"concurrency {args.concurrency}, {args.replicas} replicas; logs in {logs}\n")
+          f"concurrency {args.concurrency}, {args.replicas} replicas; best possible hit rate "
+          f"{100 * hit_rate_bound(tokenizer, prompts):.1f}%; logs in {logs}\n")
     print("| configuration | hit rate | prompt tokens recomputed | output tok/s | TTFT p50 ms "
           "| TTFT p99 ms | requests per replica |")
     print("|---|---|---|---|---|---|---|", flush=True)
@@ -257,6 +285,9 @@ def main() -> None:
         results += run_router(args, model, prompts, logs)
     if args.json is not None:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    for r in results:
+        if r.decisions:
+            print(f"{r.name}: dispatcher decisions {r.decisions}")
     counts = Counter(r.name.split()[0] for r in results)
     print(f"\n{sum(counts.values())} configurations")
 

@@ -57,6 +57,7 @@ class GrammarCompiler:
         self.cache_hits = 0
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
+        self._stopped = False  # shutdown() was called
 
     def warm_up(self, wait: bool = False) -> None:
         """Start the compile worker now, in the background unless ``wait`` (the server
@@ -74,6 +75,8 @@ class GrammarCompiler:
             with self._worker_lock:
                 self.worker.ensure_started()  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - retried (and reported) by the first compile
+            if self._stopped:  # shut down while it started: nothing went wrong
+                return
             logger.exception("the grammar compile worker did not start")
 
     def submit(self, kind: str, spec: Any) -> Future[Grammar]:
@@ -156,6 +159,7 @@ class GrammarCompiler:
 
     def shutdown(self, wait: bool = False) -> None:
         """Stop the workers; queued compiles are dropped, running ones finish unobserved."""
+        self._stopped = True
         self._pool.shutdown(wait=wait, cancel_futures=True)
         if self.worker is not None:
             self.worker.kill()

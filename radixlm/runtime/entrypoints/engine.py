@@ -1,8 +1,10 @@
-"""The offline Engine: tokenizer + the scheduler in one process, no sockets.
+"""The offline Engine: tokenizer + the scheduler in one process, no sockets; with
+``dp_size`` > 1, one scheduler process per replica (``engine_processes.py``).
 
-``generate`` (callable from any thread) tokenizes, validates and submits; the caller then
-runs the scheduler loop itself (``Scheduler.run_once``, the server's loop too) until its
-outputs are there, unless another caller is running it already.
+``generate`` (callable from any thread) tokenizes, validates and submits; with one
+replica the caller then runs the scheduler loop itself (``Scheduler.run_once``, the
+server's loop too) until its outputs are there, unless another caller is running it
+already (``engine_loop.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import ValidationError
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.engine_loop import EngineError, EngineLoop
+from radixlm.runtime.entrypoints.engine_processes import ReplicaProcesses
 from radixlm.runtime.entrypoints.protocol import (
     UpdateWeightFromDiskRequest,
     token_ids_for_item,
@@ -32,15 +35,10 @@ from radixlm.runtime.entrypoints.protocol import (
 from radixlm.runtime.entrypoints.refused_fields import refuse_options
 from radixlm.runtime.entrypoints.validation_errors import describe
 from radixlm.runtime.executor.sampling_params import SamplingParams
-from radixlm.runtime.managers.data_parallel_controller import (
-    SchedulerReplicas,
-    aggregate_infos,
-    replica_args,
-)
+from radixlm.runtime.managers.data_parallel_controller import aggregate_infos, replica_args
 from radixlm.runtime.managers.detokenizer import RequestDetokenizer, make_register
 from radixlm.runtime.managers.kv_event_publisher import attach_publisher
 from radixlm.runtime.managers.messages import (
-    AbortReq,
     FlushCacheReq,
     GenerateReqInput,
     GetInfoReq,
@@ -56,21 +54,44 @@ from radixlm.runtime.managers.validation import (
     request_priority,
     validate_request,
 )
+from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
 class Engine:
-    """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model."""
+    """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model.
+    With ``dp_size`` > 1 the replicas are child processes: create it under
+    ``if __name__ == "__main__":`` in a script, and ``shutdown`` it (or use ``with``)."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
         if self.server_args.dp_size > 1 and self.server_args.tp_size > 1:
-            # one torch.distributed group per process: its replicas could not all lead one
+            # each replica process would lead its own group, as in the server; not tried here
             raise ValueError("Engine: dp_size > 1 together with tp_size > 1 is not supported "
-                             "(the server runs dp x tp processes)")
+                             "(radixlm serve runs dp x tp processes)")
+        self._tp_ranks = None
+        self._kv_publishers: list[Any] = []
+        self.scheduler: Scheduler | None = None  # the in-process one (dp_size 1)
+        self.loop: EngineLoop | ReplicaProcesses
+        if self.server_args.dp_size > 1:
+            # the server's scheduler processes, N times the cores (engine_processes.py)
+            self.loop = ReplicaProcesses(self.server_args, self.model_path)
+            self.limits = self.loop.limits
+            self.model_config = ModelConfig.from_hf(
+                self.model_path, dtype=self.server_args.dtype,
+                context_length=self.server_args.context_length)
+        else:
+            self._start_in_process()
+        self._update_lock = threading.Lock()  # one weight update at a time
+        self.request_log = RequestLog.from_args(self.server_args)  # --log-requests(-file)
+        if self._tp_ranks is not None:
+            self._tp_ranks.watch(self._on_rank_exit)
+
+    def _start_in_process(self) -> None:
+        """One replica: the scheduler in this process, driven by the callers (engine_loop.py)."""
         # --tp-size: this process is rank 0; the other ranks are processes (tp_ranks.py)
         args, self._tp_ranks = start_tp_ranks(self.server_args, self.model_path)
         try:
@@ -79,23 +100,13 @@ class Engine:
             if self._tp_ranks is not None:
                 self._tp_ranks.kill()
             raise
-        # dp_size > 1: more schedulers, each with its own model copy and pool, stepped in
-        # turn on the calling thread (EngineLoop.turn); requests placed as the server does
-        sa = self.server_args
-        self.replicas = SchedulerReplicas(
-            [self.scheduler, *(Scheduler(replica_args(sa, r), self.model_path, self.tokenizer, r)
-                               for r in range(1, sa.dp_size))], sa)
-        # --kv-events-config: each replica publishes its tree's events, as in the server
-        self._kv_publishers = [p for r, s in enumerate(self.replicas.schedulers)
-                               if (p := attach_publisher(s, r)) is not None]
+        self.limits = self.scheduler.limits
         self.model_config = self.scheduler.model_config
+        attach = attach_publisher(self.scheduler)  # --kv-events-config
+        self._kv_publishers = [attach] if attach is not None else []
         if self.server_args.cpu_threads is not None:
             torch.set_num_threads(self.server_args.cpu_threads)
-        self.loop = EngineLoop(self.replicas)  # driven by the callers (engine_loop.py)
-        self._update_lock = threading.Lock()  # one weight update at a time
-        self.request_log = RequestLog.from_args(sa)  # --log-requests / --log-requests-file
-        if self._tp_ranks is not None:
-            self._tp_ranks.watch(self._on_rank_exit)
+        self.loop = EngineLoop(self.scheduler)
 
     def _on_rank_exit(self, why: str) -> None:
         """A tensor-parallel rank died (watch thread): fail every request, now and later."""
@@ -117,7 +128,7 @@ class Engine:
                             ("logprob_start_len", logprob_start_len)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        validate_request(list(ids), params, self.scheduler.limits, top_logprobs_num,
+        validate_request(list(ids), params, self.limits, top_logprobs_num,
                          token_ids_logprob)
         msg = GenerateReqInput(rid or uuid.uuid4().hex, list(ids), params.to_dict(),
                                return_logprob, logprob_start_len, top_logprobs_num, namespace,
@@ -184,9 +195,9 @@ class Engine:
     def _routed_rank(self, routed: int | None, legacy: int | None) -> int | None:
         rank, name = (routed, "routed_dp_rank") if routed is not None else (
             legacy, "data_parallel_rank")
-        if rank is not None and (type(rank) is not int or not 0 <= rank < len(self.replicas
-                                                                             .schedulers)):
-            raise ValueError(f"{name} must be in [0, {len(self.replicas.schedulers)}) "
+        dp_size = self.server_args.dp_size
+        if rank is not None and (type(rank) is not int or not 0 <= rank < dp_size):
+            raise ValueError(f"{name} must be in [0, {dp_size}) "
                              f"(dp_size), got {rank!r}")
         return rank
 
@@ -244,7 +255,7 @@ class Engine:
                              out, timings)
 
     def abort(self, rid: str) -> None:
-        self.loop.inbox.put(AbortReq(rid))
+        self.loop.abort(rid)
 
     # --- control ------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
@@ -270,10 +281,8 @@ class Engine:
         if refused is not None:
             raise ValueError(refused[1])
         with self._update_lock:
-            self.loop.check_alive()
-            self.loop.inbox.put(UpdateWeightFromDiskReq(body.model_path, abort_all_requests,
-                                                    weight_version, body.torch_empty_cache))
-            outs = [self.loop.next(self.loop.update_replies) for _ in self.replicas.schedulers]
+            outs = self.loop.update_weights(UpdateWeightFromDiskReq(
+                body.model_path, abort_all_requests, weight_version, body.torch_empty_cache))
         out = next((o for o in outs if not o.success), outs[0])
         if out.success:
             self.model_path = body.model_path
@@ -300,23 +309,17 @@ class Engine:
         return not self.loop.stopped and self.loop.error is None
 
     def shutdown(self) -> None:
-        """Abort what is still running and refuse new requests."""
+        """Abort what is still running and refuse new requests (dp_size > 1: and stop the
+        replica processes)."""
         if self.loop.stopped:
             return
-        with self.loop.drive:
-            with self.loop.lock:
-                rids = list(self.loop.streams)
-            for sched in self.replicas.schedulers:
-                for rid in rids:
-                    sched.abort(rid, "the engine shut down")
-                sched.grammar_compiler.shutdown()
-            self.loop.stopped = True
-            for publisher in self._kv_publishers:
-                publisher.shutdown()
-            if self.request_log is not None:
-                self.request_log.close()
-            if self._tp_ranks is not None:
-                self._tp_ranks.stop(self.scheduler.model_runner)
+        self.loop.shutdown()
+        for publisher in self._kv_publishers:
+            publisher.shutdown()
+        if self.request_log is not None:
+            self.request_log.close()
+        if self._tp_ranks is not None:
+            self._tp_ranks.stop(self.scheduler.model_runner)
 
     def __enter__(self) -> Engine:
         return self

@@ -38,7 +38,8 @@ async def full_server_info(tm: TokenizerManager, args: ServerArgs,
                            pids: dict[str, int | None]) -> dict[str, Any]:
     """The server's settings and info summed over its replicas; ``internal_states``
     (SGLang's key) holds each live replica's own, ``dp_replicas`` what the dispatcher
-    counts per replica and why a dead one was taken out."""
+    counts per replica and why a dead one was taken out, ``dp_decisions`` how often
+    cache_aware followed the cache, balanced the load or found no cached prefix."""
     replicas = await tm.replica_infos()
     info = aggregate_infos(replicas)
     info.pop("dp_rank", None)
@@ -53,6 +54,7 @@ async def full_server_info(tm: TokenizerManager, args: ServerArgs,
         "internal_states": replicas,
         "dp_replicas": [{**load, "dead": dead.get(load["dp_rank"])}
                         for load in tm.dp.balancer.loads()],
+        "dp_decisions": dict(tm.dp.balancer.decisions),  # cache_aware: cache / balance / miss
     }
 
 

@@ -1,16 +1,14 @@
 """The replicas of ``--dp-size`` (SGLang's name for the module): the server's
 ``DataParallelController`` (one PUSH socket per scheduler process, the balancer, and the
-dead replicas with why they died), the Engine's in-process ``SchedulerReplicas``, each
-replica's settings (``replica_args``) and load report (``replica_load``), and their infos
+dead replicas with why they died; ``Engine(dp_size > 1)`` uses it too), each replica's
+settings (``replica_args``) and load report (``replica_load``), and their infos
 summed (``aggregate_infos``). Which replica serves a request: ``load_balancer.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -105,64 +103,15 @@ def replica_args(args: ServerArgs, dp_rank: int) -> ServerArgs:
     return dataclasses.replace(args, device=f"cuda:{first}")
 
 
-class SchedulerReplicas:
-    """The Engine's schedulers (one per replica) driven in the caller's thread: each turn
-    routes the new messages (requests by the balancer, an abort to the replica serving its
-    rid, control messages to all) and runs one step of every replica in rank order.
-    ``send(dp_rank, obj)`` gets what each produced."""
-
-    def __init__(self, schedulers: list[Any], args: ServerArgs) -> None:
-        self.schedulers = schedulers
-        self.balancer = balancer_for(args, len(schedulers))
-        if self.balancer.index is not None:
-            for rank, sched in enumerate(schedulers):
-                sched.kv_event_sinks.append(functools.partial(self.balancer.on_kv_events, rank))
-
-    def route(self, msgs: list[Any]) -> list[list[Any]]:
-        per: list[list[Any]] = [[] for _ in self.schedulers]
-        everyone = range(len(self.schedulers))
-        for msg in msgs:
-            if isinstance(msg, GenerateReqInput):
-                rank = self.balancer.select(msg)
-                self.balancer.sent(rank, msg)
-                ranks: Sequence[int] = [rank]
-            elif isinstance(msg, AbortReq) and not msg.abort_all:
-                owner = self.balancer.owner(msg.rid)
-                ranks = everyone if owner is None else [owner]
-            else:
-                ranks = everyone
-            for r in ranks:
-                per[r].append(msg)
-        return per
-
-    def run_once(self, msgs: list[Any], send: Callable[[int, Any], None]) -> None:
-        for rank, (sched, batch) in enumerate(zip(self.schedulers, self.route(msgs))):
-            sched.run_once(batch, functools.partial(self._emit, rank, send))
-            self.balancer.on_load(replica_load(sched, rank, self.balancer.replicas[rank].n_sent))
-
-    def _emit(self, rank: int, send: Callable[[int, Any], None], obj: Any) -> None:
-        if isinstance(obj, list):
-            for out in obj:
-                if out.finished:
-                    self.balancer.finished(out.rid)
-        send(rank, obj)
-
-    def handle_all(self, msg: Any) -> list[Any]:
-        """A control message applied by every replica between two steps; their replies."""
-        return [sched.handle(msg) for sched in self.schedulers]
-
-    def is_idle(self) -> bool:
-        return all(sched.is_idle() for sched in self.schedulers)
-
-
 def replica_load(scheduler: Any, dp_rank: int, received: int) -> ReplicaLoad:
     """A ``Scheduler``'s load between two steps, with every request it has read so far
-    (``received``) in it: running + waiting + held requests, KV tokens in use + tokens of
-    the waiting and held ones."""
+    (``received``) in it: running + waiting + held requests, KV tokens in use + tokens the
+    waiting ones still have to compute (beyond their cached prefix: a prompt whose prefix
+    the replica holds adds little work) + tokens of the held ones."""
     waiting = [*scheduler.waiting, *scheduler.grammar_waiting]
     reqs = (len(scheduler.running) + (scheduler.chunked_req is not None) + len(waiting)
             + len(scheduler.held))
-    tokens = (scheduler.cache.used_size() + sum(r.seq_len for r in waiting)
+    tokens = (scheduler.cache.used_size() + scheduler.waiting_uncached_tokens()
               + sum(len(m.input_ids) for m in scheduler.held))
     return ReplicaLoad(dp_rank, received, reqs, tokens)
 

@@ -1,13 +1,17 @@
 """Which of ``--dp-size`` replicas serves each request: ``LoadBalancer``, the policy and
-its bookkeeping, with no I/O. The tokenizer manager (server, through
-``DataParallelController``) and the Engine (``SchedulerReplicas``) ask it ``select`` and
-tell it what was ``sent``, what ``finished``, each replica's ``ReplicaLoad`` and KV events,
-and which replica died (``retire``).
+its bookkeeping, with no I/O. ``DataParallelController`` (the server's tokenizer manager,
+``Engine(dp_size > 1)``) asks it ``select`` and tells it what was ``sent``, what
+``finished``, each replica's ``ReplicaLoad`` and KV events, and which replica died
+(``retire``).
 
-Load of a replica = what it last reported (KV tokens in use + tokens of waiting requests,
-SGLang's ``/get_load`` ``num_tokens``) + the prompt tokens of requests sent to it that the
-report did not count yet (``ReplicaLoad.received`` says how many it had read), so a burst
-is balanced before the replica answers.
+Load of a replica = what it last reported (KV tokens in use + tokens its waiting requests
+still have to compute) + the prompt tokens of requests sent to it that the report did not
+count yet (``ReplicaLoad.received`` says how many it had read), so a burst is balanced
+before the replica answers. Both count only what is not cached there: a prompt whose
+prefix the replica holds (or is computing) costs it its uncached rest, so a burst of one
+tenant on the replica that caches it does not look like a hot spot (counted in whole
+prompts, a burst of 5 prompts of 450 tokens crossed the default 2,048-token threshold and
+sent tenants' prompts to be recomputed elsewhere).
 
 Methods (``--load-balance-method``):
 
@@ -104,6 +108,10 @@ class LoadBalancer:
         self._turn = itertools.count()
         self._owner: dict[str, int] = {}  # rid -> rank, while in flight
         self._keys: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # (rid, cached tokens per replica) of the last cache_aware choice, for ``sent``
+        self._last_match: tuple[str, list[int]] | None = None
+        # cache_aware's choices: by cache, to the least loaded over imbalance, or on a miss
+        self.decisions: collections.Counter[str] = collections.Counter()
 
     # --- choosing --------------------------------------------------------------------------
     def live(self) -> list[int]:
@@ -155,11 +163,16 @@ class LoadBalancer:
 
     def _cache_aware(self, msg: GenerateReqInput, live: list[int]) -> int:
         cached = self.cached_tokens(msg.input_ids, msg.namespace)
+        self._last_match = (msg.rid, cached)
         least = self._least(live, self.load)
         best = max(live, key=lambda r: (cached[r], -self.load(r), r == least))
-        if cached[best] <= self.cache_threshold * len(msg.input_ids) or self.overloaded(
-                best, least):
+        if cached[best] <= self.cache_threshold * len(msg.input_ids):
+            self.decisions["miss"] += 1
             return least
+        if self.overloaded(best, least):
+            self.decisions["balance"] += 1
+            return least
+        self.decisions["cache"] += 1
         return best
 
     def overloaded(self, rank: int, least: int) -> bool:
@@ -183,9 +196,15 @@ class LoadBalancer:
 
     # --- bookkeeping -------------------------------------------------------------------------
     def sent(self, rank: int, msg: GenerateReqInput) -> None:
+        """``msg`` went to ``rank``: its uncached tokens there count as load until the
+        replica reports it."""
+        cached = 0
+        if self._last_match is not None and self._last_match[0] == msg.rid:
+            cached = min(self._last_match[1][rank], len(msg.input_ids))
+        self._last_match = None
         rep = self.replicas[rank]
         rep.n_sent += 1
-        rep.unreported.append((rep.n_sent, len(msg.input_ids)))
+        rep.unreported.append((rep.n_sent, len(msg.input_ids) - cached))
         rep.inflight[msg.rid] = msg
         self._owner[msg.rid] = rank
 

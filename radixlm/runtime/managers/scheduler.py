@@ -348,6 +348,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         busy = not self.is_idle()
         outs = self.step()
         outs = self.outputs.take_pending() + outs
+        # what the step cached reaches a dispatcher before the outputs that end requests:
+        # once it hears a request finished, it knows where its prompt is
+        self.emit_kv_events()
         if outs:
             send(outs)
         if self.weight_update is not None and self.is_idle():

@@ -131,9 +131,11 @@ REPLIES = (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
 
 def run_scheduler_process(
     args_json: str, model_path: str, in_addr: str, out_addr: str, parent_pid: int,
-    heartbeat: Any, dp_rank: int = 0,
+    heartbeat: Any, dp_rank: int = 0, warm_up_grammar: bool = True,
 ) -> None:
-    """Entry point of the scheduler process (started with the ``spawn`` method)."""
+    """Entry point of the scheduler process (started with the ``spawn`` method). A server's
+    starts its grammar compile worker at once (``warm_up_grammar``); an Engine's replica,
+    like the in-process Engine, on its first grammar."""
     args = replica_args(ServerArgs(**json.loads(args_json)), dp_rank)
     name = "scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}"
     should_stop = setup_child(name, parent_pid, args.log_level)
@@ -147,7 +149,8 @@ def run_scheduler_process(
     args, tp_ranks = start_tp_ranks(args, model_path)  # --tp-size: this process is rank 0
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     scheduler = Scheduler(args, model_path, tokenizer, dp_rank, threads)
-    scheduler.grammar_compiler.warm_up()  # a server's first grammar should not wait for it
+    if warm_up_grammar:  # a server's first grammar should not wait for it
+        scheduler.grammar_compiler.warm_up()
     if tp_ranks is not None:
         tp_ranks.watch()  # a rank that exits ends this process, and so the server
     publisher = attach_publisher(scheduler, dp_rank)  # --kv-events-config
@@ -162,6 +165,7 @@ def run_scheduler_process(
         "device": str(scheduler.model_runner.device),
         "vocab_size": cfg.vocab_size,
         "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(),
     }
     heartbeat.value = time.monotonic()
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info, dp_rank)))
@@ -172,6 +176,7 @@ def run_scheduler_process(
         scheduler.run_loop(io.recv, io.send, should_stop)
         logger.info("scheduler process stopping")
     finally:
+        scheduler.grammar_compiler.shutdown()  # a worker still starting would delay the exit
         pull.close(linger=0)
         push.close(linger=100)
         ctx.term()

@@ -90,7 +90,7 @@ class SchedulerReports:
                                 for k, (p, c) in self.namespace_stats.items()},
             "weight_version": self.weight_version,
             # what /v1/loads reports beyond the above (SGLang's LoadSnapshot)
-            "num_waiting_uncached_tokens": self._waiting_uncached_tokens(),
+            "num_waiting_uncached_tokens": self.waiting_uncached_tokens(),
             "num_retracted_reqs": sum(r.num_retractions > 0 for r in self.waiting),
             "decode_moments": list(self.decode_moments),
             "weight_bytes": self.model_runner.weight_bytes,
@@ -103,7 +103,7 @@ class SchedulerReports:
             **{k: int(v) for k, v in self.stats.items()},
         }
 
-    def _waiting_uncached_tokens(self) -> int:
+    def waiting_uncached_tokens(self) -> int:
         """Tokens the waiting requests still have to compute: each one's beyond its cached
         prefix as last matched (the whole prompt before its first match), and the chunked
         request's rest."""

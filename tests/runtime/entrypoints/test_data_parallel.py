@@ -340,8 +340,9 @@ def test_cache_aware_rules() -> None:
                       cache_threshold=0.3)
     index.cached = [0, 80, 20]  # distinct prompts below: nothing in flight matches them
     assert _send(lb, _req("a", start=1000)) == 1  # the longest cached prefix
-    assert lb.load(1) == 100  # sent, not reported yet
-    assert _send(lb, _req("b", start=2000)) == 1  # 100 tokens more than the others: < 150
+    assert lb.load(1) == 20  # sent, not reported yet: its 100 - 80 uncached tokens
+    assert lb.decisions == {"cache": 1}
+    assert _send(lb, _req("b", start=2000)) == 1  # 20 tokens more than the others: < 150
     _report(lb, 1, 400)
     assert lb.load(1) == 400 and lb.overloaded(1, 0)
     assert _send(lb, _req("c", start=3000)) in (0, 2)  # past both thresholds: least loaded
@@ -356,6 +357,8 @@ def test_cache_aware_rules() -> None:
     _report(lb, 2, 350)
     index.cached = [0, 25, 0]  # 25 of 100 tokens: under cache_threshold, so by load alone
     assert _send(lb, _req("f", start=6000)) == 2
+    assert lb.load(2) == 450  # nothing cached where it went: the whole prompt counts
+    assert lb.decisions == {"cache": 3, "balance": 2, "miss": 1}
 
 
 def test_in_flight_prompts_count_as_cached() -> None:
