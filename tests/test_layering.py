@@ -25,7 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "shared": {"tiny_model"},
     "constrained": {"shared"},
     "disaggregation": {"shared"},  # KV transfer between prefill and decode servers
-    "distributed": {"shared"},  # process groups and parallel layers: torch.distributed only
+    # process groups and parallel layers: torch.distributed, and the kernels a layer's
+    # matmul calls (the int8 weight-only matmul)
+    "distributed": {"shared", "kernels"},
     "executor": {"shared", "constrained", "distributed", "radix_cache", "kernels"},
     "managers": {"shared", "constrained", "disaggregation", "distributed", "executor",
                  "radix_cache"},
