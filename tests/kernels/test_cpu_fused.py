@@ -1,7 +1,8 @@
 """The fused CPU layer kernels (``kernels/cpu_fused``, compiled C++) against float64
 formulas: RMSNorm with and without the residual add, neox rotary on strided q/k views, and
 SiLU-and-mul, in float32 and bfloat16, over widths on and off the 16-lane vector path and
-empty batches; plus the dispatch (backend None on CPU takes them, "torch" does not)."""
+empty batches; plus the dispatch (backend None on CPU takes them, "torch" does not;
+float32 RMSNorm keeps the reference, see ``kernels.rms_norm``)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _norm_f64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def test_rms_norm(dtype, hidden, rows) -> None:
     x = _randn(rows, hidden, dtype=dtype, seed=0)
     w = _randn(hidden, dtype=dtype, seed=1)
-    _close(kernels.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), dtype)
+    _close(cpu_fused.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -51,7 +52,7 @@ def test_fused_add_rms_norm(dtype, hidden, rows) -> None:
     x, r = _randn(rows, hidden, dtype=dtype, seed=2), _randn(rows, hidden, dtype=dtype, seed=3)
     w = _randn(hidden, dtype=dtype, seed=4)
     x0, r0 = x.clone(), r.clone()
-    out, s = kernels.rms_norm(x, w, 1e-6, r)
+    out, s = cpu_fused.rms_norm(x, w, 1e-6, r)
     # the sum is rounded to the dtype first (as torch's x + residual), then normalised
     assert torch.equal(s, x0 + r0)
     _close(out, _norm_f64(s, w, 1e-6), dtype)
@@ -62,7 +63,7 @@ def test_rms_norm_float32_weight_and_strided_rows() -> None:
     # a bfloat16 activation with a float32 weight; rows of a wider buffer
     buf = _randn(9, 200, dtype=torch.bfloat16, seed=5)
     x, w = buf[:, :96], _randn(96, dtype=torch.float32, seed=6)
-    _close(kernels.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), torch.bfloat16)
+    _close(cpu_fused.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), torch.bfloat16)
 
 
 def test_rms_norm_float32_matches_the_reference_to_an_ulp() -> None:
@@ -70,7 +71,7 @@ def test_rms_norm_float32_matches_the_reference_to_an_ulp() -> None:
     x, r = _randn(64, 768, dtype=torch.float32, seed=7), _randn(64, 768, dtype=torch.float32,
                                                                      seed=8)
     w = _randn(768, dtype=torch.float32, seed=9)
-    out, s = kernels.rms_norm(x, w, 1e-5, r)
+    out, s = cpu_fused.rms_norm(x, w, 1e-5, r)
     ref, ref_s = reference.rms_norm(x, w, 1e-5, r)
     assert torch.equal(s, ref_s)
     torch.testing.assert_close(out, ref, rtol=4e-7, atol=1e-6)
@@ -125,13 +126,15 @@ def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
     for name in ("rms_norm", "apply_rotary", "silu_and_mul"):
         monkeypatch.setattr(cpu_fused, name, lambda *a, _n=name, **k: calls.append(_n))
     x, w = torch.randn(3, 32), torch.ones(32)
+    xb, wb = x.bfloat16(), w.bfloat16()
     q, k, cs = torch.randn(3, 2, 32), torch.randn(3, 1, 32), torch.randn(8, 32)
     pos = torch.tensor([0, 1, 2])
-    kernels.rms_norm(x, w, 1e-5, backend="torch")
+    kernels.rms_norm(xb, wb, 1e-5, backend="torch")
     kernels.apply_rotary(q, k, cs, pos, backend="torch")
     kernels.silu_and_mul(x, backend="torch")
     assert calls == []
-    kernels.rms_norm(x, w, 1e-5)
+    kernels.rms_norm(x, w, 1e-5)  # float32 RMSNorm: the reference (see kernels.rms_norm)
+    kernels.rms_norm(xb, wb, 1e-5)
     kernels.apply_rotary(q, k, cs, pos)
     kernels.silu_and_mul(x)
     kernels.silu_and_mul(x.half())  # float16: not a kernel dtype, the reference
