@@ -1,9 +1,13 @@
 """Attention and layer kernels over the paged KV pool, dispatched by device.
 
-``backend=None`` picks Triton for CUDA tensors and the torch reference otherwise;
-``"torch"`` / ``"triton"`` force one (Triton on CPU tensors needs ``TRITON_INTERPRET=1``
-set before the first Triton call). Both backends check the layout with the same helpers
-(``reference.check_*_layout``) and raise the same ``ValueError`` for a bad batch.
+``backend=None`` picks Triton for CUDA tensors and the torch reference otherwise, except
+that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) take the fused C++
+kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built (RMSNorm:
+bfloat16 only);
+``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
+on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
+attention backends check the layout with the same helpers (``reference.check_*_layout``)
+and raise the same ``ValueError`` for a bad batch.
 
 The Triton modules are imported on first use: importing them defines the kernels, which
 is when Triton reads ``TRITON_INTERPRET``, and a CPU-only engine never pays for it.
@@ -17,11 +21,12 @@ import types
 
 import torch
 
-from radixlm.kernels import reference
+from radixlm.kernels import cpu_fused, reference
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
-__all__ = ["decode_attention", "extend_attention", "store_kv", "rms_norm", "apply_rotary"]
+__all__ = ["decode_attention", "extend_attention", "store_kv", "rms_norm", "apply_rotary",
+           "silu_and_mul"]
 
 
 def _use_triton(backend: str | None, t: torch.Tensor) -> bool:
@@ -30,6 +35,11 @@ def _use_triton(backend: str | None, t: torch.Tensor) -> bool:
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend must be None, 'torch' or 'triton', got {backend!r}")
     return backend == "triton"
+
+
+def _use_fused(backend: str | None, *tensors: torch.Tensor) -> bool:
+    """backend None on CPU tensors the fused C++ kernels take (after ``_use_triton``)."""
+    return backend is None and cpu_fused.supports(*tensors)
 
 
 def _triton(module: str) -> types.ModuleType:
@@ -115,6 +125,11 @@ def rms_norm(
     """RMSNorm; with ``residual`` returns ``(norm(x + residual) * weight, x + residual)``."""
     if _use_triton(backend, x):
         return _triton("norm_rope").rms_norm_triton(x, weight, eps, residual)
+    # float32 keeps the reference: its sum of squares adds in torch's order, and the engine's
+    # float32 logits must stay within 1e-4 of transformers' (the fused sum's ulps, over 12+
+    # layers, reached 1.4e-4 on the llama3-scaled tiny model)
+    if x.dim() == 2 and x.dtype != torch.float32 and _use_fused(backend, x):
+        return cpu_fused.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -128,7 +143,22 @@ def apply_rotary(
     """Neox-style (rotate-half) rotary embedding of q and k; returns new tensors."""
     if _use_triton(backend, q):
         return _triton("norm_rope").apply_rotary_triton(q, k, cos_sin_cache, positions)
+    if q.dtype == k.dtype and _use_fused(backend, q, k):
+        return cpu_fused.apply_rotary(q, k, cos_sin_cache, positions)
     return reference.apply_rotary(q, k, cos_sin_cache, positions)
+
+
+def silu_and_mul(
+    x: torch.Tensor,  # [N, 2I]: cat(gate, up)
+    backend: str | None = None,
+) -> torch.Tensor:  # [N, I]
+    """The gated MLP's activation ``silu(gate) * up``. Triton has no kernel for it: on CUDA
+    (and with ``"triton"``) it is the torch expression, which fuses nothing there either."""
+    if backend not in (None, "torch", "triton"):
+        raise ValueError(f"backend must be None, 'torch' or 'triton', got {backend!r}")
+    if x.dim() == 2 and _use_fused(backend, x):
+        return cpu_fused.silu_and_mul(x)
+    return reference.silu_and_mul(x)
 
 
 class _KernelsPackage(types.ModuleType):

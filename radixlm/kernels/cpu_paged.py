@@ -36,6 +36,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+# every C++ file of csrc/ goes into the one library (fused_layers.cpp: see cpu_fused.py)
+SOURCES = sorted(SOURCE.parent.glob("*.cpp"))
 # K/V pool dtypes the kernel reads (converted to float32 as loaded; q and o are float32)
 KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2)
 # Reassociation lets the compiler vectorise the reductions. Not -ffast-math: linking with
@@ -64,7 +66,7 @@ def _compile(out: Path) -> None:
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE),
+           *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES),
            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

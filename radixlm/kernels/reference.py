@@ -211,6 +211,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [N, 2I] -> [N, I]
+    """The gated MLP's activation: ``silu(gate) * up`` for ``x = cat(gate, up)``."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 # --------------------------------------------------------------------------- KV store
 
 

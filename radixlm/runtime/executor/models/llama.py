@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixlm import kernels
@@ -128,9 +127,8 @@ class LlamaMLP(nn.Module):
                                                  bias)
         self.down_proj = RowParallelLinear(inter, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x), backend=backend))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -150,7 +148,7 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual, backend=backend)
         x = self.self_attn(x, fb, cos_sin)
         x, residual = self.post_attention_layernorm(x, residual, backend=backend)
-        return self.mlp(x), residual
+        return self.mlp(x, backend), residual
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,143 @@
+"""The fused CPU layer kernels (``kernels/cpu_fused``, compiled C++) against float64
+formulas: RMSNorm with and without the residual add, neox rotary on strided q/k views, and
+SiLU-and-mul, in float32 and bfloat16, over widths on and off the 16-lane vector path and
+empty batches; plus the dispatch (backend None on CPU takes them, "torch" does not;
+float32 RMSNorm keeps the reference, see ``kernels.rms_norm``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm import kernels
+from radixlm.kernels import cpu_fused, reference
+
+pytestmark = pytest.mark.skipif(not cpu_fused.supports(torch.zeros(1)),
+                                reason="CPU kernels not built")
+DTYPES = [torch.float32, torch.bfloat16]
+# relative error to float64: float32 rounding, or one bfloat16 rounding of the result
+TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3}
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+def _close(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert x.dtype == dtype and x.shape == ref.shape
+    if ref.numel() == 0:
+        return
+    err = ((x.double() - ref).norm() / ref.norm()).item()
+    assert err < TOL[dtype], err
+
+
+def _norm_f64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [768, 100, 5])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_rms_norm(dtype, hidden, rows) -> None:
+    x = _randn(rows, hidden, dtype=dtype, seed=0)
+    w = _randn(hidden, dtype=dtype, seed=1)
+    _close(cpu_fused.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [768, 100, 5])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_fused_add_rms_norm(dtype, hidden, rows) -> None:
+    x, r = _randn(rows, hidden, dtype=dtype, seed=2), _randn(rows, hidden, dtype=dtype, seed=3)
+    w = _randn(hidden, dtype=dtype, seed=4)
+    x0, r0 = x.clone(), r.clone()
+    out, s = cpu_fused.rms_norm(x, w, 1e-6, r)
+    # the sum is rounded to the dtype first (as torch's x + residual), then normalised
+    assert torch.equal(s, x0 + r0)
+    _close(out, _norm_f64(s, w, 1e-6), dtype)
+    assert torch.equal(x, x0) and torch.equal(r, r0), "inputs written"
+
+
+def test_rms_norm_float32_weight_and_strided_rows() -> None:
+    # a bfloat16 activation with a float32 weight; rows of a wider buffer
+    buf = _randn(9, 200, dtype=torch.bfloat16, seed=5)
+    x, w = buf[:, :96], _randn(96, dtype=torch.float32, seed=6)
+    _close(cpu_fused.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), torch.bfloat16)
+
+
+def test_rms_norm_float32_matches_the_reference_to_an_ulp() -> None:
+    # same formula and order as the torch reference; only the sum of squares is reordered
+    x, r = _randn(64, 768, dtype=torch.float32, seed=7), _randn(64, 768, dtype=torch.float32,
+                                                                     seed=8)
+    w = _randn(768, dtype=torch.float32, seed=9)
+    out, s = cpu_fused.rms_norm(x, w, 1e-5, r)
+    ref, ref_s = reference.rms_norm(x, w, 1e-5, r)
+    assert torch.equal(s, ref_s)
+    torch.testing.assert_close(out, ref, rtol=4e-7, atol=1e-6)
+
+
+def _rotary_f64(x, cs, pos):
+    cos, sin = cs.double()[pos].chunk(2, dim=-1)
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 40])
+@pytest.mark.parametrize("rows", [0, 1, 33])
+def test_rotary_on_strided_views_of_qkv(dtype, d, rows) -> None:
+    hq, hkv = 12, 2
+    qkv = _randn(rows, (hq + 2 * hkv) * d, dtype=dtype, seed=10)
+    q = qkv[:, : hq * d].reshape(rows, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].reshape(rows, hkv, d)
+    before = qkv.clone()
+    cs = torch.cat([torch.randn(500, d // 2).cos(), torch.randn(500, d // 2).sin()], dim=-1)
+    pos = torch.randint(0, 500, (rows,), generator=torch.Generator().manual_seed(11))
+    qo, ko = kernels.apply_rotary(q, k, cs, pos)
+    _close(qo, _rotary_f64(q, cs, pos), dtype)
+    _close(ko, _rotary_f64(k, cs, pos), dtype)
+    assert qo.is_contiguous() and ko.is_contiguous()
+    assert torch.equal(qkv, before), "inputs written"
+    if dtype == torch.float32:  # no FMA contraction: bit-exact against the reference
+        rq, rk = reference.apply_rotary(q, k, cs, pos)
+        assert torch.equal(qo, rq) and torch.equal(ko, rk)
+
+
+def test_rotary_rejects_positions_outside_the_table() -> None:
+    q, k = torch.randn(2, 4, 64), torch.randn(2, 2, 64)
+    with pytest.raises(RuntimeError, match="outside the rotary table"):
+        kernels.apply_rotary(q, k, torch.randn(10, 64), torch.tensor([3, 10]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter", [2048, 100, 7])
+@pytest.mark.parametrize("rows", [0, 1, 29])
+def test_silu_and_mul(dtype, inter, rows) -> None:
+    # gates over [-120, 120] reach both ends of exp's clamped range
+    x = _randn(rows, 2 * inter, dtype=dtype, seed=12, scale=30.0)
+    g, u = x.double().chunk(2, dim=-1)
+    _close(kernels.silu_and_mul(x), g / (1 + torch.exp(-g)) * u, dtype)
+
+
+def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
+    calls = []
+    for name in ("rms_norm", "apply_rotary", "silu_and_mul"):
+        monkeypatch.setattr(cpu_fused, name, lambda *a, _n=name, **k: calls.append(_n))
+    x, w = torch.randn(3, 32), torch.ones(32)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    q, k, cs = torch.randn(3, 2, 32), torch.randn(3, 1, 32), torch.randn(8, 32)
+    pos = torch.tensor([0, 1, 2])
+    kernels.rms_norm(xb, wb, 1e-5, backend="torch")
+    kernels.apply_rotary(q, k, cs, pos, backend="torch")
+    kernels.silu_and_mul(x, backend="torch")
+    assert calls == []
+    kernels.rms_norm(x, w, 1e-5)  # float32 RMSNorm: the reference (see kernels.rms_norm)
+    kernels.rms_norm(xb, wb, 1e-5)
+    kernels.apply_rotary(q, k, cs, pos)
+    kernels.silu_and_mul(x)
+    kernels.silu_and_mul(x.half())  # float16: not a kernel dtype, the reference
+    assert calls == ["rms_norm", "apply_rotary", "silu_and_mul"]
+    with pytest.raises(ValueError, match="backend"):
+        kernels.silu_and_mul(x, backend="cuda")
