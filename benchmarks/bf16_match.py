@@ -11,7 +11,10 @@ with random weights, whose top logits are close, sequences diverge after a while
 one token differs, the rest continue from different text. Reports, per prompt, the tokens
 that match up to the first difference, and over all positions the fraction equal. Also
 radixlm's first difference against transformers in float32, bf16's distance from the
-float32 model on each side. ``--dtype float32``: both in float32 (should match fully).
+float32 model on each side; and, teacher-forced on transformers' sequences (the same
+context for both), how often radixlm's greedy token equals transformers', against how
+often float32 transformers' does. ``--dtype float32``: both in float32 (should match
+fully).
 """
 
 from __future__ import annotations
@@ -50,6 +53,31 @@ def engine_generate(path: str, dtype: str, ids: list[list[int]], out_len: int,
     finally:
         eng.shutdown()
     return [o["output_ids"] for o in outs]
+
+
+def engine_top1(path: str, dtype: str, seqs: list[list[int]], start: int, threads: int
+                ) -> list[list[int]]:
+    """radixlm's greedy choice at each position from ``start`` on, given the tokens before
+    it (teacher-forced: one prefill of each whole sequence, its prompt top-1 logprobs)."""
+    eng = radixlm.Engine(model_path=path, dtype=dtype, random_seed=0, cpu_threads=threads)
+    try:
+        outs = eng.generate(input_ids=seqs, sampling_params={"max_new_tokens": 1},
+                            return_logprob=True, logprob_start_len=start, top_logprobs_num=1)
+    finally:
+        eng.shutdown()
+    return [[top[0][1] for top in o["meta_info"]["input_top_logprobs"]] for o in outs]
+
+
+def hf_top1(path: str, dtype: torch.dtype, seqs: list[list[int]], start: int
+            ) -> list[list[int]]:
+    """transformers' greedy choice at each position from ``start`` on (teacher-forced)."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    with torch.no_grad():
+        return model(torch.tensor(seqs)).logits[:, start - 1: -1].argmax(-1).tolist()
+
+
+def same_fraction(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(x == y for r, s in zip(a, b) for x, y in zip(r, s)) / sum(map(len, b))
 
 
 def prefix_match(a: list[int], b: list[int]) -> int:
@@ -97,6 +125,14 @@ def main() -> None:
         print(f"(transformers {a.dtype} against transformers float32: "
               f"{sum(firsts) / sum(map(len, ref32)):.1%} of tokens before the first "
               "difference)")
+    # the same context for both: each position's greedy choice after transformers' tokens
+    seqs = [p + o for p, o in zip(ids, ref)]
+    ours_tf = engine_top1(path, a.dtype, seqs, a.prompt_len, a.threads)
+    f32 = hf_top1(path, torch.float32, seqs, a.prompt_len) if a.dtype != "float32" else None
+    print(f"Teacher-forced on transformers' {a.dtype} sequences, the greedy token at each "
+          f"position: radixlm {a.dtype} picks transformers' in {same_fraction(ours_tf, ref):.1%}"
+          " of positions" + (f"; transformers float32 in {same_fraction(f32, ref):.1%}"
+                             if f32 is not None else ""))
 
 
 if __name__ == "__main__":
