@@ -4,7 +4,10 @@ a CPU in float32, ``distributed/layers.py``: ``Prepackable``), for the small pre
 shapes at decode (32 rows) and prefill (512, 2048 rows) sizes.
 
     .venv/bin/python benchmarks/cpu_linear.py [--threads 2] [--rows 32 512 2048]
+        [--dtype bfloat16]
 
+With ``--dtype bfloat16`` both run in bf16 (oneDNN's AMX / AVX512-BF16 kernels where the
+CPU has them) and a third column times the float32 prepacked matmul, the float32 engine's.
 Each cell: median ms of ``--runs`` calls, the two alternating; the last column checks
 both against a float64 product (max abs error).
 """
@@ -35,34 +38,43 @@ def _median_ms(fns: dict, runs: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
+def _packed(x: torch.Tensor, w: torch.Tensor):
+    """``x @ w.T`` through oneDNN over ``w`` prepacked once (``Prepackable.matmul``)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 512, 2048])
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
+    bf16 = dtype == torch.bfloat16
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {a.threads} threads, float32; median ms of {a.runs}")
-    print("| layer | rows | F.linear (ms) | prepacked oneDNN (ms) | speed-up | max abs error "
-          "(F.linear / oneDNN) |")
-    print("|---|---|---|---|---|---|")
+    print(f"torch {torch.__version__}, {a.threads} threads, {a.dtype}; median ms of {a.runs}")
+    extra = " float32 prepacked (ms) |" if bf16 else ""
+    print(f"| layer | rows | F.linear (ms) | prepacked oneDNN (ms) | speed-up |{extra} max abs "
+          "error (F.linear / oneDNN) |")
+    print("|---|---|---|---|---|---|" + ("---|" if bf16 else ""))
     with torch.inference_mode():
         for rows in a.rows:
             for name, n_out, n_in in SHAPES:
-                w = torch.randn(n_out, n_in, generator=g) * 0.02
-                x = torch.randn(rows, n_in, generator=g)
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-                fns = {
-                    "dense": lambda x=x, w=w: F.linear(x, w),
-                    "packed": lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(
-                        x, p, None, "none", [], ""),
-                }
+                w = (torch.randn(n_out, n_in, generator=g) * 0.02).to(dtype)
+                x = torch.randn(rows, n_in, generator=g).to(dtype)
+                fns = {"dense": lambda x=x, w=w: F.linear(x, w),
+                       "packed": _packed(x, w)}
+                if bf16:
+                    fns["fp32"] = _packed(x.float(), w.float())
                 t = _median_ms(fns, a.runs)
                 ref = F.linear(x.double(), w.double())
-                err = [(fn().double() - ref).abs().max().item() for fn in fns.values()]
+                err = [(fns[k]().double() - ref).abs().max().item() for k in ("dense", "packed")]
+                fp32 = f" {t['fp32']:.2f} |" if bf16 else ""
                 print(f"| {name} | {rows} | {t['dense']:.2f} | {t['packed']:.2f} | "
-                      f"{t['dense'] / t['packed']:.2f} | {err[0]:.1e} / {err[1]:.1e} |",
+                      f"{t['dense'] / t['packed']:.2f} |{fp32} {err[0]:.1e} / {err[1]:.1e} |",
                       flush=True)
 
 

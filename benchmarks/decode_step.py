@@ -2,7 +2,7 @@
 
     python benchmarks/decode_step.py --preset small [--batch 32] [--context 512]
         [--kv-cache-dtype bfloat16] [--disable-cpu-weight-prepack] [--paths paged]
-        [--no-huge-pages]
+        [--no-huge-pages] [--dtype bfloat16]
 
 A batch of ``--batch`` sequences, each with ``--context`` tokens already in the KV pool
 (random K/V, pages shuffled as a long-running pool's are), decodes one token; the step is
@@ -46,10 +46,10 @@ def _timed_decode_attention(fn):
 
 
 def _setup(model_path: str, batch: int, context: int, threads: int, kv_dtype: str,
-           no_prepack: bool):
+           no_prepack: bool, dtype: str = "auto"):
     torch.set_num_threads(threads)
     pool = batch * (context + 1) + 64
-    args = ServerArgs(model_path=model_path, max_total_tokens=pool, device="cpu",
+    args = ServerArgs(model_path=model_path, max_total_tokens=pool, device="cpu", dtype=dtype,
                       kv_cache_dtype=kv_dtype, disable_cpu_weight_prepack=no_prepack)
     runner = mr.ModelRunner(args, model_path)
     g = torch.Generator().manual_seed(0)
@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype")
+    ap.add_argument("--dtype", default="auto", help="the model's dtype (--dtype)")
     ap.add_argument("--disable-cpu-weight-prepack", action="store_true")
     ap.add_argument("--no-huge-pages", action="store_true",
                     help="the KV pool in ordinary pages (without kv_pool's huge-page advice)")
@@ -84,7 +85,7 @@ def main() -> None:
     if a.no_huge_pages:
         kv_pool._advise_huge_pages = lambda t: False
     runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads,
-                                      a.kv_cache_dtype, a.disable_cpu_weight_prepack)
+                                      a.kv_cache_dtype, a.disable_cpu_weight_prepack, a.dtype)
     kernels.decode_attention = _timed_decode_attention(kernels.decode_attention)
     wanted = set(a.paths.split(","))
     if not wanted or wanted - {"paged", "gather"}:
@@ -105,9 +106,9 @@ def main() -> None:
             if r:  # round 0 warms up
                 steps[name].append(time.perf_counter() - t0)
                 attn[name].append(_ATTN[0])
-    print(f"model {model_path}; batch {a.batch}, context {a.context}, {a.threads} threads; "
-          f"{runner.kv_cache_dtype} K/V; {runner.prepacked_layers} prepacked linear layers; "
-          f"medians of {a.rounds} alternating steps")
+    print(f"model {model_path} in {runner.dtype}; batch {a.batch}, context {a.context}, "
+          f"{a.threads} threads; {runner.kv_cache_dtype} K/V; {runner.prepacked_layers} "
+          f"prepacked linear layers; medians of {a.rounds} alternating steps")
     print("| attention path | decode step (ms) | decode attention (ms) | attention share |")
     print("|---|---|---|---|")
     for name in paths:

@@ -73,6 +73,11 @@ class _Segments:
 # 2.6-3.7x faster at 8 new tokens, 1.13-1.48x at 128, 1.03-1.18x at 256, even at 512,
 # 0.96x at 1024; from an empty prefix 1.12-1.35x at 256, 0.55x at 2048).
 KERNEL_MAX_EXTEND_ROWS = 256
+# The same for a bfloat16 model: the padded passes then run torch's fused attention in
+# bf16 (AMX / AVX512-BF16 matmuls) while the kernel computes in float32 FMAs. Over a
+# 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the
+# padded time at 4 new tokens, 0.92x at 16, 1.5x at 32, 2x at 64.
+KERNEL_MAX_EXTEND_ROWS_BF16 = 16
 
 
 @dataclass
@@ -82,8 +87,8 @@ class AttentionPlan:
     On a CPU with the compiled kernel (``paged_kernel``), ``paged`` reads K/V in place:
     in decode every sequence (past its shared prefix, then each group over its shared
     prefix, merged); in extend without groups the sequences of at most
-    ``KERNEL_MAX_EXTEND_ROWS`` new tokens, causally. The padded passes gather K/V rows
-    once per layer for the rest."""
+    ``KERNEL_MAX_EXTEND_ROWS`` new tokens (``KERNEL_MAX_EXTEND_ROWS_BF16`` in a 16-bit
+    model), causally. The padded passes gather K/V rows once per layer for the rest."""
 
     extend: bool
     shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
@@ -95,11 +100,12 @@ class AttentionPlan:
               kv_elems_per_token: int, extend: bool,
               prefix_groups: PrefixGroups | None = None,
               paged_kernel: bool = False,
-              new_slots: torch.Tensor | None = None) -> AttentionPlan:
-        """``paged_kernel``: attention through ``cpu_paged`` (CPU, float32 q, K/V in
-        ``cpu_paged.KV_DTYPES``, kernel built)
+              new_slots: torch.Tensor | None = None,
+              dtype: torch.dtype = torch.float32) -> AttentionPlan:
+        """``paged_kernel``: attention through ``cpu_paged`` (CPU, K/V in
+        ``cpu_paged.KV_DTYPES``, kernel built; q in any float dtype, widened to float32)
         where it pays; in extend it needs ``new_slots``, the pool slots of the new tokens
-        (``out_cache_loc``), stored before attention."""
+        (``out_cache_loc``), stored before attention. ``dtype``: the model's (q's)."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
         dev = kv_indices.device
         groups = prefix_groups or []
@@ -109,8 +115,9 @@ class AttentionPlan:
         q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
         paged, rest = None, list(range(len(q_lens)))
         if paged_kernel and extend and not groups and new_slots is not None:
-            small = [b for b in rest if q_lens[b] <= KERNEL_MAX_EXTEND_ROWS]
-            rest = [b for b in rest if q_lens[b] > KERNEL_MAX_EXTEND_ROWS]
+            most = KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16
+            small = [b for b in rest if q_lens[b] <= most]
+            rest = [b for b in rest if q_lens[b] > most]
             paged = (_paged_extend(small, qo, kv, kv_indices, new_slots), None) if small else None
         skip = [0] * (len(qo) - 1)
         rows, slots = [], []
@@ -219,14 +226,17 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
 
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
-    """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend."""
+    """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend.
+
+    The compiled kernel takes q in float32: a bfloat16 / float16 q is widened for it (its
+    output is float32, as every pass's is; narrowed to q's dtype at the end). The padded
+    passes run in q's dtype (torch's fused attention in bf16: oneDNN's AMX kernels)."""
     n, hq, d = q.shape
     if plan.paged is not None:  # its rows, and every row's lse (-inf where not its own)
-        if q.dtype != torch.float32 or k_buf.dtype not in cpu_paged.KV_DTYPES:
-            raise ValueError(f"the paged CPU kernel takes float32 q and K/V in "
-                             f"{cpu_paged.KV_DTYPES}, got {q.dtype} / {k_buf.dtype}: build "
-                             "the plan with paged_kernel=False")
-        o, lse = _paged_pass(plan.paged, q.contiguous(), k_buf, v_buf, sm_scale)
+        if k_buf.dtype not in cpu_paged.KV_DTYPES:
+            raise ValueError(f"the paged CPU kernel takes K/V in {cpu_paged.KV_DTYPES}, got "
+                             f"{k_buf.dtype}: build the plan with paged_kernel=False")
+        o, lse = _paged_pass(plan.paged, q.float().contiguous(), k_buf, v_buf, sm_scale)
     else:
         o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
         lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
@@ -308,7 +318,8 @@ def _padded_pass(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out, lse_out) -> N
     # the query heads of one KV head become rows: [g, Hkv, lq * grp, D], rows (pos, head)
     qq = _rows(q, p.q_rows).view(g, lq, hkv, grp, d).permute(0, 2, 1, 3, 4).reshape(g, hkv, -1, d)
     kk, vv = kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype)
-    if _FLASH_LSE is not None and q.device.type == "cpu" and q.dtype == torch.float32:
+    if (_FLASH_LSE is not None and q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.bfloat16)):
         o, lse = _FLASH_LSE(qq, kk, vv, 0.0, False, attn_mask=p.bias(grp, q.dtype),
                             scale=sm_scale)
     else:

@@ -35,7 +35,10 @@ class ServerArgs:
     model_path: str | None = field(default=None, metadata={"help": "local HF model directory "
                                    "(default: the built-in tiny model)"})
     tokenizer_path: str | None = field(default=None, metadata={"help": "default: model_path"})
-    dtype: str = field(default="auto", metadata={"help": "auto|float32|float16|bfloat16"})
+    dtype: str = field(default="auto", metadata={
+        "help": "auto|float32|float16|bfloat16; auto: the checkpoint's dtype on a GPU; on a CPU "
+                "bfloat16 for a bfloat16 checkpoint where the CPU has bf16 instructions "
+                "(AVX512-BF16 / AMX), else float32"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     context_length: int | None = field(default=None, metadata={"help": "override the model's"})
     kv_cache_dtype: str = field(default="auto", metadata={

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,23 @@ class ModelConfig:
         return self.head_dim**-0.5
 
     def resolve_dtype(self, device: torch.device | str = "cpu") -> torch.dtype:
-        """The dtype to serve in: explicit when asked; ``auto`` is float32 on a CPU and the
-        checkpoint's dtype on an accelerator."""
+        """The dtype to serve in: explicit when asked; ``auto`` is the checkpoint's dtype
+        on an accelerator, and on a CPU bfloat16 for a bfloat16 checkpoint where the CPU
+        computes in bf16 (``cpu_has_bf16``, as vLLM's CPU build does), else float32."""
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
-        return torch.float32 if torch.device(device).type == "cpu" else self.torch_dtype
+        if torch.device(device).type != "cpu":
+            return self.torch_dtype
+        if self.torch_dtype == torch.bfloat16 and cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+
+
+@cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX), which oneDNN's bf16
+    matmuls use; without it they emulate bf16, slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def _rope_params(hf: dict) -> dict[str, Any]:

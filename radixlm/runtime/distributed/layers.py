@@ -20,7 +20,8 @@ of the layer's parameters, so each rank reads only its slices (``models/weights.
 On a CPU the linear layers and the LM head can hold a prepacked copy of their weight
 (``Prepackable.prepack``): oneDNN's blocked layout, made once, so a matmul no longer
 repacks the whole weight on every call. That is most of a decode step's matmul cost at
-small batches (measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows; see
+small batches (float32: measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows;
+bfloat16, where the CPU has bf16 instructions: 1.3-1.7x at 1-128 rows; see
 docs/benchmarks.md). The dense weight stays the parameter (checkpoint loading, weight
 updates and TP slicing write it), so whoever changes it must ``prepack`` again.
 
@@ -42,7 +43,7 @@ from torch import nn
 
 from radixlm.kernels.int8_linear import int8_linear
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
-from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.model_config import ModelConfig, cpu_has_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +120,13 @@ def gate_up_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
 
 # --- layers -----------------------------------------------------------------------------
 def can_prepack(weight: torch.Tensor) -> bool:
-    """Whether this build of torch can prepack ``weight`` for oneDNN (CPU float32)."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
+    """Whether this build of torch can prepack ``weight`` for oneDNN: CPU float32, or
+    bfloat16 where the CPU has bf16 instructions (AVX512-BF16 / AMX: oneDNN's bf16 kernels;
+    without them oneDNN would emulate bf16, slower than torch's own matmul)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16
+                                             and cpu_has_bf16())
 
 
 class Prepackable:

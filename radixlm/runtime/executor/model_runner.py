@@ -71,6 +71,10 @@ class ModelRunner:
         self.tp = self._init_tp(args, tp_rank)
         self.tp_broken = False
         self.dtype = self.model_config.resolve_dtype(self.device)
+        if args.dtype == "auto":
+            logger.info("dtype auto: a %s checkpoint, served in %s on %s (CPU: bfloat16 "
+                        "for bfloat16 checkpoints where it has bf16 instructions)",
+                        self.model_config.torch_dtype, self.dtype, self.device.type)
         self.kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, self.dtype)  # the pool's
         self.attention_backend = args.attention_backend
         if (self.attention_backend == "triton" and self.device.type != "cuda"
@@ -223,14 +227,15 @@ class ModelRunner:
         per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
         return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
                                    prefix_groups=groups, paged_kernel=self.paged_kernel,
-                                   new_slots=new_slots)
+                                   new_slots=new_slots, dtype=self.dtype)
 
     @property
     def paged_kernel(self) -> bool:
         """Whether decode attention runs in the compiled CPU kernel (K/V read in place, in
-        any of its pool dtypes; float8_e4m3 pools take the torch path)."""
-        return (self.device.type == "cpu" and self.dtype == torch.float32
-                and self.kv_dtype in cpu_paged.KV_DTYPES and cpu_paged.available())
+        any of its pool dtypes; float8_e4m3 pools take the torch path). A bfloat16 or
+        float16 model's q is widened to float32 for it (``planned_attention``)."""
+        return (self.device.type == "cpu" and self.kv_dtype in cpu_paged.KV_DTYPES
+                and cpu_paged.available())
 
     def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each

@@ -1,7 +1,8 @@
 """Prepacked CPU weights (``layers.Prepackable``): the linear layers and the LM head give
 float64 F.linear's outputs whether they multiply by oneDNN's packed copy or the dense
-weight, at every row count a step can have; a weight changed in place needs ``prepack``
-again (what the model runner does after a weight update)."""
+weight (bfloat16 weights: packed where the CPU has bf16 instructions), at every row
+count a step can have; a weight changed in place needs ``prepack`` again (what the
+model runner does after a weight update)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.distributed import layers as layers_module
 from radixlm.runtime.distributed.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -74,14 +76,20 @@ def test_a_weight_changed_in_place_needs_prepack_again():
     torch.testing.assert_close(fresh.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_only_cpu_float32_weights_are_packed():
+@needs_onednn
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_bf16_weights_are_packed_where_the_cpu_has_bf16(has_bf16, monkeypatch):
+    # with bf16 instructions oneDNN's bf16 kernels (AMX / AVX512-BF16) beat torch's matmul;
+    # without them oneDNN emulates bf16 and the dense weight is kept
+    monkeypatch.setattr(layers_module, "cpu_has_bf16", lambda: has_bf16)
     layers = [m.to(torch.bfloat16) for m in _layers()]
-    assert not any(can_prepack(m.weight) for m in layers)
-    assert prepack_weights(torch.nn.ModuleList(layers)) == 0
-    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    assert prepack_weights(torch.nn.ModuleList(layers)) == (3 if has_bf16 else 0)
+    x = torch.randn(33, 48).to(torch.bfloat16)
     with torch.inference_mode():
-        out = layers[1](x)
-    torch.testing.assert_close(out.double(), _f64(layers[1], x), rtol=2e-2, atol=2e-2)
+        for m in layers:
+            torch.testing.assert_close(m(x).double(), _f64(m, x), rtol=2e-2, atol=2e-2)
+    half = [m.to(torch.float16) for m in _layers()]
+    assert not any(can_prepack(m.weight) for m in half)
 
 
 def test_a_build_that_cannot_prepack_keeps_every_layer_dense(monkeypatch):

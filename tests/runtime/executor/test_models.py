@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.runtime import model_config
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.models import get_model_class, load_model
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
@@ -304,11 +305,18 @@ def test_config_context_length_and_sliding_window(tmp_path):
         ModelConfig.from_hf(tmp_path, context_length=300)
 
 
-def test_config_dtype(tmp_path):
+def test_config_dtype(tmp_path, monkeypatch):
     _config_from(tmp_path, torch_dtype="bfloat16")
     c = ModelConfig.from_hf(tmp_path)
+    monkeypatch.setattr(model_config, "cpu_has_bf16", lambda: True)
+    assert c.resolve_dtype("cpu") == torch.bfloat16  # served in bf16 where the CPU has it
+    monkeypatch.setattr(model_config, "cpu_has_bf16", lambda: False)
     assert c.resolve_dtype("cpu") == torch.float32
     assert c.resolve_dtype("cuda") == torch.bfloat16
+    _config_from(tmp_path, torch_dtype="float16")  # only bf16 checkpoints: fp16 -> fp32 on CPU
+    monkeypatch.setattr(model_config, "cpu_has_bf16", lambda: True)
+    assert ModelConfig.from_hf(tmp_path).resolve_dtype("cpu") == torch.float32
+    _config_from(tmp_path, torch_dtype="bfloat16")
     assert ModelConfig.from_hf(tmp_path, dtype="float16").resolve_dtype("cpu") == torch.float16
     with pytest.raises(ValueError, match="dtype"):
         ModelConfig.from_hf(tmp_path, dtype="int8")
