@@ -103,7 +103,10 @@ def test_builders_keep_nothing_after_the_request(tiny_llama_dir):
         _stream(tok, f"r{r}")
         gc.collect()
         counts.append(len(gc.get_objects()))
-    assert counts[-1] <= counts[1], counts
+    # a leaked request would keep its 300 x 17 prompt entries (thousands of objects) per
+    # round; a few objects of a thread left running by an earlier test of the suite may
+    # come and go meanwhile
+    assert counts[-1] - counts[1] < 100, counts
 
 
 def test_heap_is_trimmed_once_after_large_logprob_answers():
