@@ -18,9 +18,11 @@ import os
 import sys
 
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-# about 50 us of spinning on a modern x86 core: covers the gaps between the parallel
-# regions of one step on a free machine; libgomp's own default is 300,000
-DEFAULT_SPINCOUNT = "1000"
+# about 0.5 ms of spinning: covers the gaps between the parallel regions of one step on a
+# free machine (1,000 did not: bf16 on the small preset ran at 0.81x libgomp's default
+# 300,000 when idle, 10,000 at 0.99x; benchmarks/shared_machine.py), and a thread whose
+# partner core is busy gives its core up soon after
+DEFAULT_SPINCOUNT = "10000"
 OPENMP_LIBS = ("libgomp", "libiomp", "libomp")
 
 _wait_at_load: str | None = None  # what this process's OpenMP read when it loaded
