@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -63,6 +64,18 @@ def test_replicas_are_processes_with_one_replicas_outputs(dp2, make_engine) -> N
     assert [out["text"] for out in got] == [out["text"] for out in one.generate(PROMPTS, GREEDY)]
     states = dp2.get_server_info()["internal_states"]
     assert all(s["prompt_tokens"] > 0 for s in states), states  # both replicas served
+
+
+def test_replica_sockets_are_private_ipc_only_for_this_uid(dp2) -> None:
+    """The Engine's replica sockets live in a 0700 directory of its own (threat model:
+    the same uid only); no TCP port is opened for them."""
+    ipc_dir = Path(dp2.loop.children.ipc_dir)
+    assert stat.S_IMODE(ipc_dir.stat().st_mode) == 0o700
+    assert ipc_dir.stat().st_uid == os.getuid()
+    names = {p.name for p in ipc_dir.iterdir()}
+    assert {"engine", "scheduler-dp0", "scheduler-dp1"} <= names, names
+    assert all(stat.S_ISSOCK(p.stat().st_mode) for p in ipc_dir.iterdir()
+               if p.name in {"engine", "scheduler-dp0", "scheduler-dp1"})
 
 
 def test_each_replica_gets_its_share_of_the_cores() -> None:
