@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
-import torch
 from pydantic import ValidationError
 
 from radixlm.runtime.config import ServerArgs
@@ -104,8 +103,6 @@ class Engine:
         self.model_config = self.scheduler.model_config
         attach = attach_publisher(self.scheduler)  # --kv-events-config
         self._kv_publishers = [attach] if attach is not None else []
-        if self.server_args.cpu_threads is not None:
-            torch.set_num_threads(self.server_args.cpu_threads)
         self.loop = EngineLoop(self.scheduler)
 
     def _on_rank_exit(self, why: str) -> None:
