@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -269,12 +270,20 @@ def default_tiny_model_path(arch: str = "llama", preset: str = "tiny") -> Path:
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     path = cache_dir() / f"{preset}-{arch}-{TINY_MODEL_VERSION}"
+    return build_directory_once(path, lambda tmp: make_tiny_model(tmp, arch=arch,
+                                                                  shape=PRESETS[preset]))
+
+
+def build_directory_once(path: Path, write: Callable[[Path], object]) -> Path:
+    """``path``, made by ``write(tmp)`` in a temporary sibling directory renamed into place
+    unless it exists: concurrent processes never see a half-written directory, and the
+    loser of a race discards its copy."""
     if path.is_dir():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        make_tiny_model(tmp, arch=arch, shape=PRESETS[preset])
+        write(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private
         os.rename(tmp, path)
     except OSError:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16")
@@ -47,21 +46,10 @@ def checkpoint_in(src: str | os.PathLike, dtype: str, cache: Path) -> Path:
     if dtype not in DTYPES:
         raise ValueError(f"--dtypes: each must be one of {DTYPES}, got {dtype!r}")
     src = Path(src)
+    from radixlm.tiny_model import build_directory_once  # here: vLLM's worker imports this module
+
     path = cache / "vllm-side" / f"{src.name}-{_source_key(src)}-{dtype}"
-    if path.is_dir():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        _write_copy(src, tmp, dtype)
-        tmp.chmod(0o755)
-        os.rename(tmp, path)
-    except OSError:
-        if not path.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return build_directory_once(path, lambda tmp: _write_copy(src, tmp, dtype))
 
 
 def vocab_size(path: Path) -> int:
