@@ -87,6 +87,10 @@ def check_server_args(args: Any) -> None:
                  "max_logit_bias", "max_top_logprobs_num", "max_batch_prompts",
                  "max_chat_messages"):
         need(getattr(args, name) >= 1, f"{name} must be >= 1, got {getattr(args, name)}")
+    need(args.max_stored_responses >= 0,
+         f"max_stored_responses must be >= 0, got {args.max_stored_responses}")
+    need(args.max_stored_response_bytes >= 1,
+         f"max_stored_response_bytes must be >= 1, got {args.max_stored_response_bytes}")
     need(args.log_requests_level in (0, 1, 2, 3),
          f"log_requests_level must be 0, 1, 2 or 3, got {args.log_requests_level}")
     need(args.log_requests_max_chars >= 1,

@@ -38,6 +38,8 @@ from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.protocol import (
     openapi_schema,
 )
+from radixlm.runtime.entrypoints.responses_api import ResponsesRoutes
+from radixlm.runtime.entrypoints.responses_store import ResponseStore
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
@@ -56,7 +58,10 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     install_error_handlers(app)
     NativeRoutes(app, tm, args, pids, heartbeat_age)
     served = args.served_model_name or tm.model_path
-    app.include_router(OpenAIRoutes(tm, served).router)
+    openai_routes = OpenAIRoutes(tm, served)
+    app.include_router(openai_routes.router)
+    store = ResponseStore(args.max_stored_responses, args.max_stored_response_bytes)
+    app.include_router(ResponsesRoutes(openai_routes, store).router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -231,6 +231,18 @@ class OpenAIRoutes:
 
     async def chat(self, request: Request) -> Response:
         body = await read_model(request, ChatCompletionRequest)
+        job, states = await self.start_chat(request, body, "/v1/chat/completions")
+        if body.stream:  # the status waits for every request's first output or error
+            return sse_response(job.stream(await prime(request, self.tm, states)))
+        builders = await await_or_disconnect(
+            request, asyncio.gather(*[self.tm.collect(s) for s in states])
+        )
+        return json_response(job.response(builders))
+
+    async def start_chat(self, request: Request, body: ChatCompletionRequest, route: str
+                         ) -> tuple[ChatJob, list[Any]]:
+        """Check ``body``, render its conversation and submit it: the job that shapes its
+        outputs and the request's state (``/v1/responses`` translates into this too)."""
         _refuse_unsupported(body)
         self.check_model(body.model)
         ids = await self._chat_prompt(body.messages)
@@ -248,17 +260,11 @@ class OpenAIRoutes:
             custom_labels=self._custom_labels(request), tenant=request_tenant(request),
         )
         item.origin = self.tm.log_origin(
-            "/v1/chat/completions", self._conversation(body.messages), request_tenant(request),
+            route, self._conversation(body.messages), request_tenant(request),
             bool(body.stream))
         self.tm.attach_routing([item], body)
         job = ChatJob(self, item, body)
-        states = await self.tm.submit([item])
-        if body.stream:  # the status waits for every request's first output or error
-            return sse_response(job.stream(await prime(request, self.tm, states)))
-        builders = await await_or_disconnect(
-            request, asyncio.gather(*[self.tm.collect(s) for s in states])
-        )
-        return json_response(job.response(builders))
+        return job, await self.tm.submit([item])
 
 
 def _refuse_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
