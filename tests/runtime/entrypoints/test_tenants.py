@@ -100,6 +100,23 @@ def test_openai_route_uses_the_tenant(server):
     assert cached("alice") > 150
 
 
+def test_stored_responses_belong_to_their_tenant(server):
+    """A response id of one tenant reads as unknown to another: no GET, continuation,
+    input items or DELETE (``responses_store.py``)."""
+    url = server.url + "/v1/responses"
+    made = httpx.post(url, headers=_auth("alice"), timeout=60, json={
+        "input": "hello", "max_output_tokens": 2, "temperature": 0}).json()
+    rid = made["id"]
+    for method, path, body in (("GET", f"/{rid}", None), ("GET", f"/{rid}/input_items", None),
+                               ("POST", "", {"input": "more", "previous_response_id": rid}),
+                               ("DELETE", f"/{rid}", None)):
+        resp = httpx.request(method, url + path, headers=_auth("bob"), json=body, timeout=60)
+        assert resp.status_code == 404, (method, path, resp.text)
+        assert "not found" in resp.json()["error"]["message"]
+    resp = httpx.get(f"{url}/{rid}", headers=_auth("alice"), timeout=60)
+    assert resp.status_code == 200 and resp.json()["output"] == made["output"]
+
+
 def test_wrong_key_is_401(server):
     resp = httpx.post(server.url + "/generate", json={"text": "hi"},
                       headers={"Authorization": "Bearer sk-alice-"})
