@@ -39,6 +39,7 @@ from radixlm.runtime.entrypoints.protocol import (
     openapi_schema,
 )
 from radixlm.runtime.entrypoints.responses_api import ResponsesRoutes
+from radixlm.runtime.entrypoints.responses_protocol import ResponsesRequest
 from radixlm.runtime.entrypoints.responses_store import ResponseStore
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.scheduler_process import run_scheduler_process
@@ -66,7 +67,8 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi_schema(
-                get_openapi(title=app.title, version=app.version, routes=app.routes))
+                get_openapi(title=app.title, version=app.version, routes=app.routes),
+                {"/v1/responses": ResponsesRequest})
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

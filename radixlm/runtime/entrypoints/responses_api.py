@@ -116,8 +116,8 @@ class ResponsesRoutes:
         if body.previous_response_id is not None:
             history = self._stored(request, body.previous_response_id,
                                    "previous_response_id").messages
-        if body.input is None or (not body.input and not history):
-            raise ApiError(400, "input is required (a string or a list of items)",
+        if not body.input and not history:
+            raise ApiError(400, "input must not be empty (without previous_response_id)",
                            param="input")
         new = input_messages(body.input)
         system = [{"role": "system", "content": body.instructions}] if body.instructions \
@@ -200,7 +200,7 @@ class Turn:
             return
         items = self.body.input if isinstance(self.body.input, list) else \
             [{"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": self.body.input or ""}]}]
+                {"type": "input_text", "text": self.body.input}]}]
         items = [{"id": item.get("id") or new_id("msg"), **item} for item in items]
         messages = self.conversation + history_messages(self.response["output"])
         self.routes.store.put(self.response, messages, items, request_tenant(self.request))

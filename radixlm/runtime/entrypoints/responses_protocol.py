@@ -65,7 +65,8 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    # required: radixlm has no stored prompts or conversations to stand in for it
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=(1 << 31) - 1)] | None = None
     temperature: Finite | None = None

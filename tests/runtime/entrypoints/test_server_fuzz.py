@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from radixlm.runtime.entrypoints.server_process import ServerProcess
 
 EXAMPLES = int(os.environ.get("RADIXLM_FUZZ_EXAMPLES", "150"))
-ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/tokenize",
-          "/detokenize", "/abort_request"]
+ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+          "/tokenize", "/detokenize", "/abort_request"]
 # a small context: whatever a generated body asks for, it finishes quickly
 FLAGS = ["--max-total-tokens", "2048", "--context-length", "256", "--max-n", "3",
          "--grammar-compile-timeout", "1", "--request-read-timeout", "5",
