@@ -24,6 +24,8 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.auth import ApiKeys, with_api_keys
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
 from radixlm.runtime.entrypoints.connections import bounded_protocol, default_max_connections
+from radixlm.runtime.entrypoints.embedding_protocol import EMBEDDING_ROUTE_MODELS
+from radixlm.runtime.entrypoints.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.http_utils import (
     BodyLimitMiddleware,
     install_error_handlers,
@@ -36,6 +38,7 @@ from radixlm.runtime.entrypoints.lifecycle import (
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
 from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.protocol import (
+    ROUTE_MODELS,
     openapi_schema,
 )
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
@@ -56,12 +59,15 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     install_error_handlers(app)
     NativeRoutes(app, tm, args, pids, heartbeat_age)
     served = args.served_model_name or tm.model_path
-    app.include_router(OpenAIRoutes(tm, served).router)
+    openai = OpenAIRoutes(tm, served)
+    app.include_router(openai.router)
+    EmbeddingRoutes(app, tm, args, served, openai.check_model)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi_schema(
-                get_openapi(title=app.title, version=app.version, routes=app.routes))
+                get_openapi(title=app.title, version=app.version, routes=app.routes),
+                {**ROUTE_MODELS, **EMBEDDING_ROUTE_MODELS})
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

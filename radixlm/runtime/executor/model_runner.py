@@ -66,6 +66,7 @@ def resolve_device(device: str) -> torch.device:
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, tp_rank: int = 0) -> None:
         self.device = resolve_device(args.device)
+        self.is_embedding = args.is_embedding  # forward returns pooled models' hidden states
         self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                                 context_length=args.context_length)
         self.tp = self._init_tp(args, tp_rank)
@@ -276,22 +277,26 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges`` (on a
-        tensor-parallel rank other than 0: ``[rows, 0]``)."""
+        tensor-parallel rank other than 0: ``[rows, 0]``); with ``--is-embedding`` the
+        final hidden states of those rows instead, [rows, hidden] (every rank)."""
         if self.tp.size > 1:
             return self._tp_forward(batch, req_to_token)
         fb = self.build_forward_batch(batch, req_to_token)
-        if batch.is_decode and self.graph_runner is not None:
+        if batch.is_decode and self.graph_runner is not None and not self.is_embedding:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
-        return self.model(fb)
+        return self._run_model(fb)
+
+    def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
+        return self.model.hidden_states(fb) if self.is_embedding else self.model(fb)
 
     def _tp_forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Rank 0 first tells the others."""
         def run() -> torch.Tensor:
             if self.tp.is_first:
                 send_step(self.tp, forward_step(batch, req_to_token))
-            return self.model(self.build_forward_batch(batch, req_to_token))
+            return self._run_model(self.build_forward_batch(batch, req_to_token))
         return self._collective(run)
 
     def read_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:
