@@ -84,7 +84,10 @@ class ModelRunner:
                              "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
-        self.model = load_model(self.model_config, model_path, self.device, self.tp)
+        # an embedding model never reads its LM head: its checkpoint may have none
+        self.optional_weights = ("lm_head.weight",) if self.is_embedding else ()
+        self.model = load_model(self.model_config, model_path, self.device, self.tp,
+                                self.optional_weights)
         if args.torchao_config:  # "int8wo", the one value config_checks lets through
             n = quantize_weights(self.model)
             logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
@@ -349,7 +352,7 @@ class ModelRunner:
             if diffs:
                 raise ValueError(f"the checkpoint in {model_path} has another shape than the "
                                  f"served model: {'; '.join(diffs)}")
-            return plan_load(self.model, path)
+            return plan_load(self.model, path, self.optional_weights)
         except (OSError, KeyError, TypeError, json.JSONDecodeError, SafetensorError) as e:
             raise ValueError(f"cannot read the checkpoint in {model_path}: {e!r}") from None
 
@@ -365,7 +368,7 @@ class ModelRunner:
         try:
             with dense_weights(self.model) as quantized:  # int8 layers: quantized on exit
                 if quantized:  # the targets were the meta placeholders
-                    targets = plan_load(self.model, model_path)
+                    targets = plan_load(self.model, model_path, self.optional_weights)
                 self._copy_or_reload(targets, model_path, previous)
         finally:  # the packed copies are of the weights that were there before
             prepack_weights(self.model, self.prepack)
@@ -379,7 +382,7 @@ class ModelRunner:
             copy_weights(targets, model_path)
         except Exception as e:  # noqa: BLE001 - put the previous weights back, then report
             logger.exception("loading %s failed half-way; reloading %s", model_path, previous)
-            copy_weights(plan_load(self.model, previous), previous)
+            copy_weights(plan_load(self.model, previous, self.optional_weights), previous)
             raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
                              f"previous weights ({previous}) were reloaded") from None
 

@@ -5,8 +5,12 @@ chunked prefill and radix-cache hits; and the pooling a checkpoint names."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModel
 
 from radixlm.runtime.executor.pooler import PoolingConfig
 from tests.runtime.embedding_oracle import (
@@ -70,6 +74,21 @@ def test_generation_and_unsupported_options_refused(last_engine, make_engine):
         last_engine.encode("hello", image_data="x.png")
     with pytest.raises(ValueError, match="is_embedding=True"):
         make_engine(max_total_tokens=1024).encode("hello")
+
+
+def test_base_model_checkpoint_without_an_lm_head(make_engine, tiny_llama_dir, tmp_path):
+    """What embedding checkpoints are (e5-mistral, Qwen3-Embedding): transformers'
+    AutoModel saved, ``layers.0...`` names, no ``lm_head``; fine for embeddings only."""
+    base = tmp_path / "base"
+    AutoModel.from_pretrained(tiny_llama_dir, dtype=torch.float32).save_pretrained(base)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tiny_llama_dir / name, base)
+    assert json.loads((base / "config.json").read_text())["architectures"] == ["LlamaModel"]
+    with safe_open(str(base / "model.safetensors"), "pt") as f:
+        assert "embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
+    _check(base, make_engine(model_path=str(base), **ENGINE).encode(TEXTS), TEXTS)
+    with pytest.raises(ValueError, match=r"missing tensors \[lm_head.weight\]"):
+        make_engine(model_path=str(base), max_total_tokens=1024)
 
 
 def _write(dir_, modules, pooling=None):
