@@ -99,7 +99,8 @@ class EncodeRequest(BaseModel):
                                                 "radixlm serves no cross-encoder (reranker)")
         sps = self.sampling_params
         for sp in sps if isinstance(sps, list) else [sps or {}]:
-            if any(k != "max_new_tokens" or v != 0 for k, v in sp.items()):
+            if any(k != "max_new_tokens" or type(v) is not int or v != 0
+                   for k, v in sp.items()):
                 return "sampling_params", ("sampling_params: an embedding request samples "
                                            "nothing; send {} or leave it out")
         return None

@@ -5,6 +5,7 @@ equal to transformers' pooled hidden states; the 400s of what it does not serve.
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
@@ -106,6 +107,10 @@ def test_what_an_embedding_server_refuses(server, client):
     assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is False
     metrics = httpx.get(server.url + "/metrics").text
     assert 'sglang:prompt_tokens_total{' in metrics
+    doc = httpx.get(server.url + "/openapi.json").json()
+    for path, model in (("/v1/embeddings", "EmbeddingRequest"), ("/encode", "EncodeRequest")):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": f"#/components/schemas/{model}"}
 
 
 def test_langchain_and_litellm(server, tiny_qwen2_dir):
@@ -113,7 +118,7 @@ def test_langchain_and_litellm(server, tiny_qwen2_dir):
         import json, os
         import litellm
         from langchain_openai import OpenAIEmbeddings
-        texts = %r
+        texts = json.loads(TEXTS_JSON)
         lc = OpenAIEmbeddings(model="default", check_embedding_ctx_length=False,
                               tiktoken_enabled=False)
         docs = lc.embed_documents(texts)
@@ -123,7 +128,7 @@ def test_langchain_and_litellm(server, tiny_qwen2_dir):
         print("RESULT " + json.dumps({"docs": docs, "query": query,
                                       "litellm": [d["embedding"] for d in resp.data],
                                       "tokens": resp.usage.prompt_tokens}))
-    """ % (TEXTS,), server.url)
+    """.replace("TEXTS_JSON", repr(json.dumps(TEXTS))), server.url)
     _assert_equal(tiny_qwen2_dir, result["docs"], TEXTS)
     _assert_equal(tiny_qwen2_dir, [result["query"]], TEXTS[:1])
     _assert_equal(tiny_qwen2_dir, result["litellm"], TEXTS)

@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModel
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.pooler import PoolingConfig
 from tests.runtime.embedding_oracle import (
     TOLERANCE,
@@ -87,8 +88,13 @@ def test_base_model_checkpoint_without_an_lm_head(make_engine, tiny_llama_dir, t
     with safe_open(str(base / "model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
     _check(base, make_engine(model_path=str(base), **ENGINE).encode(TEXTS), TEXTS)
-    with pytest.raises(ValueError, match=r"missing tensors \[lm_head.weight\]"):
+    with pytest.raises(ValueError, match=r"missing tensors \[lm_head.weight\].*--is-emb"):
         make_engine(model_path=str(base), max_total_tokens=1024)
+
+
+def test_embedding_servers_have_no_prefill_decode_split():
+    with pytest.raises(ValueError, match="is_embedding.*disaggregation-mode prefill"):
+        ServerArgs(is_embedding=True, disaggregation_mode="prefill").validate()
 
 
 def _write(dir_, modules, pooling=None):

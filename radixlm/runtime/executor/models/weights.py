@@ -111,10 +111,12 @@ def plan_load(model: nn.Module, model_dir: str | Path,
         targets[name] = LoadTarget(target, shard)
     missing = sorted(layout.keys() - found - set(optional))
     if missing or unexpected or misshapen:
+        hint = ("; a checkpoint without an LM head serves embeddings only (--is-embedding)"
+                if missing == ["lm_head.weight"] else "")
         raise ValueError(
             f"checkpoint in {model_dir} does not match the model: "
             f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}, "
-            f"tensors of another shape {_short(misshapen)}"
+            f"tensors of another shape {_short(misshapen)}{hint}"
         )
     return targets
 
