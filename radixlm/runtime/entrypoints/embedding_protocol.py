@@ -23,6 +23,15 @@ from radixlm.runtime.entrypoints.refused_fields import REFUSED_REQUEST_FIELDS, d
 DIMENSIONS_REFUSED = ("dimensions is not supported: the served model is a decoder whose "
                       "embeddings have the fixed width of its hidden size (no Matryoshka "
                       "training); leave it out")
+# SGLang's embedding fields radixlm refuses unless null / false
+_OVERRIDES = "radixlm takes text or token ids, not embedding overrides"
+REFUSED_EMBEDDING_FIELDS = {
+    "embed_override_token_id": _OVERRIDES,
+    "embed_overrides": _OVERRIDES,
+    "lora_path": "radixlm does not serve LoRA adapters",
+    "return_pooled_hidden_states": "radixlm returns the pooled embedding only",
+    "decision_layout": "radixlm has no multi-item scoring",
+}
 EMBEDDING_ON_GENERATION = ("The model does not support the Embeddings API: this server "
                            "generates text; start it with --is-embedding to serve "
                            "embeddings")
@@ -48,9 +57,15 @@ class EmbeddingRequest(BaseModel):
     cache_salt: str | None = None
     # SGLang's
     rid: str | None = None
+    lora_path: Any = None
+    embed_override_token_id: Any = None
+    embed_overrides: Any = None
 
     def unsupported(self, server_normalizes: bool) -> tuple[str, str] | None:
         """(field, why) of a field set to something radixlm does not do."""
+        refused = _refused(self)
+        if refused is not None:
+            return refused
         if self.dimensions is not None:
             return "dimensions", DIMENSIONS_REFUSED
         if self.truncate_prompt_tokens is not None:
@@ -85,6 +100,12 @@ class EncodeRequest(BaseModel):
     extra_key: str | None = None  # radixlm's cache namespaces, as /generate
     cache_salt: str | None = None
     model: str | None = None  # sglang-router sends it; ignored, as /generate does
+    return_prompt_token_ids: bool = False  # each item's "prompt_token_ids", as /generate
+    # refused unless null / false (REFUSED_EMBEDDING_FIELDS)
+    embed_override_token_id: Any = None
+    embed_overrides: Any = None
+    return_pooled_hidden_states: bool = False
+    decision_layout: Any = None
 
     @model_validator(mode="before")
     @classmethod
@@ -92,6 +113,9 @@ class EncodeRequest(BaseModel):
         return drop_neutral(data, REFUSED_REQUEST_FIELDS)
 
     def unsupported(self) -> tuple[str, str] | None:
+        refused = _refused(self)
+        if refused is not None:
+            return refused
         if self.dimensions is not None:
             return "dimensions", DIMENSIONS_REFUSED
         if self.is_cross_encoder_request:
@@ -104,6 +128,13 @@ class EncodeRequest(BaseModel):
                 return "sampling_params", ("sampling_params: an embedding request samples "
                                            "nothing; send {} or leave it out")
         return None
+
+
+def _refused(body: BaseModel) -> tuple[str, str] | None:
+    for name, why in REFUSED_EMBEDDING_FIELDS.items():
+        if getattr(body, name, None) not in (None, False):
+            return name, f"{name} is not supported: {why}"
+    return None
 
 
 def embedding_floats(data: bytes) -> list[float]:

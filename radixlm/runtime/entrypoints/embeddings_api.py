@@ -109,6 +109,9 @@ class EmbeddingRoutes:
         latency = time.monotonic() - t0
         results = [encode_result(client_rid(state.msg.rid), out, latency,
                                  state.weight_version) for out, state in outs]
+        if body.return_prompt_token_ids:  # as /generate's
+            for r, (_, state) in zip(results, outs):
+                r["prompt_token_ids"] = list(state.msg.input_ids)
         return json_response(results if batch else results[0])
 
     async def _native_inputs(self, body: EncodeRequest

@@ -8,7 +8,11 @@ import time
 import uuid
 from typing import Any
 
-from radixlm.runtime.entrypoints.embedding_protocol import DIMENSIONS_REFUSED, encode_result
+from radixlm.runtime.entrypoints.embedding_protocol import (
+    DIMENSIONS_REFUSED,
+    REFUSED_EMBEDDING_FIELDS,
+    encode_result,
+)
 from radixlm.runtime.entrypoints.refused_fields import refuse_options
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.messages import GenerateReqInput
@@ -22,6 +26,7 @@ class EngineEncode:
                input_ids: list[int] | list[list[int]] | None = None,
                rid: str | list[str] | None = None, dimensions: int | None = None,
                extra_key: str | None = None, cache_salt: str | None = None,
+               embed_override_token_id: int | None = None, embed_overrides: Any = None,
                **sglang_options: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """SGLang's ``Engine.encode``: ``{"embedding": [...], "meta_info": {...}}`` for one
         prompt, a list of them for a batch (submitted together, prefilled in one batch
@@ -33,6 +38,11 @@ class EngineEncode:
         refuse_options(sglang_options)
         if dimensions is not None:
             raise ValueError(DIMENSIONS_REFUSED)
+        for name, value in (("embed_override_token_id", embed_override_token_id),
+                            ("embed_overrides", embed_overrides)):
+            if value is not None:
+                raise ValueError(f"{name} is not supported: "
+                                 f"{REFUSED_EMBEDDING_FIELDS[name]}")
         batch, ids_list = self._encode_inputs(prompt, input_ids)
         rids = rid if isinstance(rid, list) else [rid] * len(ids_list)
         if len(rids) != len(ids_list) or (isinstance(rid, str) and batch):

@@ -5,6 +5,7 @@ equal to transformers' pooled hidden states; the 400s of what it does not serve.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 
 import httpx
@@ -12,8 +13,12 @@ import numpy as np
 import openai
 import pytest
 
+from radixlm.runtime.entrypoints.embedding_protocol import EmbeddingRequest, EncodeRequest
+from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.refused_fields import REFUSED_REQUEST_FIELDS
 from tests.compat.agent_frameworks import run_client
 from tests.runtime.embedding_oracle import TOLERANCE, embed, max_error, token_ids
+from tests.runtime.entrypoints.test_sglang_parity import _class, _fields
 
 TEXTS = ["The capital of France is Paris.", "hi",
          "Once upon a time, a fox and a crow argued about cheese for a long while."]
@@ -78,8 +83,9 @@ def test_native_encode_and_cache_hit(server, tiny_qwen2_dir):
     assert [r["meta_info"]["id"] for r in batch] == ["a", "b", "c"]
     _assert_equal(tiny_qwen2_dir, [r["embedding"] for r in batch], TEXTS)
     ids = token_ids(tiny_qwen2_dir, TEXTS[0])
-    by_ids = _post(server, "/encode", {"input_ids": [ids]}).json()
-    _assert_equal(tiny_qwen2_dir, [by_ids[0]["embedding"]], TEXTS[:1])
+    by_ids = _post(server, "/encode", {"input_ids": [ids], "return_prompt_token_ids": True})
+    _assert_equal(tiny_qwen2_dir, [by_ids.json()[0]["embedding"]], TEXTS[:1])
+    assert by_ids.json()[0]["prompt_token_ids"] == ids
 
 
 def _error(resp: httpx.Response, status: int = 400) -> dict:
@@ -94,9 +100,11 @@ def test_what_an_embedding_server_refuses(server, client):
     assert _error(_post(server, "/v1/embeddings", {"input": []}))["param"] == "input"
     assert _error(_post(server, "/v1/embeddings", {"input": "x", "model": "gpt-4"}),
                   404)["param"] == "model"
+    assert _error(_post(server, "/v1/embeddings", {"input": "x", "embed_overrides": [[0.5]]})
+                  )["param"] == "embed_overrides"
     for body in ({"text": "x", "sampling_params": {"temperature": 0.5}},
                  {"text": "x", "dimensions": 4}, {"text": "x", "image_data": "a.png"},
-                 {"text": ["x"], "rid": "one"}):
+                 {"text": ["x"], "rid": "one"}, {"text": "x", "lora_path": "a"}):
         _error(_post(server, "/encode", body))
     for path, body in (("/generate", {"text": "x"}),
                        ("/v1/completions", {"model": "default", "prompt": "x"}),
@@ -133,3 +141,19 @@ def test_langchain_and_litellm(server, tiny_qwen2_dir):
     _assert_equal(tiny_qwen2_dir, [result["query"]], TEXTS[:1])
     _assert_equal(tiny_qwen2_dir, result["litellm"], TEXTS)
     assert result["tokens"] == sum(len(token_ids(tiny_qwen2_dir, t)) for t in TEXTS)
+
+
+def test_every_sglang_embedding_field_is_decided():
+    """SGLang's EmbeddingReqInput (/encode), its OpenAI EmbeddingRequest and Engine.encode,
+    read from its source: each field is accepted or refused by name."""
+    native = _fields(_class("srt/managers/io_struct.py", "EmbeddingReqInput"))
+    assert {"text", "input_ids", "dimensions"} <= set(native)
+    assert [f for f in native if f not in EncodeRequest.model_fields
+            and f not in REFUSED_REQUEST_FIELDS] == []
+    openai_fields = _fields(_class("srt/entrypoints/openai/protocol.py", "EmbeddingRequest"))
+    assert [f for f in openai_fields if f not in EmbeddingRequest.model_fields] == []
+    engine = _class("srt/entrypoints/engine.py", "Engine")
+    encode = next(n for n in engine.body if getattr(n, "name", None) == "encode")
+    ours = inspect.signature(Engine.encode).parameters
+    assert [a.arg for a in encode.args.args[1:] + encode.args.kwonlyargs
+            if a.arg not in ours and a.arg not in REFUSED_REQUEST_FIELDS] == []
