@@ -38,7 +38,6 @@ from radixlm.runtime.entrypoints.lifecycle import (
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
 from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.protocol import (
-    ROUTE_MODELS,
     openapi_schema,
 )
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
@@ -59,15 +58,15 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     install_error_handlers(app)
     NativeRoutes(app, tm, args, pids, heartbeat_age)
     served = args.served_model_name or tm.model_path
-    openai = OpenAIRoutes(tm, served)
-    app.include_router(openai.router)
-    EmbeddingRoutes(app, tm, args, served, openai.check_model)
+    openai_routes = OpenAIRoutes(tm, served)
+    app.include_router(openai_routes.router)
+    EmbeddingRoutes(app, tm, args, served, openai_routes.check_model)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi_schema(
                 get_openapi(title=app.title, version=app.version, routes=app.routes),
-                {**ROUTE_MODELS, **EMBEDDING_ROUTE_MODELS})
+                EMBEDDING_ROUTE_MODELS)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

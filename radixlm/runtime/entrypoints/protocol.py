@@ -379,12 +379,12 @@ ROUTE_MODELS: dict[str, type[BaseModel]] = {
 
 
 # --- OpenAPI -------------------------------------------------------------------------------------
-def openapi_schema(base: dict[str, Any],
-                   route_models: dict[str, type[BaseModel]] | None = None) -> dict[str, Any]:
+def openapi_schema(base: dict[str, Any], more: dict[str, type[BaseModel]] | None = None
+                   ) -> dict[str, Any]:
     """FastAPI's generated document, with each route's request body taken from its model
-    (``route_models``, default ``ROUTE_MODELS``)."""
+    (``ROUTE_MODELS`` and ``more``: routes whose models live in other modules)."""
     components = base.setdefault("components", {}).setdefault("schemas", {})
-    for path, model in (route_models or ROUTE_MODELS).items():
+    for path, model in {**ROUTE_MODELS, **(more or {})}.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
