@@ -92,6 +92,18 @@ def test_base_model_checkpoint_without_an_lm_head(make_engine, tiny_llama_dir, t
         make_engine(model_path=str(base), max_total_tokens=1024)
 
 
+def test_encode_writes_request_log_records(make_engine, tiny_qwen2_dir, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    eng = make_engine(model_path=str(tiny_qwen2_dir), log_requests_file=str(path), **ENGINE)
+    eng.encode(TEXTS[:2], rid=["r0", "r1"])
+    eng.shutdown()  # writes what is queued
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["rid"], r["route"], r["text"]) for r in records] == [
+        ("r0", "Engine.encode", TEXTS[0]), ("r1", "Engine.encode", TEXTS[1])]
+    assert records[0]["prompt_tokens"] == len(token_ids(tiny_qwen2_dir, TEXTS[0]))
+    assert records[0]["completion_tokens"] == 0
+
+
 def test_embedding_servers_have_no_prefill_decode_split():
     with pytest.raises(ValueError, match="is_embedding.*disaggregation-mode prefill"):
         ServerArgs(is_embedding=True, disaggregation_mode="prefill").validate()
