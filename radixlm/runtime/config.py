@@ -54,6 +54,10 @@ class ServerArgs:
     quantization: str | None = field(default=None, metadata={
         "help": "SGLang's / vLLM's checkpoint quantization methods: none is supported "
                 "(refused at start-up); see --torchao-config int8wo"})
+    is_embedding: bool = field(default=False, metadata={
+        "help": "serve an embedding model (SGLang's flag): /v1/embeddings and /encode return "
+                "the pooled final hidden states of a decoder checkpoint (its modules.json / "
+                "1_Pooling config, else last token, normalized); generation routes answer 400"})
     # memory and cache
     page_size: int = field(default=1, metadata={"help": "tokens per KV page"})
     max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens"})

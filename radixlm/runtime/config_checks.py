@@ -186,3 +186,6 @@ def _check_disaggregation(args: Any, need: Any) -> None:
          f"{args.disaggregation_trusted_hosts!r}")
     for name in ("disaggregation_bootstrap_timeout", "disaggregation_waiting_timeout"):
         need(getattr(args, name) > 0, f"{name} must be > 0, got {getattr(args, name)}")
+    need(not (args.is_embedding and args.disaggregation_mode != "null"),
+         "is_embedding (--is-embedding) serves prefill-only requests; it cannot run with "
+         f"--disaggregation-mode {args.disaggregation_mode}")

@@ -24,6 +24,7 @@ import msgspec
 from pydantic import ValidationError
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.entrypoints.engine_encode import EngineEncode
 from radixlm.runtime.entrypoints.engine_loop import EngineError, EngineLoop
 from radixlm.runtime.entrypoints.engine_processes import ReplicaProcesses
 from radixlm.runtime.entrypoints.protocol import (
@@ -58,7 +59,7 @@ from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-class Engine:
+class Engine(EngineEncode):
     """Offline generation: ``Engine(model_path=None, **server_args)``; None = tiny model.
     With ``dp_size`` > 1 the replicas are child processes: create it under
     ``if __name__ == "__main__":`` in a script, and ``shutdown`` it (or use ``with``)."""
@@ -153,6 +154,9 @@ class Engine:
         SGLang's other arguments (``image_data``, ``lora_path``, ...) are accepted only at
         their defaults (``refused_fields.refuse_options``)."""
         refuse_options(sglang_options)
+        if self.server_args.is_embedding:
+            raise ValueError("this Engine serves an embedding model (is_embedding=True): "
+                             "use Engine.encode")
         batch = isinstance(prompt, list) or (input_ids is not None and bool(input_ids)
                                              and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt]

@@ -24,6 +24,8 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.auth import ApiKeys, with_api_keys
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
 from radixlm.runtime.entrypoints.connections import bounded_protocol, default_max_connections
+from radixlm.runtime.entrypoints.embedding_protocol import EMBEDDING_ROUTE_MODELS
+from radixlm.runtime.entrypoints.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.http_utils import (
     BodyLimitMiddleware,
     install_error_handlers,
@@ -63,12 +65,13 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     app.include_router(openai_routes.router)
     store = ResponseStore(args.max_stored_responses, args.max_stored_response_bytes)
     app.include_router(ResponsesRoutes(openai_routes, store).router)
+    EmbeddingRoutes(app, tm, args, served, openai_routes.check_model)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi_schema(
                 get_openapi(title=app.title, version=app.version, routes=app.routes),
-                {"/v1/responses": ResponsesRequest})
+                {"/v1/responses": ResponsesRequest, **EMBEDDING_ROUTE_MODELS})
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -167,8 +167,10 @@ class NativeRoutes:
         return Response(status_code=200)
 
     async def health_generate(self) -> Response:
+        embed = self.args.is_embedding  # an embedding server computes one prompt token
         item = self.tm.prepare(
-            [0], {"max_new_tokens": 1, "temperature": 0}, f"health-{time.monotonic_ns()}"
+            [0], {"max_new_tokens": 0 if embed else 1, "temperature": 0},
+            f"health-{time.monotonic_ns()}", embedding=embed,
         )
         states = await self.tm.submit([item])
         try:
@@ -184,7 +186,7 @@ class NativeRoutes:
             {
                 "model_path": self.tm.model_path,
                 "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
-                "is_generation": True,
+                "is_generation": not self.args.is_embedding,
                 "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
                 "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
                 "eos_token": getattr(self.tm.tokenizer, "eos_token", None),

@@ -66,6 +66,7 @@ def resolve_device(device: str) -> torch.device:
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, tp_rank: int = 0) -> None:
         self.device = resolve_device(args.device)
+        self.is_embedding = args.is_embedding  # forward returns pooled models' hidden states
         self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                                 context_length=args.context_length)
         self.tp = self._init_tp(args, tp_rank)
@@ -83,7 +84,10 @@ class ModelRunner:
                              "TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)")
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
-        self.model = load_model(self.model_config, model_path, self.device, self.tp)
+        # an embedding model never reads its LM head: its checkpoint may have none
+        self.optional_weights = ("lm_head.weight",) if self.is_embedding else ()
+        self.model = load_model(self.model_config, model_path, self.device, self.tp,
+                                self.optional_weights)
         if args.torchao_config:  # "int8wo", the one value config_checks lets through
             n = quantize_weights(self.model)
             logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
@@ -276,22 +280,26 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges`` (on a
-        tensor-parallel rank other than 0: ``[rows, 0]``)."""
+        tensor-parallel rank other than 0: ``[rows, 0]``); with ``--is-embedding`` the
+        final hidden states of those rows instead, [rows, hidden] (every rank)."""
         if self.tp.size > 1:
             return self._tp_forward(batch, req_to_token)
         fb = self.build_forward_batch(batch, req_to_token)
-        if batch.is_decode and self.graph_runner is not None:
+        if batch.is_decode and self.graph_runner is not None and not self.is_embedding:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
-        return self.model(fb)
+        return self._run_model(fb)
+
+    def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
+        return self.model.hidden_states(fb) if self.is_embedding else self.model(fb)
 
     def _tp_forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Rank 0 first tells the others."""
         def run() -> torch.Tensor:
             if self.tp.is_first:
                 send_step(self.tp, forward_step(batch, req_to_token))
-            return self.model(self.build_forward_batch(batch, req_to_token))
+            return self._run_model(self.build_forward_batch(batch, req_to_token))
         return self._collective(run)
 
     def read_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -344,7 +352,7 @@ class ModelRunner:
             if diffs:
                 raise ValueError(f"the checkpoint in {model_path} has another shape than the "
                                  f"served model: {'; '.join(diffs)}")
-            return plan_load(self.model, path)
+            return plan_load(self.model, path, self.optional_weights)
         except (OSError, KeyError, TypeError, json.JSONDecodeError, SafetensorError) as e:
             raise ValueError(f"cannot read the checkpoint in {model_path}: {e!r}") from None
 
@@ -360,7 +368,7 @@ class ModelRunner:
         try:
             with dense_weights(self.model) as quantized:  # int8 layers: quantized on exit
                 if quantized:  # the targets were the meta placeholders
-                    targets = plan_load(self.model, model_path)
+                    targets = plan_load(self.model, model_path, self.optional_weights)
                 self._copy_or_reload(targets, model_path, previous)
         finally:  # the packed copies are of the weights that were there before
             prepack_weights(self.model, self.prepack)
@@ -374,7 +382,7 @@ class ModelRunner:
             copy_weights(targets, model_path)
         except Exception as e:  # noqa: BLE001 - put the previous weights back, then report
             logger.exception("loading %s failed half-way; reloading %s", model_path, previous)
-            copy_weights(plan_load(self.model, previous), previous)
+            copy_weights(plan_load(self.model, previous, self.optional_weights), previous)
             raise ValueError(f"reading the weights in {model_path} failed ({e!r}); the "
                              f"previous weights ({previous}) were reloaded") from None
 

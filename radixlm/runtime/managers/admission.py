@@ -28,6 +28,9 @@ from radixlm.runtime.managers.validation import (
     validate_request,
 )
 
+GENERATION_REFUSED = ("The model does not support text generation: this server serves "
+                      "an embedding model (--is-embedding); use /v1/embeddings or /encode")
+
 
 @dataclass
 class Prepared:
@@ -59,11 +62,15 @@ class Admission:
         log_metrics: bool = True,
         priority: int | None = None,
         tenant: str | None = None,
+        embedding: bool = False,
     ) -> Prepared:
         """Validate one request whose types were checked at the edge (400 on bad input:
         ranges, vocabulary, context, the server's caps); nothing is sent yet. ``tenant``
-        (from the API key) scopes the rid (``tenant_rids``)."""
+        (from the API key) scopes the rid (``tenant_rids``). ``embedding``: a request of
+        the embedding routes; any other is refused by an ``--is-embedding`` server."""
         assert self.limits is not None, "prepare() before the scheduler was ready"
+        if self.args.is_embedding and not embedding:
+            raise ApiError(400, GENERATION_REFUSED)
         scoped = self.scoped_rid(rid, tenant)
         try:
             params = SamplingParams.from_dict(sampling_params)

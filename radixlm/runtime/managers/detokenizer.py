@@ -172,6 +172,7 @@ class RequestDetokenizer:
             out.completion_tokens,
             out.finish_reason,
             final,
+            embedding=out.embedding,
         )
         if out.output_token_logprobs is not None:
             res.output_token_logprobs = [self._entry(lp, t) for lp, t in out.output_token_logprobs]

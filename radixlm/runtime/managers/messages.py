@@ -96,6 +96,8 @@ class ReqOutput(msgspec.Struct, tag=True):
     # token_ids_logprob: (logprob, id) of each asked id, per position, shaped as the tops
     output_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # --is-embedding: the pooled embedding, little-endian float32 (on the last output)
+    embedding: bytes | None = None
 
     @property
     def finished(self) -> bool:
@@ -148,6 +150,7 @@ class TextOutput(msgspec.Struct, tag=True):
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
     output_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
     input_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
+    embedding: bytes | None = None  # ReqOutput.embedding, passed on
 
     @property
     def finished(self) -> bool:

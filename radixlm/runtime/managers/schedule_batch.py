@@ -75,6 +75,10 @@ class Req:
         # KVReceiver (managers/pd_queues.py); None on a request served whole
         self.bootstrap: Any = None
         self.kv_transfer: Any = None
+        # --is-embedding: the pooling's hidden states so far (embedding_outputs.py); True
+        # for pooling that reads every prompt token (mean, cls), so no cache hit is used
+        self.pooled: Any = None
+        self.pools_every_token = False
 
     @property
     def fill_ids(self) -> list[int]:
@@ -118,8 +122,11 @@ class Req:
 
     def max_cached_prefix(self) -> int:
         """How much of the sequence a prefix match may cover: the last token must be
-        computed for its logits, and so must every prompt position whose logprob is asked."""
+        computed for its logits, and so must every prompt position whose logprob is asked
+        (or, for mean / cls pooling, whose hidden state is pooled)."""
         limit = self.seq_len - 1
+        if self.pools_every_token:  # hidden states are not cached, only K/V
+            return 0
         if self.wants_input_logprobs:
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit

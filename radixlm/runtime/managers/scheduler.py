@@ -19,7 +19,9 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.cpu_threads import ThreadSizer
 from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
+from radixlm.runtime.executor.pooler import PoolingConfig
 from radixlm.runtime.managers.cache_manager import CacheManager
+from radixlm.runtime.managers.embedding_outputs import EmbeddingOutputs
 from radixlm.runtime.managers.messages import (
     AbortReq,
     FlushCacheOutput,
@@ -92,6 +94,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         # namespace label -> [prompt tokens, cached tokens] admitted (namespace_label)
         self.namespace_stats: dict[str, list[int]] = {}
         self.outputs = OutputProcessor(self, tokenizer)
+        # --is-embedding: every request is prefill-only and ends with its pooled embedding
+        self.embeddings = (EmbeddingOutputs(self, PoolingConfig.from_model_dir(
+            self.model_config.model_dir)) if args.is_embedding else None)
         self.grammar_compiler = GrammarCompiler(
             create_grammar_backend(args.grammar_backend, tokenizer, self.model_config.vocab_size,
                                    self.model_config.eos_token_ids),
@@ -196,7 +201,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         logits = self.model_runner.forward(batch.worker_batch(),
                                           self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
-        outs = self.outputs.process(batch, logits)
+        outs = (self.embeddings or self.outputs).process(batch, logits)
         self._time_step(batch, decode, time.perf_counter() - t0)
         if self.pd is not None:
             self.pd.after_forward()  # prefill server: first tokens sampled, send the KV
@@ -214,7 +219,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
             return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens],
                                  prefix_groups=self._prefix_groups(decodes))
         reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
-        ranges = [self.outputs.logit_range(r, n) for r, n in zip(reqs, lens)]
+        range_of = (self.embeddings or self.outputs).logit_range
+        ranges = [range_of(r, n) for r, n in zip(reqs, lens)]
         self._log_prefill(prefill)
         return ScheduleBatch(reqs, lens, ranges, num_prefill=len(prefill.reqs),
                              prefix_groups=self._prefix_groups(reqs))

@@ -33,6 +33,8 @@ class SchedulerIntake:
                       msg.logprob_start_len, msg.top_logprobs_num, msg.namespace,
                       msg.token_ids_logprob)
             self.check_request(req)
+            if self.embeddings is not None:
+                self.embeddings.admit(req)
             req.priority = msg.priority
         except Exception as e:  # noqa: BLE001 - a bad request fails alone, the loop goes on
             logger.warning("request %s refused by the scheduler: %r", msg.rid, e)

@@ -97,6 +97,9 @@ class SchedulerReports:
             "kv_cache_bytes": self.model_runner.kv_pool_bytes,
             "graph_bytes": self.model_runner.graph_bytes,
             "disaggregation_mode": self.args.disaggregation_mode,
+            "pooling": (None if self.embeddings is None else  # --is-embedding
+                        {"method": self.embeddings.config.method,
+                         "normalize": self.embeddings.config.normalize}),
             "torch_threads": self.threads.threads if self.on_cpu else 0,  # on a CPU, now
             "omp_wait_policy": wait_policy(),
             **(self.pd.info() if self.pd is not None else {}),

@@ -452,3 +452,11 @@ def test_cache_salt_and_extra_key_isolate_tenants(server, client):
     assert first["meta_info"]["cached_tokens"] == 0 < again["meta_info"]["cached_tokens"]
     bad = _post(server, "/generate", {**native, "cache_salt": ""})
     assert "cache_salt must be a non-empty string" in _error(bad, 400)
+
+
+def test_embeddings_on_a_generation_server_are_a_400(server, client):
+    with pytest.raises(openai.BadRequestError, match="--is-embedding"):
+        client.embeddings.create(model="default", input="hello")
+    resp = _post(server, "/encode", {"text": "hello"})
+    assert resp.status_code == 400 and "--is-embedding" in resp.json()["error"]["message"]
+    assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is True

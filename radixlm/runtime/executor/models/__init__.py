@@ -22,6 +22,11 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     # Mistral is Llama plus a sliding window; ModelConfig caps the context at the window.
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    # base models (transformers' AutoModel checkpoints, as embedding models are saved:
+    # no LM head), served with --is-embedding
+    "LlamaModel": LlamaForCausalLM,
+    "MistralModel": LlamaForCausalLM,
+    "Qwen2Model": Qwen2ForCausalLM,
 }
 
 
@@ -51,14 +56,17 @@ def load_model(
     model_dir: str | Path | None = None,
     device: torch.device | str = "cpu",
     tp: TpGroup | None = None,
+    optional_weights: tuple[str, ...] = (),
 ) -> nn.Module:
     """Build the model for ``config`` on ``device`` in ``config.resolve_dtype(device)`` and
     load its weights from ``model_dir`` (default: ``config.model_dir``); eval mode. With a
-    tensor-parallel group ``tp``, this rank's slice of it (layers and weights)."""
+    tensor-parallel group ``tp``, this rank's slice of it (layers and weights);
+    ``optional_weights`` may be missing from the checkpoint (``plan_load``)."""
     cls = get_model_class(config.architectures)
     dtype = config.resolve_dtype(device)
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
     with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
         model = cls(config)
-    load_weights(model, model_dir if model_dir is not None else config.model_dir)
+    load_weights(model, model_dir if model_dir is not None else config.model_dir,
+                 optional_weights)
     return model.eval()

@@ -191,15 +191,22 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(fb)).float()  # [M, vocab]
+
+    @torch.no_grad()
+    def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
+        """The final norm's output ``[len(fb.logits_indices), hidden]`` (transformers'
+        ``last_hidden_state`` rows): what the LM head reads, and what embedding models
+        pool (``--is-embedding``)."""
         x = self.model.embed_tokens(fb.input_ids)  # [N, hidden]
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, residual, fb, self.cos_sin_cache)
-        # Norm and project only the rows whose logits are wanted.
+        # Norm only the rows that are wanted.
         x, _ = self.model.norm(
             x[fb.logits_indices], residual[fb.logits_indices], backend=fb.attention_backend
         )
-        return self.lm_head(x).float()  # [M, vocab]
+        return x
 
     def _apply(self, fn, recurse=True):
         # Keep the RoPE table in float32 when the module is cast (`model.half()` etc.).

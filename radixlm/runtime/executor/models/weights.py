@@ -73,14 +73,17 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
+def plan_load(model: nn.Module, model_dir: str | Path,
+              optional: tuple[str, ...] = ()) -> dict[str, LoadTarget]:
     """checkpoint name -> the parameter (or rows of one) it is copied into and this rank's
     slice of it, after checking every tensor's presence and shape from the headers; no
     weight is read or touched. Raises ValueError naming missing, unexpected and misshapen
-    tensors.
+    tensors; those in ``optional`` may be missing (an embedding model's LM head).
 
     A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
-    ``model.embed_tokens.weight``) is expected once, under its first name.
+    ``model.embed_tokens.weight``) is expected once, under its first name. A base model's
+    checkpoint (transformers' ``AutoModel``: ``layers.0...`` for ``model.layers.0...``,
+    as embedding checkpoints are saved) fills the same parameters.
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
@@ -88,13 +91,16 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
     targets: dict[str, LoadTarget] = {}
     unexpected: list[str] = []
     misshapen: list[str] = []
+    found: set[str] = set()
     for name, shape in checkpoint_shapes(model_dir).items():
         if name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
-        if name not in layout:
+        key = name if name in layout or f"model.{name}" not in layout else f"model.{name}"
+        if key not in layout:
             unexpected.append(name)
             continue
-        param_name, rows, shard = layout[name]
+        found.add(key)
+        param_name, rows, shard = layout[key]
         target = params[param_name] if rows is None else params[param_name][rows]
         expected = list(target.shape)
         if shard is not None:  # this rank holds shard.size of shard.full rows along shard.dim
@@ -103,12 +109,14 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
         if tuple(expected) != shape:
             misshapen.append(f"{name} {shape} (expected {tuple(expected)})")
         targets[name] = LoadTarget(target, shard)
-    missing = sorted(layout.keys() - targets.keys())
+    missing = sorted(layout.keys() - found - set(optional))
     if missing or unexpected or misshapen:
+        hint = ("; a checkpoint without an LM head serves embeddings only (--is-embedding)"
+                if missing == ["lm_head.weight"] else "")
         raise ValueError(
             f"checkpoint in {model_dir} does not match the model: "
             f"missing tensors {_short(missing)}, unexpected tensors {_short(unexpected)}, "
-            f"tensors of another shape {_short(misshapen)}"
+            f"tensors of another shape {_short(misshapen)}{hint}"
         )
     return targets
 
@@ -127,10 +135,10 @@ def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
     logger.info("loaded %d tensors from %s", len(targets), model_dir)
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+def load_weights(model: nn.Module, model_dir: str | Path, optional: tuple[str, ...] = ()) -> None:
     """Check the whole checkpoint against the model (``plan_load``: shapes, missing and
     unexpected tensors), then copy it in. Nothing is copied if anything differs."""
-    copy_weights(plan_load(model, model_dir), model_dir)
+    copy_weights(plan_load(model, model_dir, optional), model_dir)
 
 
 # ModelConfig fields a checkpoint swapped in at runtime must share with the served one:
