@@ -96,6 +96,8 @@ class ReqOutput(msgspec.Struct, tag=True):
     # token_ids_logprob: (logprob, id) of each asked id, per position, shaped as the tops
     output_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # of cached_tokens, those loaded from the storage tier (None: no hierarchical cache)
+    storage_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -148,6 +150,7 @@ class TextOutput(msgspec.Struct, tag=True):
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
     output_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
     input_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
+    storage_cached_tokens: int | None = None  # see ReqOutput
 
     @property
     def finished(self) -> bool:

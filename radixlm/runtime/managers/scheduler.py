@@ -20,6 +20,7 @@ from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.cpu_threads import ThreadSizer
 from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
 from radixlm.runtime.managers.cache_manager import CacheManager
+from radixlm.runtime.managers.hicache import build_hicache
 from radixlm.runtime.managers.messages import (
     AbortReq,
     FlushCacheOutput,
@@ -81,7 +82,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
                                   self.context_len, args.disable_radix_cache,
                                   self.model_runner.device, args.radix_eviction_policy,
-                                  self.kv_events)
+                                  self.kv_events, build_hicache(args, self.model_runner,
+                                                                model_path,
+                                                                DEFAULT_WEIGHT_VERSION))
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling
