@@ -34,6 +34,10 @@ class StorageBackend(ABC):
         """Whether a page is stored under ``key`` (it may still be lost before a get)."""
 
     @abstractmethod
+    def size(self, key: str) -> int | None:
+        """Bytes stored under ``key``, None if none (a writer skips a page stored whole)."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Forget ``key`` (a corrupt page); no error if it is missing."""
 

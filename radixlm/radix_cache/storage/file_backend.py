@@ -97,6 +97,12 @@ class FileStorage(StorageBackend):
     def exists(self, key: str) -> bool:
         return self.path(key).is_file()
 
+    def size(self, key: str) -> int | None:
+        try:
+            return self.path(key).stat().st_size
+        except OSError:
+            return None
+
     def delete(self, key: str) -> None:
         _unlink(self.path(key))
 

@@ -123,10 +123,10 @@ class StorageTier:
                     self._pending_write_bytes -= self.page_bytes
 
     def _write_one(self, key: str, tokens: list[int], kv: torch.Tensor) -> None:
-        if self.backend.exists(key):  # another server (or an earlier run) wrote it
+        data = encode_page(key, tokens, kv)
+        if self.backend.size(key) == len(data):  # another server (or an earlier run) wrote it
             self.stats["writes_skipped"] += 1
             return
-        data = encode_page(key, tokens, kv)
         if self.backend.put(key, data):
             self.stats["pages_written"] += 1
             self.stats["bytes_written"] += len(data)
@@ -161,8 +161,10 @@ class StorageTier:
                 if load.cancelled or not self._reserve(load):
                     break
                 kv = self.read(load.keys[i], load.tokens[i])
-                if kv is None:
+                if kv is None:  # the pages after it cannot be reached: write them again
                     self._reserve(load, -1)
+                    for key in load.keys[i:]:
+                        self._forget(key)
                     break
                 load.pages.append(kv)
         finally:
