@@ -14,7 +14,8 @@ storage directory is a fresh temporary one per run (in the page cache: what a lo
 with warm pages gives; a cold disk reads slower).
 
     .venv/bin/python benchmarks/hicache.py --preset small
-    .venv/bin/python benchmarks/hicache.py --preset small --lengths 1536 4096 16384 --rounds 3
+    .venv/bin/python benchmarks/hicache.py --preset small --lengths 1536 4000 16000 \
+        --context-length 16384 --rounds 3
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _ttft(eng: radixlm.Engine, ids: list[int]) -> tuple[float, dict[str, Any]]:
 def _engine(model: str, pool: int, tier_dir: str | None, args: argparse.Namespace
             ) -> radixlm.Engine:
     kw: dict[str, Any] = {"model_path": model, "max_total_tokens": pool, "dtype": args.dtype,
-                          "random_seed": 0, "chunked_prefill_size": args.chunk}
+                          "random_seed": 0, "chunked_prefill_size": args.chunk,
+                          "context_length": args.context_length}
     if tier_dir is not None:
         kw.update(enable_hierarchical_cache=True, hicache_storage_backend="file",
                   hicache_storage_dir=tier_dir,
@@ -108,7 +110,11 @@ def _row(name: str, length: int, runs: dict[bool, list[tuple[float, dict]]]) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(parser)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1536, 4096])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1536, 4000],
+                        help="document tokens (plus a 32-token question: the small preset's "
+                             "context is 4096; longer ones need --context-length)")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="override the model's (RoPE goes on past it)")
     parser.add_argument("--rounds", type=int, default=1, help="median of this many")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--chunk", type=int, default=2048, help="--chunked-prefill-size")
