@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 MAX_PENDING_WRITE_BYTES = 512 << 20  # pages copied but not yet written; past it: dropped
 MAX_PREFETCH_BYTES = 1 << 30  # pages loaded but not yet taken by their request
-MAX_KNOWN_KEYS = 1 << 20  # keys remembered as stored (not written again)
+MAX_KNOWN_KEYS = 1 << 18  # keys remembered as stored (not copied again): about 40 MB
 
 
 @dataclass
