@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-STORAGE_BACKENDS = ("file",)
-# SGLang's backends that need services or libraries radixlm does not ship
-SGLANG_STORAGE_BACKENDS = ("mooncake", "hf3fs", "nixl", "aibrix", "eic", "lmcache", "dynamic")
-
 
 class StorageBackend(ABC):
     """Where pages live below the KV pool.
