@@ -23,7 +23,7 @@ AllBlocksCleared; a split divides a node's hashes and records nothing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -120,6 +120,9 @@ class RadixCache(TreeChecks):
         self.device = allocator.device
         self._next_id = 0
         self._clock = 0
+        # called with each leaf before eviction frees it (its path's slots still hold
+        # their KV): the hierarchical cache writes it to storage (managers/hicache.py)
+        self.on_evict: Callable[[TreeNode], None] | None = None
         self.reset_state()
 
     # ---- bookkeeping ----------------------------------------------------------------
@@ -295,6 +298,8 @@ class RadixCache(TreeChecks):
             _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
             freed.append(leaf.value)
             removed.extend(leaf.block_hashes)

@@ -69,6 +69,33 @@ class ServerArgs:
     radix_eviction_policy: str = field(default="lru", metadata={
         "help": "lru|lfu: which radix-cache leaves are evicted first: least recently used, "
                 "or fewest hits (ties: least recently used)"})
+    # hierarchical cache (SGLang's flags; radix_cache/storage, managers/hicache.py)
+    enable_hierarchical_cache: bool = field(default=False, metadata={
+        "help": "keep KV pages below the pool in a storage tier (--hicache-storage-backend): "
+                "pages the pool evicts (or, write_through, every page cached) are written "
+                "there, and a prompt whose prefix is there loads it instead of recomputing "
+                "it; shared by servers on one directory and kept across restarts"})
+    hicache_storage_backend: str | None = field(default=None, metadata={
+        "help": "file (the one built in; SGLang's mooncake, hf3fs, nixl, aibrix, eic, "
+                "lmcache are refused)"})
+    hicache_storage_dir: str = field(default="~/.cache/radixlm/hicache", metadata={
+        "help": "the file backend's directory (created 0700; share it between servers of "
+                "one user to share pages)"})
+    hicache_storage_size_gb: float = field(default=16.0, metadata={
+        "help": "most GB of pages in --hicache-storage-dir; past it the least recently used "
+                "pages are deleted"})
+    hicache_write_policy: str = field(default="write_through", metadata={
+        "help": "write_through (every cached page, as it is cached) | write_back (pages as "
+                "the pool evicts them)"})
+    hicache_storage_prefetch_policy: str = field(default="best_effort", metadata={
+        "help": "best_effort (a queued request takes the pages read by the time it is "
+                "scheduled) | wait_complete (it waits for all of them) | timeout (waits up "
+                "to 1 s + 0.25 s per 1k tokens)"})
+    hicache_ratio: float | None = field(default=None, metadata={
+        "help": "SGLang's host-memory tier (host pool / device pool): radixlm has none (on a "
+                "CPU the pool is host memory); refused"})
+    hicache_size: int | None = field(default=None, metadata={
+        "help": "SGLang's host-memory tier size in GB: refused (see --hicache-ratio)"})
     # scheduling
     chunked_prefill_size: int = field(default=2048, metadata={"help": "max tokens per forward "
                                       "(prefill chunks); -1 disables chunking"})

@@ -52,6 +52,7 @@ def check_server_args(args: Any) -> None:
     need(args.device in ("auto", "cpu", "cuda") or args.device.startswith("cuda:"),
          f"device must be auto|cpu|cuda, got {args.device!r}")
     _check_quantization(args, need)
+    _check_hicache(args, need)
     need(args.radix_eviction_policy in RADIX_EVICTION_POLICIES,
          f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
          f"priority and tlru are not supported), got {args.radix_eviction_policy!r}")
@@ -189,3 +190,40 @@ def _check_disaggregation(args: Any, need: Any) -> None:
     need(not (args.is_embedding and args.disaggregation_mode != "null"),
          "is_embedding (--is-embedding) serves prefill-only requests; it cannot run with "
          f"--disaggregation-mode {args.disaggregation_mode}")
+
+
+HICACHE_WRITE_POLICIES = ("write_through", "write_back")
+HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+HICACHE_STORAGE_BACKENDS = ("file",)
+SGLANG_HICACHE_STORAGE_BACKENDS = ("mooncake", "hf3fs", "nixl", "aibrix", "eic", "lmcache",
+                                   "dynamic")
+
+
+def _check_hicache(args: Any, need: Any) -> None:
+    """--enable-hierarchical-cache and its --hicache-* flags (a flag without the tier, or a
+    tier radixlm lacks, is refused rather than ignored)."""
+    backend = args.hicache_storage_backend
+    for name in ("hicache_ratio", "hicache_size"):
+        need(getattr(args, name) is None,
+             f"{name}: radixlm has no separate host-memory tier (on a CPU the KV pool is host "
+             "memory already); use --hicache-storage-backend file for a tier below the pool")
+    why = (" (SGLang's backend needs a service or library radixlm does not ship)"
+           if backend in SGLANG_HICACHE_STORAGE_BACKENDS else "")
+    need(backend is None or backend in HICACHE_STORAGE_BACKENDS,
+         f"hicache_storage_backend must be one of {HICACHE_STORAGE_BACKENDS}, got "
+         f"{backend!r}{why}")
+    need(args.hicache_write_policy in HICACHE_WRITE_POLICIES,
+         f"hicache_write_policy must be one of {HICACHE_WRITE_POLICIES} (SGLang's "
+         f"write_through_selective is not supported), got {args.hicache_write_policy!r}")
+    need(args.hicache_storage_prefetch_policy in HICACHE_PREFETCH_POLICIES,
+         f"hicache_storage_prefetch_policy must be one of {HICACHE_PREFETCH_POLICIES}, got "
+         f"{args.hicache_storage_prefetch_policy!r}")
+    need(args.hicache_storage_size_gb > 0,
+         f"hicache_storage_size_gb must be > 0, got {args.hicache_storage_size_gb}")
+    if not args.enable_hierarchical_cache:
+        need(backend is None, "hicache_storage_backend needs --enable-hierarchical-cache")
+        return
+    need(backend is not None, "enable_hierarchical_cache needs --hicache-storage-backend file "
+         "(radixlm's tier below the pool is storage; it has no host-memory tier)")
+    need(not args.disable_radix_cache,
+         "enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")

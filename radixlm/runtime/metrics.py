@@ -182,6 +182,7 @@ class SchedulerCollector(Collector):
             value=info.get("cached_tokens", 0),
         )
         yield from _namespace_metrics(info.get("namespace_cache", {}))
+        yield from _tier_metrics(info)
         yield CounterMetricFamily(PREFIX + "evicted_tokens", "KV slots freed by eviction",
                                   value=info.get("evicted_tokens", 0))
         yield histogram_family(PREFIX + "grammar_compile_time_seconds",
@@ -226,6 +227,30 @@ def _namespace_metrics(by_label: dict[str, dict[str, int]]) -> Iterator[Metric]:
     yield from families.values()
 
 
+
+
+def _tier_metrics(info: dict[str, Any]) -> Iterator[Metric]:
+    """With --enable-hierarchical-cache: prompt tokens found per tier (``device``: in the
+    pool; ``storage``: loaded from the storage tier) and bytes moved to and from storage."""
+    if "hicache_storage_hit_tokens" not in info:
+        return
+    storage = info["hicache_storage_hit_tokens"]
+    hits = CounterMetricFamily(PREFIX + "cache_tier_hit_tokens", "Prompt tokens found in "
+                               "the cache, by tier", labels=["tier"])
+    hits.add_metric(["device"], info.get("cached_tokens", 0) - storage)
+    hits.add_metric(["storage"], storage)
+    moved = CounterMetricFamily(PREFIX + "cache_tier_bytes", "Bytes of KV pages moved "
+                                "to (write) and from (read) the storage tier",
+                                labels=["tier", "direction"])
+    moved.add_metric(["storage", "write"], info.get("hicache_storage_bytes_written", 0))
+    moved.add_metric(["storage", "read"], info.get("hicache_storage_bytes_read", 0))
+    pages = CounterMetricFamily(PREFIX + "cache_tier_storage_pages", "Storage tier pages "
+                                "by outcome", labels=["outcome"])
+    for outcome in ("written", "read", "missed", "corrupt"):
+        pages.add_metric([outcome], info.get(f"hicache_storage_pages_{outcome}", 0))
+    for outcome in ("failed", "dropped"):
+        pages.add_metric([f"write_{outcome}"], info.get(f"hicache_storage_writes_{outcome}", 0))
+    yield from (hits, moved, pages)
 
 
 class ServerMetrics:

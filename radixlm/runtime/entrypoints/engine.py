@@ -315,6 +315,8 @@ class Engine(EngineEncode):
         if self.loop.stopped:
             return
         self.loop.shutdown()
+        if self.scheduler is not None and self.scheduler.cache.hicache is not None:
+            self.scheduler.cache.hicache.close()  # write the pages still queued
         for publisher in self._kv_publishers:
             publisher.shutdown()
         if self.request_log is not None:

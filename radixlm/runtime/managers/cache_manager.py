@@ -15,7 +15,8 @@ import torch
 from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import KVEventRecorder
 from radixlm.radix_cache.kv_pool import ReqToTokenPool
-from radixlm.radix_cache.radix_tree import RadixCache
+from radixlm.radix_cache.radix_tree import MatchResult, RadixCache
+from radixlm.runtime.managers.hicache import HiCache
 from radixlm.runtime.managers.schedule_batch import Req
 
 # a shared prefix shorter than this is not worth a separate attention pass
@@ -29,7 +30,10 @@ def _ceil_to(n: int, page: int) -> int:
 class CacheManager:
     def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
                  disable_radix_cache: bool, device: torch.device,
-                 eviction_policy: str = "lru", events: KVEventRecorder | None = None) -> None:
+                 eviction_policy: str = "lru", events: KVEventRecorder | None = None,
+                 hicache: HiCache | None = None) -> None:
+        """``hicache``: the storage tier under the tree (``--enable-hierarchical-cache``):
+        evicted pages are written to it, admissions load from it what the tree lacks."""
         self.page_size = page_size
         self.pool_size = pool_size
         self.allocator = PagedAllocator(pool_size, page_size, device=device)
@@ -37,6 +41,9 @@ class CacheManager:
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
                                eviction_policy=eviction_policy, events=events)
+        self.hicache = None if disable_radix_cache else hicache
+        if self.hicache is not None:
+            self.tree.on_evict = self.hicache.on_evict
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
         self.evicted_tokens = 0  # freed by eviction since start (a metric)
@@ -66,6 +73,9 @@ class CacheManager:
             return False
         ids = req.fill_ids[: req.max_cached_prefix()]
         m = self.tree.match_prefix(ids, namespace=req.namespace)
+        loaded = 0
+        if self.hicache is not None:
+            m, loaded = self._load_from_storage(req, ids, m)
         n = len(m.slots)
         self.req_to_token_pool.req_to_token[row, :n] = m.slots
         self.tree.inc_lock_ref(m.last_node)
@@ -73,8 +83,42 @@ class CacheManager:
         req.prefix_len = req.kv_len = req.alloc_len = n
         if not req.admitted_once:
             req.cached_tokens, req.admitted_once = n, True
+            req.storage_cached_tokens = loaded
         self.running[req.rid] = req
         return True
+
+    def prefetch(self, req: Req) -> None:
+        """A request joined the queue: start reading its pages the tree lacks."""
+        if self.hicache is not None:
+            ids = req.fill_ids[: req.max_cached_prefix()]
+            cached = len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
+            self.hicache.prefetch(req.rid, ids, req.namespace, cached)
+
+    def _load_from_storage(self, req: Req, ids: list[int], m: MatchResult
+                           ) -> tuple[MatchResult, int]:
+        """Extend the match ``m`` of ``ids`` with the pages storage holds past it: fresh
+        slots get their K/V and go into the tree. Returns the new match and the tokens
+        loaded (0, and ``m``, when storage holds none or the pool has no room)."""
+        assert self.hicache is not None
+        n = len(m.slots)
+        got = self.hicache.take(req.rid, ids, req.namespace, n)
+        if got is None:
+            return m, 0
+        start, kv = got
+        end = start + kv.shape[1]
+        self.tree.inc_lock_ref(m.last_node)  # making room must not evict the match
+        ok = self.ensure_free(end - n)
+        self.tree.dec_lock_ref(m.last_node)
+        if not ok:
+            return m, 0
+        slots = self.allocator.alloc(end - n)
+        assert slots is not None, f"alloc of {end - n} failed after ensure_free"
+        self.hicache.write_kv(slots, list(kv[:, n - start:].unbind(0)))
+        p = self.tree.insert(ids[:end], torch.cat([m.slots, slots]), namespace=req.namespace)
+        assert p == n, f"storage load: the tree grew from {n} to {p} tokens meanwhile"
+        self.inserted[req.rid] = end  # its hit is counted
+        self.hicache.loaded(end - n, kv)
+        return self.tree.match_prefix(ids[:end], namespace=req.namespace), end - n
 
     def alloc(self, req: Req, num_new: int) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` (evicting if needed)."""
@@ -119,6 +163,8 @@ class CacheManager:
         aligned = req.kv_len - req.kv_len % self.page_size
         p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
                              counted_len=self.inserted.get(req.rid, 0))
+        if self.hicache is not None:
+            self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
         self.inserted[req.rid] = aligned
         # our copies of what the tree already had are duplicates
         self._free_range(row, req.prefix_len, min(p, aligned))
@@ -137,6 +183,8 @@ class CacheManager:
             aligned = req.kv_len - req.kv_len % self.page_size
             p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
                                  counted_len=self.inserted.get(req.rid, 0))
+            if self.hicache is not None:
+                self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
             self._free_range(row, req.prefix_len, min(p, aligned))
             self._free_range(row, aligned, req.alloc_len)
         else:

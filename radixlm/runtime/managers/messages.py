@@ -98,6 +98,8 @@ class ReqOutput(msgspec.Struct, tag=True):
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     # --is-embedding: the pooled embedding, little-endian float32 (on the last output)
     embedding: bytes | None = None
+    # of cached_tokens, those loaded from the storage tier (None: no hierarchical cache)
+    storage_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -151,6 +153,7 @@ class TextOutput(msgspec.Struct, tag=True):
     output_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
     input_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
     embedding: bytes | None = None  # ReqOutput.embedding, passed on
+    storage_cached_tokens: int | None = None  # see ReqOutput
 
     @property
     def finished(self) -> bool:

@@ -300,7 +300,9 @@ class OutputProcessor:
             finish_reason=req.finish_reason,
             output_token_logprobs=lps if req.return_logprob else None,
             output_top_logprobs=top if req.top_logprobs_num else None,
-            output_token_ids_logprobs=(asked or []) if wants_ids else None)
+            output_token_ids_logprobs=(asked or []) if wants_ids else None,
+            storage_cached_tokens=(req.storage_cached_tokens
+                                   if self.s.cache.hicache is not None else None))
         if req.wants_input_logprobs and req.kv_len >= req.prompt_len:
             out.input_token_logprobs = req.input_token_logprobs
             out.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None

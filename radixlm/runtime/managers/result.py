@@ -82,6 +82,10 @@ class ResultBuilder:
             "finish_reason": out.finish_reason,
             "e2e_latency": latency,
         }
+        if out.storage_cached_tokens is not None:  # --enable-hierarchical-cache
+            meta["cached_tokens_details"] = {
+                "device": out.cached_tokens - out.storage_cached_tokens,
+                "storage": out.storage_cached_tokens}
         if self.weight_version is not None:
             meta["weight_version"] = self.weight_version
         if self.return_logprob:

@@ -60,6 +60,7 @@ class Req:
         self.kv_len = 0
         self.alloc_len = 0
         self.cached_tokens = 0
+        self.storage_cached_tokens = 0  # of cached_tokens, loaded from the storage tier
         self.admitted_once = False
         self.num_retractions = 0
         # prompt logprobs gathered across prefill chunks; sent with the first output

@@ -22,6 +22,7 @@ from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
 from radixlm.runtime.executor.pooler import PoolingConfig
 from radixlm.runtime.managers.cache_manager import CacheManager
 from radixlm.runtime.managers.embedding_outputs import EmbeddingOutputs
+from radixlm.runtime.managers.hicache import build_hicache
 from radixlm.runtime.managers.messages import (
     AbortReq,
     FlushCacheOutput,
@@ -83,7 +84,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
                                   self.context_len, args.disable_radix_cache,
                                   self.model_runner.device, args.radix_eviction_policy,
-                                  self.kv_events)
+                                  self.kv_events, build_hicache(args, self.model_runner,
+                                                                model_path,
+                                                                DEFAULT_WEIGHT_VERSION))
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling

@@ -52,6 +52,7 @@ class SchedulerIntake:
             self.grammar_waiting.append(req)
         else:
             self.waiting.append(req)
+        self.cache.prefetch(req)  # --enable-hierarchical-cache: pages from storage
 
     def _add_disaggregated(self, msg: GenerateReqInput, req: Req) -> None:
         """A request with a room goes to the transfer queues (its grammar compiling

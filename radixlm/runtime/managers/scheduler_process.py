@@ -177,6 +177,8 @@ def run_scheduler_process(
         logger.info("scheduler process stopping")
     finally:
         scheduler.grammar_compiler.shutdown()  # a worker still starting would delay the exit
+        if scheduler.cache.hicache is not None:
+            scheduler.cache.hicache.close()  # write the pages still queued
         pull.close(linger=0)
         push.close(linger=100)
         ctx.term()

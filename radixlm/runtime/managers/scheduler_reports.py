@@ -103,8 +103,15 @@ class SchedulerReports:
             "torch_threads": self.threads.threads if self.on_cpu else 0,  # on a CPU, now
             "omp_wait_policy": wait_policy(),
             **(self.pd.info() if self.pd is not None else {}),
+            **(self._hicache_info()),
             **{k: int(v) for k, v in self.stats.items()},
         }
+
+    def _hicache_info(self) -> dict[str, Any]:
+        hicache = self.cache.hicache
+        if hicache is None:
+            return {}
+        return {"hierarchical_cache": hicache.info(), **hicache.counters()}
 
     def waiting_uncached_tokens(self) -> int:
         """Tokens the waiting requests still have to compute: each one's beyond its cached

@@ -45,6 +45,8 @@ class SchedulerWeightUpdates:
         except ValueError as e:
             ok, message = False, f"Failed to update weights: {e}"
         self.cache.flush()  # also after a failure: the weights may have been reloaded
+        if self.cache.hicache is not None and ok:  # stored pages of the old weights: unread
+            self.cache.hicache.set_model(msg.model_path, self.weight_version)
         if msg.torch_empty_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.model_config = self.model_runner.model_config

@@ -1,0 +1,42 @@
+"""The storage backend contract: bytes under string keys, with every failure a miss."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class StorageBackend(ABC):
+    """Where pages live below the KV pool.
+
+    Contract: ``get`` returns the bytes last ``put`` under ``key`` or None (missing, or any
+    I/O error: the caller recomputes); ``put`` is atomic (a reader sees the old bytes,
+    the new ones or none, never a mix) and returns False instead of raising on a full or
+    read-only medium. Both may run on any thread. Integrity of the bytes is the caller's
+    (``page_format`` checksums them); a backend may lose any page at any time.
+    """
+
+    name: str
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The page under ``key``, or None."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` (replacing any); False if it could not."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a page is stored under ``key`` (it may still be lost before a get)."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """Bytes stored under ``key``, None if none (a writer skips a page stored whole)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Forget ``key`` (a corrupt page); no error if it is missing."""
+
+    @abstractmethod
+    def info(self) -> dict[str, object]:
+        """What ``/get_server_info`` shows about this backend."""

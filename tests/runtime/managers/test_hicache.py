@@ -1,0 +1,166 @@
+"""--enable-hierarchical-cache with the file backend, on Engines with the tiny model and a
+640-token pool that four 300-token prompts overflow: prefixes loaded back from storage are
+token-exact (greedy, float32, against an Engine that never evicts); bad pages, a read-only
+directory, a restart, a second Engine on the same directory, other namespaces, another
+model and a weight update behave as docs/design.md says."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+import pytest
+
+from radixlm.radix_cache.storage import file_backend
+
+POOL = 640
+
+
+def _doc(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(5, 400) for _ in range(300)]
+
+
+DOCS = [_doc(i) for i in range(4)]
+GREEDY = {"temperature": 0, "max_new_tokens": 6}
+WHOLE_PAGES = 256  # 300 tokens hold four 64-token storage pages
+
+
+def _tiered(make, directory, **kw):
+    return make(max_total_tokens=POOL, dtype="float32", enable_hierarchical_cache=True,
+                hicache_storage_backend="file", hicache_storage_dir=str(directory),
+                hicache_storage_prefetch_policy="wait_complete", **kw)
+
+
+def _run(eng, doc, **kw):
+    out = eng.generate(input_ids=doc, sampling_params=GREEDY, **kw)
+    return out["output_ids"], out["meta_info"]
+
+
+def _written(eng):
+    """Wait for the background writer; the tier's counters."""
+    tier = eng.scheduler.cache.hicache.tier
+    tier.flush(timeout=60)
+    return tier.stats
+
+
+@pytest.fixture(scope="module")
+def want(make_module_engine):
+    """Each doc's greedy output from an Engine whose pool holds them all."""
+    eng = make_module_engine(max_total_tokens=4096, dtype="float32")
+    return [_run(eng, d)[0] for d in DOCS]
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_evicted_prefixes_come_back_from_storage_token_exact(make_engine, tmp_path, want,
+                                                             policy):
+    eng = _tiered(make_engine, tmp_path, hicache_write_policy=policy)
+    for doc, w in zip(DOCS, want):
+        assert _run(eng, doc)[0] == w
+    assert eng.get_server_info()["evicted_tokens"] > 0
+    for i in (0, 1):  # both were evicted by the ones after them
+        out, meta = _run(eng, DOCS[i])
+        assert out == want[i]
+        details = meta["cached_tokens_details"]
+        assert details["storage"] > 0 and meta["cached_tokens"] == WHOLE_PAGES
+        assert details["device"] + details["storage"] == meta["cached_tokens"]
+    info = eng.get_server_info()
+    assert info["hierarchical_cache"]["write_policy"] == policy
+    assert info["hicache_storage_hit_tokens"] > 0
+    assert info["hicache_storage_bytes_read"] > 0 and info["hicache_storage_bytes_written"] > 0
+
+
+def test_bad_pages_and_a_read_only_directory_mean_recompute(make_engine, tmp_path, want,
+                                                            monkeypatch):
+    eng = _tiered(make_engine, tmp_path)
+    for doc in DOCS:
+        _run(eng, doc)
+    assert _written(eng)["pages_written"] == 4 * len(DOCS)
+    hicache = eng.scheduler.cache.hicache
+    paths = [hicache.tier.backend.path(k) for k in hicache.keys(DOCS[0], None)]
+    raw = bytearray(paths[1].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    paths[1].write_bytes(bytes(raw))  # one flipped byte
+    paths[2].write_bytes(paths[2].read_bytes()[:1000])  # truncated
+    paths[3].unlink()  # deleted
+    out, meta = _run(eng, DOCS[0])
+    assert out == want[0]
+    assert meta["cached_tokens_details"]["storage"] == 64  # page 0 only
+    stats = _written(eng)
+    assert stats["pages_corrupt"] == 1  # the truncated one: its tokens are in the checksum
+    assert eng.flush_cache()  # write_through wrote the recomputed pages back, whole
+    out, meta = _run(eng, DOCS[0])
+    assert out == want[0] and meta["cached_tokens_details"]["storage"] == WHOLE_PAGES
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(file_backend.os, "replace", read_only)
+    new_doc = _doc(99)
+    first = _run(eng, new_doc)[0]  # its pages cannot be written: served all the same
+    assert _written(eng)["writes_failed"] >= 4
+    assert eng.flush_cache()
+    out, meta = _run(eng, new_doc)
+    assert out == first and meta["cached_tokens_details"]["storage"] == 0
+    out, meta = _run(eng, DOCS[2])  # pages written before still load
+    assert out == want[2] and meta["cached_tokens_details"]["storage"] > 0
+
+
+def test_a_restarted_engine_and_a_second_one_reuse_the_directory(make_engine, tmp_path, want):
+    first = _tiered(make_engine, tmp_path)
+    assert _run(first, DOCS[0])[0] == want[0]
+    first.shutdown()  # writes what is still queued
+    restarted, other = _tiered(make_engine, tmp_path), _tiered(make_engine, tmp_path)
+    out, meta = _run(restarted, DOCS[0])  # its very first request
+    assert out == want[0] and meta["cached_tokens_details"]["storage"] == WHOLE_PAGES
+    assert _run(restarted, DOCS[1])[0] == want[1]
+    _written(restarted)
+    out, meta = _run(other, DOCS[1])  # written by the other Engine, still running
+    assert out == want[1] and meta["cached_tokens_details"]["storage"] == WHOLE_PAGES
+
+
+def test_namespaces_models_and_weight_versions_never_share_pages(make_engine, tmp_path, want,
+                                                                 tiny_llama_dir,
+                                                                 tiny_qwen2_dir):
+    eng = _tiered(make_engine, tmp_path, model_path=str(tiny_llama_dir))
+    _run(eng, DOCS[0], extra_key="a")
+    _written(eng)
+
+    def storage_tokens(**kw):
+        assert eng.flush_cache()  # an empty pool: whatever is cached comes from storage
+        out, meta = _run(eng, DOCS[0], **kw)
+        assert out == want[0]
+        return meta["cached_tokens_details"]["storage"]
+
+    assert storage_tokens(extra_key="b") == 0
+    assert storage_tokens() == 0
+    assert storage_tokens(cache_salt="a") == 0
+    assert storage_tokens(extra_key="a") == WHOLE_PAGES  # the control
+    ok, message, _ = eng.update_weights_from_disk(str(tiny_llama_dir), weight_version="v2")
+    assert ok, message
+    assert storage_tokens(extra_key="a") == 0  # computed by the old weights: not read
+    qwen = _tiered(make_engine, tmp_path, model_path=str(tiny_qwen2_dir))
+    meta = _run(qwen, DOCS[0], extra_key="a")[1]
+    assert meta["cached_tokens_details"]["storage"] == 0
+
+
+@pytest.mark.parametrize("flags, field", [
+    ({"enable_hierarchical_cache": True}, "enable_hierarchical_cache needs"),
+    ({"hicache_storage_backend": "file"}, "needs --enable-hierarchical-cache"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_backend": "mooncake"},
+     "hicache_storage_backend must be one of"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
+      "hicache_ratio": 2.0}, "hicache_ratio: radixlm has no separate host-memory tier"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
+      "hicache_write_policy": "write_through_selective"}, "hicache_write_policy must be"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
+      "hicache_storage_prefetch_policy": "eager"}, "hicache_storage_prefetch_policy must be"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
+      "disable_radix_cache": True}, "needs the radix cache"),
+])
+def test_bad_flags_are_refused_naming_them(flags, field):
+    from radixlm.runtime.config import ServerArgs
+
+    with pytest.raises(ValueError, match=field):
+        ServerArgs(**flags).validate()
