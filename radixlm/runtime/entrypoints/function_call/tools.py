@@ -41,9 +41,10 @@ class FunctionTool:
     strict: bool | None = None
 
     def to_openai(self) -> dict[str, Any]:
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        fn: dict[str, Any] = {"name": self.name}  # OpenAI's key order: templates tojson it
         if self.description is not None:
             fn["description"] = self.description
+        fn["parameters"] = self.parameters
         return {"type": "function", "function": fn}
 
 
