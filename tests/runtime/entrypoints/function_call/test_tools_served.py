@@ -155,3 +155,78 @@ def test_thinking_goes_to_reasoning_content(client):
             tool_choice="required", extra_body={"chat_template_kwargs": {
                 "enable_thinking": True}})
     assert e.value.body["param"] == "tool_choice"
+
+
+FRAMEWORKS_SCRIPT = """
+import asyncio, json, os
+from typing import Literal
+import pydantic
+
+TOOLS = json.loads(os.environ["RADIXLM_TEST_TOOLS"])
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+out = {}
+
+class Weather(pydantic.BaseModel):
+    city: Literal["Paris", "Oslo", "Lima"]
+    days: int = pydantic.Field(ge=1, le=7)
+    metric: bool
+
+from langchain_openai import ChatOpenAI
+llm = ChatOpenAI(model="default", max_tokens=200, max_retries=0)
+msg = llm.bind_tools(TOOLS, tool_choice="required").invoke("Weather in Paris?")
+out["langchain_required"] = [[c["name"], c["args"]] for c in msg.tool_calls]
+msg = llm.bind_tools(TOOLS, tool_choice="get_time").invoke("Time?")
+out["langchain_named"] = [[c["name"], c["args"]] for c in msg.tool_calls]
+got = llm.with_structured_output(Weather, method="function_calling").invoke("Weather?")
+out["langchain_structured"] = got.model_dump() if isinstance(got, Weather) else repr(got)
+
+import instructor
+from openai import AsyncOpenAI, OpenAI
+client = instructor.from_openai(OpenAI(max_retries=0), mode=instructor.Mode.TOOLS)
+got = client.chat.completions.create(model="default", response_model=Weather,
+                                     messages=USER, max_tokens=200, max_retries=0)
+out["instructor"] = got.model_dump()
+
+import litellm
+resp = litellm.completion(model="openai/default", api_base=os.environ["OPENAI_BASE_URL"],
+                          api_key="EMPTY", messages=USER, tools=TOOLS,
+                          tool_choice="required", max_tokens=200)
+out["litellm"] = [[c.function.name, json.loads(c.function.arguments)]
+                  for c in resp.choices[0].message.tool_calls]
+out["litellm_finish"] = resp.choices[0].finish_reason
+
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+called = []
+
+@function_tool
+def get_time(zone: Literal["CET", "UTC"]) -> str:
+    "The time in a zone."
+    called.append(zone)
+    return "12:00"
+
+agent = Agent(name="a", instructions="Use tools.", tools=[get_time],
+              model=OpenAIChatCompletionsModel(model="default", openai_client=AsyncOpenAI()),
+              model_settings=ModelSettings(tool_choice="required", max_tokens=100))
+result = asyncio.run(Runner.run(agent, "What time is it?", max_turns=3))
+out["agents_chat_called"] = called
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_agent_frameworks_call_tools(server, monkeypatch):
+    from tests.compat.agent_frameworks import run_client
+
+    monkeypatch.setenv("RADIXLM_TEST_TOOLS", json.dumps(TOOLS))
+    out = run_client(FRAMEWORKS_SCRIPT, server.url)
+    for key, allowed in (("langchain_required", set(SCHEMAS)), ("langchain_named",
+                                                                {"get_time"}),
+                         ("litellm", set(SCHEMAS))):
+        assert out[key], (key, out)
+        for name, args in out[key]:
+            assert name in allowed, (key, name)
+            jsonschema.validate(args, SCHEMAS[name])
+    assert out["litellm_finish"] == "tool_calls"
+    for key in ("langchain_structured", "instructor"):
+        assert isinstance(out[key], dict), (key, out[key])
+        jsonschema.validate(out[key], WEATHER)
+    assert out["agents_chat_called"] and out["agents_chat_called"][0] in ("CET", "UTC")
