@@ -83,6 +83,8 @@ def tool_plan(body: ChatCompletionRequest, parser_name: str | None) -> ToolPlan 
 
 def constrain(plan: ToolPlan | None, sp: dict[str, Any]) -> None:
     """Put the tools' grammar into the sampling params (400 beside another grammar)."""
+    if plan is not None and plan.keep_special_tokens:
+        sp.setdefault("skip_special_tokens", False)
     found = plan.constraint() if plan is not None else None
     if found is None:
         return
@@ -94,8 +96,6 @@ def constrain(plan: ToolPlan | None, sp: dict[str, Any]) -> None:
                             "calls' grammar", param=field)
     kind, spec = found
     sp[kind] = spec
-    if plan.keep_special_tokens:
-        sp.setdefault("skip_special_tokens", False)
 
 
 def choice_outputs(body: ChatCompletionRequest, plan: ToolPlan | None,

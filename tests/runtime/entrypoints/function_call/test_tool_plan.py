@@ -100,3 +100,31 @@ def test_none_renders_but_neither_constrains_nor_parses():
     assert plan.template_tools[0]["function"]["name"] == "weather"
     assert plan.constraint() is None and plan.new_parser() is None
     assert plan_tools(None, None, None, None) is None
+
+
+@pytest.mark.parametrize("spec, word", [
+    ({"structures": [], "triggers": ["<a>"]}, "structures"),
+    ({"structures": [{"begin": "<b>", "schema": {}, "end": ""}], "triggers": ["<a>"]},
+     "does not start with any trigger"),
+    ({"structures": [{"begin": "<a>", "end": ""}], "triggers": ["<a>"]}, "schema"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": ""}], "triggers": [""]},
+     "non-empty"),
+    ({"structures": [{"begin": "<a>", "schema": 3, "end": ""}], "triggers": ["<a>"]},
+     "json_schema"),
+    ("{not json", "not valid JSON"),
+])
+def test_structural_tag_spec_errors(spec, word):
+    with pytest.raises(ValueError, match=word):
+        canonical_spec("structural_tag", spec)
+
+
+def test_special_token_formats_keep_special_tokens():
+    from radixlm.runtime.entrypoints.chat_prompt import constrain
+
+    for parser, keep in (("pythonic", True), ("llama3", True), ("qwen25", False)):
+        sp: dict = {}
+        constrain(plan_tools(TOOLS, "auto", None, parser), sp)
+        assert sp.get("skip_special_tokens", True) is not keep, parser
+    sp = {}
+    constrain(plan_tools(TOOLS, "required", None, "llama3"), sp)
+    assert "skip_special_tokens" not in sp and "json_schema" in sp
