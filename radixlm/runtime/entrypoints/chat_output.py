@@ -55,23 +55,18 @@ class ChoiceOutput:
             out["tool_calls"] = merged
         return out
 
-    def delta(self, text: str) -> dict[str, Any]:
-        """Delta fields for the new piece ``text`` (empty: nothing to show yet)."""
-        reasoning = ""
+    def delta(self, text: str, final: bool = False) -> dict[str, Any]:
+        """Delta fields for the new piece ``text`` (empty: nothing to show yet);
+        ``final``: the output ends with it, so held-back text and the last call settle."""
+        reasoning, content, calls = "", text, []
         if self.reasoning is not None:
-            reasoning, text = self.reasoning.feed(text)
-        calls: list = []
+            reasoning, content = self.reasoning.feed(text)
+            if final:
+                more_r, more_c = self.reasoning.finish()
+                reasoning, content = reasoning + more_r, content + more_c
         if self.tools is not None:
-            text, calls = self.tools.feed(text)
-        return self._fields(reasoning, text, calls)
-
-    def finish(self) -> dict[str, Any]:
-        """Delta fields the end of the output settles."""
-        reasoning, text, calls = "", "", []
-        if self.reasoning is not None:
-            reasoning, text = self.reasoning.finish()
-        if self.tools is not None:
-            more, calls = self.tools.feed(text) if text else ("", [])
-            last, tail = self.tools.finish()
-            text, calls = more + last, calls + tail
-        return self._fields(reasoning, text, calls)
+            content, calls = self.tools.feed(content)
+            if final:
+                more, tail = self.tools.finish()
+                content, calls = content + more, calls + tail
+        return self._fields(reasoning, content, calls)

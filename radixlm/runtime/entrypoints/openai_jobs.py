@@ -208,12 +208,7 @@ class ChatJob(Job):
         reader = self.reader(i)
         if reader is None:
             return {"content": out.text} if out.text else {}
-        fields = reader.delta(out.text) if out.text else {}
-        if out.finished:
-            last = reader.finish()
-            for key, value in last.items():
-                fields[key] = fields.get(key, type(value)()) + value
-        return fields
+        return reader.delta(out.text, final=out.finished)
 
     def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}

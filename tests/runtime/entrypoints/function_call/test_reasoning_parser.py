@@ -43,3 +43,31 @@ def test_prompt_opens_thinking():
 def test_unknown_name():
     with pytest.raises(ValueError, match="--reasoning-parser"):
         ReasoningParser("nope")
+
+
+def test_thinking_then_a_call_streams_as_the_whole_message():
+    from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
+    from radixlm.runtime.entrypoints.function_call import ToolCallParser, tool_call_format
+
+    def new() -> ChoiceOutput:
+        return ChoiceOutput(ReasoningParser("qwen3"), ToolCallParser(tool_call_format("qwen25")))
+
+    text = ('<think>Need <tool_call> weather.</think>\n\nChecking. <tool_call>\n'
+            '{"name": "w", "arguments": {"c": "P"}}\n</tool_call>')
+    whole = new().message(text)
+    assert whole["reasoning_content"] == "Need <tool_call> weather."
+    assert whole["content"] == "Checking."
+    [call] = whole["tool_calls"]
+    assert call["function"] == {"name": "w", "arguments": '{"c": "P"}'}
+    for cut in range(1, len(text)):
+        out = new()
+        parts = [out.delta(text[:cut]), out.delta(text[cut:], final=True)]
+        got = {"reasoning_content": "", "content": "", "arguments": "", "names": []}
+        for p in parts:
+            got["reasoning_content"] += p.get("reasoning_content", "")
+            got["content"] += p.get("content", "")
+            for c in p.get("tool_calls", []):
+                got["arguments"] += c["function"]["arguments"]
+                got["names"] += [c["function"]["name"]] if "name" in c["function"] else []
+        assert got == {"reasoning_content": whole["reasoning_content"],
+                       "content": "Checking. ", "arguments": '{"c": "P"}', "names": ["w"]}, cut
