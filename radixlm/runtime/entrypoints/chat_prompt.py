@@ -12,7 +12,12 @@ from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
 from radixlm.runtime.entrypoints.function_call import ToolCallParser, ToolPlan, plan_tools
 from radixlm.runtime.entrypoints.function_call.harmony import HarmonyFormat
 from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest, ChatMessage
-from radixlm.runtime.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_thinking
+from radixlm.runtime.entrypoints.reasoning_parser import (
+    THINK_END,
+    ReasoningParser,
+    starts_in_reasoning,
+)
+from radixlm.runtime.executor.sampling_params import GRAMMAR_FIELDS
 from radixlm.runtime.managers.api_error import ApiError
 
 # apply_chat_template's own arguments: not the client's to set
@@ -103,27 +108,17 @@ def choice_outputs(body: ChatCompletionRequest, plan: ToolPlan | None,
                    ) -> Callable[[], ChoiceOutput] | None:
     """A factory of each choice's output reader, or None (plain text)."""
     reasoning = reasoning_name if body.separate_reasoning else None
-    if reasoning is not None:
-        opens = prompt_opens_thinking(prompt)
-        grammar = [k for k in ("json_schema", "regex", "ebnf") if sp.get(k) is not None]
-        if grammar and (opens or reasoning == "deepseek-r1"):
-            field = "response_format" if grammar[0] == "json_schema" else grammar[0]
-            if plan is not None and plan.forced:
-                field = "tool_choice"
-            raise ApiError(400, f"{field} with --reasoning-parser {reasoning}: the output "
-                                "starts with the model's thinking, and radixlm cannot yet "
-                                "hold only the answer after it to a grammar; send "
-                                "separate_reasoning false, or turn thinking off (e.g. "
-                                "chat_template_kwargs {\"enable_thinking\": false})",
-                           param=field)
-        if reasoning == "gpt-oss":
-            sp.setdefault("skip_special_tokens", False)
+    thinking = reasoning_name is not None and starts_in_reasoning(reasoning_name, prompt)
+    if thinking and any(sp.get(k) is not None for k in GRAMMAR_FIELDS):
+        sp["reasoning_end"] = THINK_END  # the grammar holds the answer after the thinking
+    if reasoning == "gpt-oss":
+        sp.setdefault("skip_special_tokens", False)
     parses = plan is not None and plan.parses
     if reasoning is None and not parses:
         return None
 
     def make() -> ChoiceOutput:
-        r = ReasoningParser(reasoning, prompt_opens_thinking(prompt)) if reasoning else None
+        r = ReasoningParser(reasoning, thinking) if reasoning else None
         tools = plan.new_parser() if parses else None
         if tools is None and reasoning == "gpt-oss":  # harmony markup out of the text
             return ChoiceOutput(r, ToolCallParser(HarmonyFormat()), drop_calls=True)

@@ -1,6 +1,6 @@
 """``--reasoning-parser``: a reasoning model's thinking, split from its answer.
 
-    parser = new_reasoning_parser("qwen3", prompt_text)
+    parser = ReasoningParser("qwen3", starts_in_reasoning("qwen3", prompt_text))
     reasoning, content = parser.parse(text)              # whole output
     r_delta, c_delta = parser.feed(delta); parser.finish()  # streamed
 
@@ -42,6 +42,16 @@ def prompt_opens_thinking(prompt: str) -> bool:
     return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
 
 
+def starts_in_reasoning(name: str, prompt: str) -> bool:
+    """Whether the output of ``prompt`` starts inside the thinking: the prompt opens it,
+    or the parser forces it (deepseek-r1) unless the prompt just closed it (thinking off)."""
+    if name == "gpt-oss":
+        return False
+    if prompt_opens_thinking(prompt):
+        return True
+    return name in _FORCED and not prompt.rstrip().endswith(THINK_END)
+
+
 class ReasoningParser:
     """Splits one choice's output into (reasoning, content)."""
 
@@ -50,7 +60,7 @@ class ReasoningParser:
             raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}"
                              f", got {name!r}")
         self.name = name
-        self.in_reasoning = in_reasoning or name in _FORCED
+        self.in_reasoning = in_reasoning
         self.buffer = ""
         self.sent = [0, 0]
 

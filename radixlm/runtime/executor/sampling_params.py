@@ -54,6 +54,9 @@ class SamplingParams:
     # SGLang's structural_tag: free text, and a JSON-schema call after each trigger (JSON
     # text {"structures": [{"begin", "schema", "end"}], "triggers": [...]}); a dict is dumped
     structural_tag: str | None = None
+    # the grammar holds only the output after this text (set by the chat route when
+    # --reasoning-parser says the output starts with thinking; constrained/after_text.py)
+    reasoning_end: str | None = None
     logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
 
     def __post_init__(self) -> None:
@@ -179,6 +182,9 @@ class SamplingParams:
                    "a list of token ids"),
                   ("regex", self.regex is None or isinstance(self.regex, str), "a string"),
                   ("ebnf", self.ebnf is None or isinstance(self.ebnf, str), "a string"),
+                  ("reasoning_end", self.reasoning_end is None
+                   or isinstance(self.reasoning_end, str) and bool(self.reasoning_end),
+                   "a non-empty string"),
                   ("structural_tag", self.structural_tag is None
                    or isinstance(self.structural_tag, str), "a JSON string"),
                   ("json_schema", self.json_schema is None or isinstance(self.json_schema, str),

@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
-from radixlm.runtime.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_thinking
+from radixlm.runtime.constrained import (
+    allocate_token_bitmask,
+    allowed_ids,
+    canonical_spec,
+    create_grammar_backend,
+)
+from radixlm.runtime.constrained.after_text import AfterTextMatcher
+from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
+from radixlm.runtime.entrypoints.function_call import ToolCallParser, tool_call_format
+from radixlm.runtime.entrypoints.reasoning_parser import (
+    ReasoningParser,
+    prompt_opens_thinking,
+    starts_in_reasoning,
+)
 
 CASES = [
     # (parser, prompt opens <think>, output, reasoning, content)
@@ -27,6 +41,7 @@ def _stream(parser: ReasoningParser, text: str, cuts: list[int]) -> tuple[str, s
 
 @pytest.mark.parametrize("name, opens, text, reasoning, content", CASES)
 def test_split(name, opens, text, reasoning, content):
+    opens = starts_in_reasoning(name, "<|im_start|>assistant\n" + ("<think>\n" if opens else ""))
     assert ReasoningParser(name, opens).parse(text) == (reasoning, content)
     for cut in range(1, len(text)):
         assert _stream(ReasoningParser(name, opens), text, [cut]) == (reasoning or "", content)
@@ -35,6 +50,9 @@ def test_split(name, opens, text, reasoning, content):
 
 
 def test_prompt_opens_thinking():
+    assert starts_in_reasoning("deepseek-r1", "assistant\n")
+    assert not starts_in_reasoning("deepseek-r1", "assistant\n<think>\n\n</think>\n\n")
+    assert not starts_in_reasoning("qwen3", "assistant\n")
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")
@@ -46,9 +64,6 @@ def test_unknown_name():
 
 
 def test_thinking_then_a_call_streams_as_the_whole_message():
-    from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
-    from radixlm.runtime.entrypoints.function_call import ToolCallParser, tool_call_format
-
     def new() -> ChoiceOutput:
         return ChoiceOutput(ReasoningParser("qwen3"), ToolCallParser(tool_call_format("qwen25")))
 
@@ -71,3 +86,21 @@ def test_thinking_then_a_call_streams_as_the_whole_message():
                 got["names"] += [c["function"]["name"]] if "name" in c["function"] else []
         assert got == {"reasoning_content": whole["reasoning_content"],
                        "content": "Checking. ", "arguments": '{"c": "P"}', "names": ["w"]}, cut
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_grammar_holds_only_the_answer_after_thinking(tiny_qwen2_dir, backend):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen2_dir)
+    be = create_grammar_backend(backend, tok, len(tok))
+    grammar = be.compile("json_schema", canonical_spec("json_schema", {"enum": [7]}))
+    m = AfterTextMatcher(grammar.new_matcher(), "</think>", tok)
+    row = allocate_token_bitmask(1, len(tok))
+    for t in tok.encode("any {thinking} at all </think>"):
+        m.fill_bitmask(row, 0)
+        assert len(allowed_ids(row[0], len(tok))) == len(tok) and m.forced_string() == ""
+        assert m.accept_token(t) and not m.is_terminated()
+    assert m.started
+    assert not m.accept_token(tok.encode("x")[0])  # the answer is held to the grammar
+    assert m.accept_token(tok.encode("7")[0]) and m.is_accepting()
+    m.rollback(2)  # back over the marker's last token: free again
+    assert not m.started and m.accept_token(tok.encode("x")[0])

@@ -10,6 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixlm.runtime.constrained import canonical_spec, create_grammar_backend
+from radixlm.runtime.entrypoints.chat_prompt import constrain
 from radixlm.runtime.entrypoints.function_call import plan_tools
 from radixlm.runtime.entrypoints.function_call.json_array import forced_schema
 from radixlm.runtime.managers.api_error import ApiError
@@ -119,8 +120,6 @@ def test_structural_tag_spec_errors(spec, word):
 
 
 def test_special_token_formats_keep_special_tokens():
-    from radixlm.runtime.entrypoints.chat_prompt import constrain
-
     for parser, keep in (("pythonic", True), ("llama3", True), ("qwen25", False)):
         sp: dict = {}
         constrain(plan_tools(TOOLS, "auto", None, parser), sp)
