@@ -27,9 +27,11 @@ _RESERVED_KWARGS = frozenset({"conversation", "messages", "tools", "documents", 
                               "truncation", "max_length", "return_tensors"})
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str | dict[str, Any]) -> Any:
     """A call's arguments for the template: the object (HF templates ``tojson`` it, as
     vLLM passes it), or the text when it is not JSON."""
+    if isinstance(text, dict):
+        return text
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError):

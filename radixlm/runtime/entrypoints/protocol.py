@@ -307,7 +307,7 @@ class ContentPart(_Lenient):
 
 class FunctionCallIn(_Lenient):
     name: str
-    arguments: str  # JSON text, as OpenAI gives it back
+    arguments: str | dict[str, Any]  # JSON text, as OpenAI gives it back (an object too)
 
 
 class ToolCallIn(_Lenient):

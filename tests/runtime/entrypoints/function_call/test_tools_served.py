@@ -68,6 +68,14 @@ def test_forced_calls_validate(client, choice, allowed):
     _check_calls(choice0.message.tool_calls, allowed)
 
 
+def test_each_choice_has_its_calls(client):
+    chat = client.chat.completions.create(model="default", messages=USER, tools=TOOLS,
+                                          tool_choice="required", n=2, max_tokens=200, seed=5)
+    assert len(chat.choices) == 2
+    for choice in chat.choices:
+        _check_calls(choice.message.tool_calls, set(SCHEMAS))
+
+
 def test_parallel_false_gives_one_call(client):
     chat = client.chat.completions.create(model="default", messages=USER, tools=TOOLS,
                                           tool_choice="required", parallel_tool_calls=False,
