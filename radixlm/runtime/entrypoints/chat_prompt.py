@@ -88,11 +88,19 @@ def tool_plan(body: ChatCompletionRequest, parser_name: str | None) -> ToolPlan 
                       functions=body.functions, function_call=body.function_call)
 
 
-def constrain(plan: ToolPlan | None, sp: dict[str, Any]) -> None:
+def special_token_texts(tokenizer: Any) -> frozenset[str]:
+    """The tokenizer's special tokens as text (what no grammar can produce)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset({*(getattr(tokenizer, "all_special_tokens", []) or []),
+                      *(t.content for t in added.values() if getattr(t, "special", False))})
+
+
+def constrain(plan: ToolPlan | None, sp: dict[str, Any],
+              special_tokens: frozenset[str] = frozenset()) -> None:
     """Put the tools' grammar into the sampling params (400 beside another grammar)."""
     if plan is not None and plan.keep_special_tokens:
         sp.setdefault("skip_special_tokens", False)
-    found = plan.constraint() if plan is not None else None
+    found = plan.constraint(special_tokens) if plan is not None else None
     if found is None:
         return
     other = [k for k in ("json_schema", "regex", "ebnf") if sp.get(k) is not None]

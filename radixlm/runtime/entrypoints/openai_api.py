@@ -66,6 +66,7 @@ class OpenAIRoutes:
         self.tm = tm
         self.served_model_name = served_model_name
         self.created = int(time.time())
+        self._special: frozenset[str] | None = None  # the tokenizer's special tokens
         self.router = APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
         self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
@@ -236,7 +237,9 @@ class OpenAIRoutes:
             max_tokens = self._default_max_tokens(len(ids))
         sp = self.sampling_params(body, max_tokens)
         self._response_format(body.response_format, sp)
-        chat_prompt.constrain(plan, sp)
+        if self._special is None:
+            self._special = chat_prompt.special_token_texts(self.tm.tokenizer)
+        chat_prompt.constrain(plan, sp, self._special)
         outputs = chat_prompt.choice_outputs(body, plan, args.reasoning_parser, prompt, sp)
         item = self.tm.prepare(
             ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,

@@ -71,8 +71,12 @@ class ToolPlan:
         """The whole output is a JSON array of calls."""
         return self.choice in ("required", "function")
 
-    def constraint(self) -> tuple[str, dict[str, Any]] | None:
-        """(grammar kind, spec) the output is held to, or None (free text)."""
+    def constraint(self, special_tokens: frozenset[str] = frozenset()
+                   ) -> tuple[str, dict[str, Any]] | None:
+        """(grammar kind, spec) the output is held to, or None (free text).
+        ``special_tokens``: the served tokenizer's; a grammar never produces them, so a
+        format whose call begins with one (Mistral's ``[TOOL_CALLS]``) is parsed, not
+        grammar-held, rather than kept from calling at all."""
         if not self.parses:
             return None
         if self.forced:
@@ -82,8 +86,8 @@ class ToolPlan:
         structures = []
         for t in self.tools:
             around = self.fmt.structure(t.name)
-            if around is None:  # pythonic, gpt-oss: calls parsed, not grammar-enforced
-                return None
+            if around is None or any(tok in around[0] for tok in special_tokens):
+                return None  # pythonic, gpt-oss: calls parsed, not grammar-enforced
             structures.append({"begin": around[0], "schema": t.parameters, "end": around[1]})
         triggers = sorted({tr for tr in self.fmt.triggers
                            if any(s["begin"].startswith(tr) for s in structures)})

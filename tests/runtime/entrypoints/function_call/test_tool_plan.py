@@ -127,3 +127,11 @@ def test_special_token_formats_keep_special_tokens():
     sp = {}
     constrain(plan_tools(TOOLS, "required", None, "llama3"), sp)
     assert "skip_special_tokens" not in sp and "json_schema" in sp
+
+
+def test_a_call_that_begins_with_a_special_token_is_parsed_not_held():
+    plan = plan_tools(TOOLS, "auto", None, "mistral")
+    assert plan.constraint(frozenset({"[TOOL_CALLS]"})) is None
+    assert plan.constraint(frozenset({"<|im_end|>"}))[0] == "structural_tag"
+    assert plan_tools(TOOLS, "auto", None, "llama3").constraint(
+        frozenset({"<|python_tag|>"}))[0] == "structural_tag"  # its JSON form is held
