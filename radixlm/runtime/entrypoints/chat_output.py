@@ -15,11 +15,14 @@ from radixlm.runtime.entrypoints.reasoning_parser import ReasoningParser
 
 class ChoiceOutput:
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None,
-                 drop_calls: bool = False) -> None:
-        """``drop_calls``: the tool parser only reads the text (harmony without tools)."""
+                 drop_calls: bool = False, stream_reasoning: bool = True) -> None:
+        """``drop_calls``: the tool parser only reads the text (harmony without tools);
+        ``stream_reasoning`` false (SGLang's): the reasoning is held until it ends."""
         self.reasoning = reasoning
         self.tools = tools
         self.drop_calls = drop_calls
+        self.stream_reasoning = stream_reasoning
+        self.held_reasoning = ""
 
     @property
     def called(self) -> bool:
@@ -64,6 +67,11 @@ class ChoiceOutput:
             if final:
                 more_r, more_c = self.reasoning.finish()
                 reasoning, content = reasoning + more_r, content + more_c
+            if not self.stream_reasoning:
+                self.held_reasoning += reasoning
+                reasoning = ""
+                if content or final:  # the thinking is over
+                    reasoning, self.held_reasoning = self.held_reasoning, ""
         if self.tools is not None:
             content, calls = self.tools.feed(content)
             if final:

@@ -131,7 +131,8 @@ def choice_outputs(body: ChatCompletionRequest, plan: ToolPlan | None,
         r = ReasoningParser(reasoning, thinking) if reasoning else None
         tools = plan.new_parser() if parses else None
         if tools is None and reasoning == "gpt-oss":  # harmony markup out of the text
-            return ChoiceOutput(r, ToolCallParser(HarmonyFormat()), drop_calls=True)
-        return ChoiceOutput(r, tools)
+            return ChoiceOutput(r, ToolCallParser(HarmonyFormat()), drop_calls=True,
+                                stream_reasoning=body.stream_reasoning)
+        return ChoiceOutput(r, tools, stream_reasoning=body.stream_reasoning)
 
     return make

@@ -354,6 +354,7 @@ class ChatCompletionRequest(OpenAISampling):
     # whether --reasoning-parser splits the thinking into reasoning_content
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True
+    stream_reasoning: bool = True  # false: the reasoning comes in one delta when it ends
     # OpenAI features radixlm does not implement: a 400 naming them unless neutral
     prediction: dict[str, Any] | None = None
     modalities: list[str] | None = None

@@ -104,3 +104,11 @@ def test_grammar_holds_only_the_answer_after_thinking(tiny_qwen2_dir, backend):
     assert m.accept_token(tok.encode("7")[0]) and m.is_accepting()
     m.rollback(2)  # back over the marker's last token: free again
     assert not m.started and m.accept_token(tok.encode("x")[0])
+
+
+def test_stream_reasoning_false_sends_the_thinking_in_one_delta():
+    out = ChoiceOutput(ReasoningParser("qwen3"), None, stream_reasoning=False)
+    deltas = [out.delta(p) for p in ("<think>a", " b", "</think>", "\n\nAns", "wer")]
+    deltas.append(out.delta("", final=True))
+    assert [d for d in deltas if d] == [{"reasoning_content": "a b", "content": "Ans"},
+                                        {"content": "wer"}]
