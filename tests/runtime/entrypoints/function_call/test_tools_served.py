@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -239,3 +240,14 @@ def test_agent_frameworks_call_tools(server, monkeypatch):
         assert isinstance(out[key], dict), (key, out[key])
         jsonschema.validate(out[key], WEATHER)
     assert out["agents_chat_called"] and out["agents_chat_called"][0] in ("CET", "UTC")
+
+
+def test_generate_takes_sglangs_structural_tag(server):
+    tag = {"structures": [{"begin": "<f>", "schema": TIME, "end": "</f>"}],
+           "triggers": ["<f>"]}
+    ok = httpx.post(server.url + "/generate", json={"text": "Hi", "sampling_params": {
+        "max_new_tokens": 4, "structural_tag": json.dumps(tag)}}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    bad = httpx.post(server.url + "/generate", json={"text": "Hi", "sampling_params": {
+        "max_new_tokens": 4, "structural_tag": {**tag, "triggers": ["<g>"]}}}, timeout=60)
+    assert bad.status_code == 400 and "trigger" in bad.text, bad.text
