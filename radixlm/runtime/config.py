@@ -153,6 +153,18 @@ class ServerArgs:
                 "past it (the request is then a 400); 0 compiles in the scheduler unbounded"})
     grammar_cache_size: int = field(default=256, metadata={
         "help": "compiled grammars kept (LRU)"})
+    # chat: tool calls and reasoning (entrypoints/function_call/, reasoning_parser.py)
+    tool_call_parser: str | None = field(default=None, metadata={
+        "help": "how the model writes tool calls (SGLang's names): qwen25 (also qwen, "
+                "hermes: <tool_call>{json}</tool_call>), llama3, mistral, pythonic, gpt-oss. "
+                "Needed for tool_choice 'auto' (the default with tools): text is free and "
+                "each call after the format's trigger is held to its tool's schema "
+                "(qwen25, llama3, mistral; pythonic and gpt-oss calls are parsed, not "
+                "grammar-held). 'required' and named choices work without it"})
+    reasoning_parser: str | None = field(default=None, metadata={
+        "help": "split the model's thinking into message.reasoning_content (SGLang's "
+                "names): qwen3, deepseek-r1, deepseek-v3, kimi, glm45 (<think>...</think>), "
+                "gpt-oss (harmony analysis channel)"})
     # server
     host: str = "127.0.0.1"
     port: int = 30000

@@ -12,6 +12,10 @@ from radixlm.runtime.kv_events_config import KVEventsConfig
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof")
 RADIX_EVICTION_POLICIES = ("lru", "lfu")  # SGLang's others (slru, priority, tlru): refused
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines")
+# SGLang's --tool-call-parser / --reasoning-parser names radixlm reads (entrypoints/
+# function_call/registry.py and entrypoints/reasoning_parser.py map them)
+TOOL_CALL_PARSERS = ("qwen25", "qwen", "hermes", "llama3", "mistral", "pythonic", "gpt-oss")
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "deepseek-v3", "kimi", "glm45", "gpt-oss")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue", "minimum_tokens")
 # SGLang 0.5's names: "auto" (its default), its request and token counts, and PD's room
 # placement (round_robin for requests without a room)
@@ -61,6 +65,15 @@ def check_server_args(args: Any) -> None:
          f"{args.priority_scheduling_preemption_threshold}")
     need(args.grammar_backend in GRAMMAR_BACKENDS,
          f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {args.grammar_backend!r}")
+    need(args.tool_call_parser is None or args.tool_call_parser in TOOL_CALL_PARSERS,
+         f"tool_call_parser (--tool-call-parser) must be one of {TOOL_CALL_PARSERS}, got "
+         f"{args.tool_call_parser!r}")
+    need(args.tool_call_parser is None or args.grammar_backend != "outlines",
+         "--tool-call-parser needs --grammar-backend xgrammar or llguidance: the outlines "
+         "backend cannot hold a call to its schema after free text (tool_choice 'auto')")
+    need(args.reasoning_parser is None or args.reasoning_parser in REASONING_PARSERS,
+         f"reasoning_parser (--reasoning-parser) must be one of {REASONING_PARSERS}, got "
+         f"{args.reasoning_parser!r}")
     need(args.grammar_compile_timeout > 0,
          f"grammar_compile_timeout must be > 0, got {args.grammar_compile_timeout}")
     need(args.grammar_compile_memory_mb == 0 or args.grammar_compile_memory_mb >= 64,

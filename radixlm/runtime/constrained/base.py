@@ -15,8 +15,10 @@ batch of logits in place with torch ops, the same code on CPU and CUDA.
 
 Grammar kinds: ``regex``, ``json_schema`` (text or object; ``{"type": "object"}`` with no
 properties is free-form JSON, what OpenAI's ``json_object`` means) and ``ebnf`` (a GBNF
-grammar, SGLang's ``ebnf`` sampling parameter). A kind, or a JSON schema keyword, that a
-backend cannot enforce is a ValueError naming the backend, the keyword and where it is.
+grammar, SGLang's ``ebnf`` sampling parameter) and ``structural_tag`` (free text with
+JSON-schema calls after triggers, structural_tag.py; xgrammar and llguidance). A kind, or a
+JSON schema keyword, that a backend cannot enforce is a ValueError naming the backend, the
+keyword and where it is.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ from radixlm.runtime.constrained.schema_walk import (
     SUBSCHEMA_MAPS,
     walk_schema,
 )
+from radixlm.runtime.constrained.structural_tag import (
+    canonical_structural_tag,
+    parse_structural_tag,
+)
 
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
 MAX_SCHEMA_DEPTH = 64
 MAX_SPEC_CHARS = 1 << 20
 
@@ -153,6 +159,10 @@ class GrammarBackend(abc.ABC):
             schema = json.loads(spec)
             self.check_schema(schema)
             check_productive(schema)
+        if kind == "structural_tag":
+            for s in parse_structural_tag(spec).structures:
+                self.check_schema(s.schema)
+                check_productive(s.schema)
         return self._compile(kind, spec)
 
     @abc.abstractmethod
@@ -197,6 +207,10 @@ def canonical_spec(kind: str, spec: Any) -> str:
         raise ValueError(f"grammar kind must be one of {GRAMMAR_KINDS}, got {kind!r}")
     if kind == "json_schema":
         return canonical_schema(spec)
+    if kind == "structural_tag":
+        if isinstance(spec, str) and len(spec) > MAX_SPEC_CHARS:
+            raise ValueError(f"{kind} has {len(spec)} characters (limit {MAX_SPEC_CHARS})")
+        return canonical_structural_tag(spec, canonical_schema)
     if not isinstance(spec, str):
         raise ValueError(f"{kind} must be a string, got {type(spec).__name__}")
     if not spec.strip():

@@ -17,6 +17,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from radixlm.runtime.constrained.base import Grammar, GrammarBackend, Matcher, close_objects
+from radixlm.runtime.constrained.structural_tag import parse_structural_tag
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class LLGuidanceBackend(GrammarBackend):
                 schema.pop("$schema", None)  # llguidance would try to fetch the meta-schema
                 text = llguidance.LLMatcher.grammar_from_json_schema(
                     json.dumps(schema), defaults=JSON_DEFAULTS)
+            elif kind == "structural_tag":
+                text = _structural_tag_grammar(spec)
             elif kind == "regex":
                 text = llguidance.LLMatcher.grammar_from_regex(spec)
             else:
@@ -118,6 +121,22 @@ class LLGuidanceBackend(GrammarBackend):
         if error:
             raise ValueError(f"invalid {kind} (llguidance): {_first_line(error)}")
         return LLGuidanceGrammar(kind, text, self.ll_tokenizer)
+
+
+def _structural_tag_grammar(spec: str) -> str:
+    """llguidance's StructTag grammar: lazy triggers (matched as text, not assumed to be
+    special tokens), each JSON value closed and with the separators of JSON_DEFAULTS."""
+    tag = parse_structural_tag(spec)
+    structs = []
+    for s in tag.structures:
+        schema = close_objects(s.schema)
+        schema.pop("$schema", None)
+        schema["x-guidance"] = dict(JSON_DEFAULTS)
+        trigger = next(t for t in tag.triggers if s.begin.startswith(t))
+        structs.append(llguidance.StructTag(trigger=trigger, begin=s.begin, grammar=schema,
+                                            end=s.end))
+    lark = llguidance.StructTag.to_grammar(structs, assume_special=False)
+    return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
 def _complete_utf8(data: bytes) -> str:

@@ -15,15 +15,18 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
+from xgrammar import structural_tag as xst
 
 from radixlm.runtime.constrained.base import (
     Grammar,
     GrammarBackend,
     Matcher,
     bitmask_width,
+    close_objects,
     special_token_ids,
 )
 from radixlm.runtime.constrained.productivity import check_ebnf_productive
+from radixlm.runtime.constrained.structural_tag import parse_structural_tag
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +124,8 @@ class XGrammarBackend(GrammarBackend):
                 grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
                                                        strict_mode=True)
                 text = _json_string_chars(str(grammar))
+            elif kind == "structural_tag":
+                text = _json_string_chars(str(_structural_tag_grammar(spec)))
             elif kind == "regex":
                 text = str(xgr.Grammar.from_regex(spec))
             else:
@@ -135,6 +140,17 @@ class XGrammarBackend(GrammarBackend):
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"invalid {kind} ({self.name}): {_first_line(e)}") from None
         return XGrammarGrammar(kind, compiled, self.vocab_size, self.stop_token_ids)
+
+
+def _structural_tag_grammar(spec: str) -> xgr.Grammar:
+    """Free text; after a trigger, one structure (begin, JSON, end). Each JSON value's
+    objects are closed as the json_schema path closes them, and whitespace between its
+    tokens is at most one character (a small model would otherwise fill it)."""
+    tag = parse_structural_tag(spec)
+    tags = [xst.TagFormat(begin=s.begin, end=s.end, content=xst.JSONSchemaFormat(
+        json_schema=close_objects(s.schema), max_whitespace_cnt=1)) for s in tag.structures]
+    fmt = xst.TriggeredTagsFormat(triggers=list(tag.triggers), tags=tags)
+    return xgr.Grammar.from_structural_tag(xst.StructuralTag(format=fmt))
 
 
 # xgrammar 0.2.9's JSON string characters: [^"\\\r\n] where a string has minLength or

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from radixlm.runtime.entrypoints import chat_prompt
 from radixlm.runtime.entrypoints.auth import request_tenant
 from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
@@ -24,7 +25,6 @@ from radixlm.runtime.entrypoints.openai_jobs import ChatJob, CompletionJob
 from radixlm.runtime.entrypoints.primed import prime
 from radixlm.runtime.entrypoints.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     OpenAISampling,
     ResponseFormat,
@@ -66,6 +66,7 @@ class OpenAIRoutes:
         self.tm = tm
         self.served_model_name = served_model_name
         self.created = int(time.time())
+        self._special: frozenset[str] | None = None  # the tokenizer's special tokens
         self.router = APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
         self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
@@ -187,25 +188,18 @@ class OpenAIRoutes:
         return json_response(job.response(builders))
 
     # --- /v1/chat/completions -------------------------------------------------------------------
-    @staticmethod
-    def _conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-        conv = []
-        for m in messages:
-            content = m.content or ""
-            if isinstance(content, list):  # content parts (text only; checked at the edge)
-                content = "".join(part.text for part in content)
-            conv.append({"role": m.role, "content": content})
-        return conv
-
-    async def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        """The rendered chat template's ids; 400 past ``--max-chat-messages`` messages or
-        for content that cannot fit the context, before the template runs."""
+    async def _chat_prompt(self, body: ChatCompletionRequest, tools: list[Any] | None
+                           ) -> tuple[str, list[int]]:
+        """The rendered chat template and its ids; 400 past ``--max-chat-messages``
+        messages or for content that cannot fit the context, before the template runs."""
         bounds = self.tm.text_bounds
-        bounds.check_messages(len(messages))
-        conv = self._conversation(messages)
-        bounds.check_text("".join(m["content"] for m in conv), "messages")
-        text = await self.tm.tokenize_pool.render_chat(conv)
-        return await self.tm.encode_text(text, param="messages")
+        bounds.check_messages(len(body.messages))
+        conv = chat_prompt.conversation(body.messages)
+        bounds.check_text(chat_prompt.conversation_text(conv) + json.dumps(tools or []),
+                          "messages")
+        text = await self.tm.tokenize_pool.render_chat(
+            conv, tools=tools, template_kwargs=chat_prompt.template_kwargs(body))
+        return text, await self.tm.encode_text(text, param="messages")
 
     @staticmethod
     def _response_format(fmt: ResponseFormat | None, sp: dict[str, Any]) -> None:
@@ -245,7 +239,9 @@ class OpenAIRoutes:
         outputs and the request's state (``/v1/responses`` translates into this too)."""
         _refuse_unsupported(body)
         self.check_model(body.model)
-        ids = await self._chat_prompt(body.messages)
+        args = self.tm.args
+        plan = chat_prompt.tool_plan(body, args.tool_call_parser)
+        prompt, ids = await self._chat_prompt(body, plan.template_tools if plan else None)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -253,6 +249,10 @@ class OpenAIRoutes:
             max_tokens = self._default_max_tokens(len(ids))
         sp = self.sampling_params(body, max_tokens)
         self._response_format(body.response_format, sp)
+        if self._special is None:
+            self._special = chat_prompt.special_token_texts(self.tm.tokenizer)
+        chat_prompt.constrain(plan, sp, self._special)
+        outputs = chat_prompt.choice_outputs(body, plan, args.reasoning_parser, prompt, sp)
         item = self.tm.prepare(
             ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
             text_in_logprobs=True, priority=body.priority,
@@ -260,10 +260,12 @@ class OpenAIRoutes:
             custom_labels=self._custom_labels(request), tenant=request_tenant(request),
         )
         item.origin = self.tm.log_origin(
-            route, self._conversation(body.messages), request_tenant(request),
-            bool(body.stream))
+            route,
+            [{"role": m["role"], "content": m["content"]}
+             for m in chat_prompt.conversation(body.messages)],
+            request_tenant(request), bool(body.stream))
         self.tm.attach_routing([item], body)
-        job = ChatJob(self, item, body)
+        job = ChatJob(self, item, body, outputs)
         return job, await self.tm.submit([item])
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import abc
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
 from radixlm.runtime.entrypoints.http_utils import SSE_DONE, finish_reason_str, sse
 from radixlm.runtime.entrypoints.primed import PrimedOutputs
 from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
@@ -142,10 +143,22 @@ class ChatJob(Job):
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, routes: Any, item: Prepared, body: ChatCompletionRequest) -> None:
+    def __init__(self, routes: Any, item: Prepared, body: ChatCompletionRequest,
+                 outputs: Callable[[], ChoiceOutput] | None = None) -> None:
+        """``outputs``: a factory of each choice's reasoning / tool-call reader (None:
+        the text is the content)."""
         super().__init__(routes, [item], body)
         self.want_logprobs = body.logprobs
         self.started: set[int] = set()
+        self.outputs = outputs
+        self.readers: dict[int, ChoiceOutput] = {}
+
+    def reader(self, i: int) -> ChoiceOutput | None:
+        if self.outputs is None:
+            return None
+        if i not in self.readers:
+            self.readers[i] = self.outputs()
+        return self.readers[i]
 
     @staticmethod
     def _token(entry: Any) -> dict[str, Any]:
@@ -163,29 +176,48 @@ class ChatJob(Job):
             ]
         }
 
+    def finish_reason(self, i: int, reason: dict[str, Any] | None) -> str | None:
+        """OpenAI's ``tool_calls`` when the choice called tools (as vLLM and SGLang)."""
+        reader = self.reader(i)
+        if reason is not None and reader is not None and reader.called:
+            return "tool_calls"
+        return finish_reason_str(reason)
+
+    def message(self, i: int, text: str) -> dict[str, Any]:
+        reader = self.reader(i)
+        fields = {"content": text} if reader is None else reader.message(text)
+        return {"role": "assistant", **fields}
+
     def response(self, builders: list[Any]) -> dict[str, Any]:
-        choices = [
-            {
+        choices = []
+        for i, b in enumerate(builders):
+            message = self.message(i, b.text)
+            choices.append({
                 "index": i,
-                "message": {"role": "assistant", "content": b.text},
+                "message": message,
                 "logprobs": self.logprobs(b.output_lps, b.output_top),
-                "finish_reason": finish_reason_str(b.last.finish_reason),
+                "finish_reason": self.finish_reason(i, b.last.finish_reason),
                 "matched_stop": (b.last.finish_reason or {}).get("matched"),
-            }
-            for i, b in enumerate(builders)
-        ]
+            })
         return {
             **self.envelope(choices, "chat.completion"),
             "usage": self.usage([b.last for b in builders]),
         }
+
+    def _delta_fields(self, i: int, out: TextOutput) -> dict[str, Any]:
+        reader = self.reader(i)
+        if reader is None:
+            return {"content": out.text} if out.text else {}
+        return reader.delta(out.text, final=out.finished)
 
     def stream_choice(self, i: int, out: TextOutput) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
         if i not in self.started:
             self.started.add(i)
             delta["role"] = "assistant"
-        if out.text or "role" in delta:
-            delta["content"] = out.text
+            if self.outputs is None:
+                delta["content"] = ""
+        delta.update(self._delta_fields(i, out))
         lp = None
         if self.want_logprobs and out.output_token_logprobs:
             lp = self.logprobs(out.output_token_logprobs, out.output_top_logprobs or [])
@@ -195,5 +227,5 @@ class ChatJob(Job):
             "index": i,
             "delta": delta,
             "logprobs": lp,
-            "finish_reason": finish_reason_str(out.finish_reason),
+            "finish_reason": self.finish_reason(i, out.finish_reason),
         }

@@ -78,6 +78,7 @@ class SamplingParamsIn(_Strict):
     regex: str | None = None
     json_schema: dict[str, Any] | bool | str | None = None
     ebnf: str | None = None
+    structural_tag: str | dict[str, Any] | None = None  # constrained/structural_tag.py
     logit_bias: dict[str, Finite] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -304,13 +305,25 @@ class ContentPart(_Lenient):
     text: str
 
 
+class FunctionCallIn(_Lenient):
+    name: str
+    arguments: str | dict[str, Any]  # JSON text, as OpenAI gives it back (an object too)
+
+
+class ToolCallIn(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # refused (no tool calling yet)
-    tool_call_id: str | None = None
-    function_call: dict[str, Any] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    function_call: FunctionCallIn | None = None  # legacy functions
+    reasoning_content: str | None = None  # an assistant's earlier thinking (SGLang, vLLM)
 
 
 class JsonSchemaFormat(_Lenient):
@@ -331,12 +344,18 @@ class ChatCompletionRequest(OpenAISampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
-    # OpenAI features radixlm does not implement yet: a 400 naming them unless neutral
+    # tool calling (entrypoints/function_call/): checked by plan_tools
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
+    # SGLang / vLLM: keyword arguments of the chat template (e.g. enable_thinking), and
+    # whether --reasoning-parser splits the thinking into reasoning_content
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True  # false: the reasoning comes in one delta when it ends
+    # OpenAI features radixlm does not implement: a 400 naming them unless neutral
     prediction: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
@@ -345,18 +364,7 @@ class ChatCompletionRequest(OpenAISampling):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) of the first OpenAI feature this server lacks that the request
-        asks for. ``tools`` with ``tool_choice: "none"`` are left out of the prompt, as
-        vLLM does without a tool parser; any other choice would be ignored silently."""
-        if (self.tools or self.functions) and self.tool_choice != "none" \
-                and self.function_call != "none":
-            field = "tools" if self.tools else "functions"
-            return field, (f"tool calling is not supported yet (no tool-call parser): {field} "
-                           "with tool_choice 'auto' (the default), 'required' or a named "
-                           "function cannot be served; send tool_choice 'none' to ignore them")
-        for i, m in enumerate(self.messages):
-            if m.role in ("tool", "function") or m.tool_calls or m.function_call:
-                return f"messages[{i}]", ("tool calls and tool results in the history are "
-                                          "not supported yet (no tool-call parser)")
+        asks for."""
         refused = {"prediction": self.prediction, "audio": self.audio,
                    "reasoning_effort": self.reasoning_effort,
                    "web_search_options": self.web_search_options,

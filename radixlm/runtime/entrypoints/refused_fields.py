@@ -73,8 +73,6 @@ REFUSED_REQUEST_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 _SAMPLING_INTERNAL = "internal to SGLang's SamplingParams, not a request field"
 REFUSED_SAMPLING_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "beam_width": ((None, 1), "radixlm has no beam search; n gives independent samples"),
-    "structural_tag": ((None, ""), "radixlm's grammars are regex, json_schema and ebnf; "
-                                   "it has no structural tags"),
     "stream_interval": ((None, 1), "radixlm streams every scheduler step"),
     "custom_params": ((None,), "custom_params feed custom logit processors, which radixlm "
                                "does not run"),

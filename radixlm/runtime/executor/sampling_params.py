@@ -23,7 +23,7 @@ from radixlm.runtime.executor.stop_regex import (
 # Temperatures below this are treated as greedy (argmax), as in SGLang.
 GREEDY_TEMPERATURE_EPS = 1e-5
 _ALIASES = {"sampling_seed": "seed"}
-GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")  # at most one per request
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")  # at most one per request
 
 
 @dataclass
@@ -51,6 +51,12 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None  # a dict is accepted and dumped to a string
     ebnf: str | None = None  # a GBNF grammar (SGLang's ebnf)
+    # SGLang's structural_tag: free text, and a JSON-schema call after each trigger (JSON
+    # text {"structures": [{"begin", "schema", "end"}], "triggers": [...]}); a dict is dumped
+    structural_tag: str | None = None
+    # the grammar holds only the output after this text (set by the chat route when
+    # --reasoning-parser says the output starts with thinking; constrained/after_text.py)
+    reasoning_end: str | None = None
     logit_bias: dict[int, float] | None = None  # keys may be given as str; stored as int
 
     def __post_init__(self) -> None:
@@ -67,6 +73,8 @@ class SamplingParams:
             self.stop = list(self.stop)
         elif self.stop is not None:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if isinstance(self.structural_tag, dict):
+            self.structural_tag = json.dumps(self.structural_tag)
         if isinstance(self.json_schema, (dict, bool)):
             try:
                 self.json_schema = json.dumps(self.json_schema)
@@ -140,8 +148,8 @@ class SamplingParams:
         self._verify_stops(vocab_size, build_stop_automata)
         given = [k for k in GRAMMAR_FIELDS if getattr(self, k) is not None]
         if len(given) > 1:
-            raise ValueError(f"only one of regex, json_schema and ebnf may be set, got "
-                             f"{' and '.join(given)}")
+            raise ValueError(f"only one of regex, json_schema and ebnf (or structural_tag) "
+                             f"may be set, got {' and '.join(given)}")
         for token_id in (self.logit_bias or {}).keys():
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"logit_bias keys must be in [0, {vocab_size}), got {token_id}")
@@ -174,6 +182,11 @@ class SamplingParams:
                    "a list of token ids"),
                   ("regex", self.regex is None or isinstance(self.regex, str), "a string"),
                   ("ebnf", self.ebnf is None or isinstance(self.ebnf, str), "a string"),
+                  ("reasoning_end", self.reasoning_end is None
+                   or isinstance(self.reasoning_end, str) and bool(self.reasoning_end),
+                   "a non-empty string"),
+                  ("structural_tag", self.structural_tag is None
+                   or isinstance(self.structural_tag, str), "a JSON string"),
                   ("json_schema", self.json_schema is None or isinstance(self.json_schema, str),
                    "a JSON schema"),
                   ("logit_bias", all(math.isfinite(v) for v in (self.logit_bias or {}).values()),

@@ -17,6 +17,7 @@ import torch
 from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, KVEventRecorder
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
+from radixlm.runtime.constrained.after_text import AfterTextMatcher
 from radixlm.runtime.cpu_threads import ThreadSizer
 from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
 from radixlm.runtime.executor.pooler import PoolingConfig
@@ -182,6 +183,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         req.grammar_future = None
         try:
             req.grammar = future.result().new_matcher()
+            if req.sampling_params.reasoning_end is not None:  # the answer only
+                req.grammar = AfterTextMatcher(req.grammar, req.sampling_params.reasoning_end,
+                                               self.outputs.tokenizer)
         except Exception as e:  # noqa: BLE001 - a bad grammar fails its request only
             message = str(e) if isinstance(e, ValueError) else f"invalid grammar: {e!r}"
             reason = {"type": "abort", "message": message, "status_code": 400}

@@ -130,15 +130,23 @@ class TokenizePool:
             return self._decode_batch([ids], skip_special_tokens=False)[0]
         return self.tokenizer.decode(ids)
 
-    async def render_chat(self, conversation: list[dict[str, str]]) -> str:
-        """The chat template applied to ``conversation`` (with the generation prompt); 400
-        if the template fails on it."""
+    async def render_chat(self, conversation: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None,
+                          template_kwargs: dict[str, Any] | None = None) -> str:
+        """The chat template applied to ``conversation`` (with the generation prompt),
+        given ``tools`` (OpenAI's function tools) and the client's ``template_kwargs``
+        (``chat_template_kwargs``, e.g. ``enable_thinking``); 400 if the template fails."""
+        kwargs = dict(template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
+
         def render() -> str:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True)
+                conversation, tokenize=False, add_generation_prompt=True, **kwargs)
 
         try:
-            if len(conversation) <= 2 and sum(len(m["content"]) for m in conversation) <= 256:
+            if len(conversation) <= 2 and not tools and sum(
+                    len(m.get("content") or "") for m in conversation) <= 256:
                 return render()
             return await self._run(render)
         except Exception as e:  # noqa: BLE001 - a template error is the caller's input
