@@ -97,18 +97,21 @@ def special_token_texts(tokenizer: Any) -> frozenset[str]:
 
 def constrain(plan: ToolPlan | None, sp: dict[str, Any],
               special_tokens: frozenset[str] = frozenset()) -> None:
-    """Put the tools' grammar into the sampling params (400 beside another grammar)."""
+    """Put the tools' grammar into the sampling params. Beside ``response_format`` (or
+    another grammar): a forced call (``required``, named) is held to the calls' grammar,
+    the format applying to the text answers of later turns (the Agents SDK forces a tool,
+    then asks for its ``output_type`` under ``auto``); under ``auto`` the text is held to
+    the format, as vLLM does: the model answers in it and cannot call a tool that turn."""
     if plan is not None and plan.keep_special_tokens:
         sp.setdefault("skip_special_tokens", False)
     found = plan.constraint(special_tokens) if plan is not None else None
     if found is None:
         return
     other = [k for k in ("json_schema", "regex", "ebnf") if sp.get(k) is not None]
-    if other:
-        field = "response_format" if other[0] == "json_schema" else other[0]
-        raise ApiError(400, f"{field} cannot be combined with tool_choice "
-                            f"{plan.named or plan.choice!r}: the output is held to the tool "
-                            "calls' grammar", param=field)
+    if other and not plan.forced:
+        return
+    for k in other:
+        sp.pop(k)
     kind, spec = found
     sp[kind] = spec
 

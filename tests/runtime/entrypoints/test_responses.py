@@ -212,21 +212,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of
                           "required": ["city"], "additionalProperties": False}}
 
 
-def _tool_calling(client) -> bool:
-    """Whether chat completions serve tools here (the tool-calling branch is merged)."""
-    try:
-        client.chat.completions.create(model="default", max_tokens=1, tools=[{
-            "type": "function", "function": {"name": "f", "parameters": {}}}],
-            tool_choice="required", messages=[{"role": "user", "content": "x"}])
-    except openai.BadRequestError as e:
-        if "not supported yet" in str(e):
-            return False
-    return True
-
-
 def test_forced_function_call_and_its_output_round_trip(client):
-    if not _tool_calling(client):
-        pytest.skip("tool calling in chat completions is not merged into this branch yet")
     choice = {"type": "function", "name": "get_weather"}
     resp = client.responses.create(input="Weather in Paris?", tools=[WEATHER],
                                    tool_choice=choice, max_output_tokens=48, **GREEDY)

@@ -135,3 +135,20 @@ def test_a_call_that_begins_with_a_special_token_is_parsed_not_held():
     assert plan.constraint(frozenset({"<|im_end|>"}))[0] == "structural_tag"
     assert plan_tools(TOOLS, "auto", None, "llama3").constraint(
         frozenset({"<|python_tag|>"}))[0] == "structural_tag"  # its JSON form is held
+
+
+def test_response_format_beside_tools():
+    """A forced call is held to the calls' grammar (the format is for later turns' text);
+    under auto the text is held to the format (vLLM's rule), not to the tools' tag."""
+    fmt = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    for choice in ("required", {"type": "function", "function": {"name": TOOLS[0][
+            "function"]["name"]}}):
+        sp = {"json_schema": json.dumps(fmt)}
+        constrain(plan_tools(TOOLS, choice, None, "qwen25"), sp)
+        assert sp["json_schema"] != json.dumps(fmt) and "structural_tag" not in sp
+    sp = {"json_schema": json.dumps(fmt)}
+    constrain(plan_tools(TOOLS, "auto", None, "qwen25"), sp)
+    assert sp == {"json_schema": json.dumps(fmt)}
+    sp = {}
+    constrain(plan_tools(TOOLS, "auto", None, "qwen25"), sp)
+    assert "structural_tag" in sp
