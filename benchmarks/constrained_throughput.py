@@ -20,7 +20,7 @@ import time
 import jsonschema
 
 import radixlm
-from radixlm.runtime.managers.output_processor import OutputProcessor
+from radixlm.runtime.managers.scheduler.output_processor import OutputProcessor
 from radixlm.tiny_model import add_model_args, resolve_model
 
 SCHEMA = {

@@ -43,7 +43,7 @@ from pathlib import Path
 import httpx
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
-from radixlm.runtime.managers.load_balancer import common_prefix_len
+from radixlm.runtime.managers.data_parallel.load_balancer import common_prefix_len
 from radixlm.runtime.tokenizer import load_tokenizer
 from radixlm.tiny_model import add_model_args, resolve_model
 

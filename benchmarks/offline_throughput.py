@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 import radixlm
 from radixlm.runtime.executor.model_runner import ModelRunner
-from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.tiny_model import add_model_args, resolve_model
 
 

@@ -26,8 +26,8 @@ from workloads import Request, workload
 
 import radixlm  # noqa: I001 - before torch: radixlm sets OpenMP's wait policy
 from radixlm.runtime.executor.model_runner import ModelRunner
-from radixlm.runtime.managers import output_processor
-from radixlm.runtime.managers.output_processor import OutputProcessor
+from radixlm.runtime.managers.scheduler import output_processor
+from radixlm.runtime.managers.scheduler.output_processor import OutputProcessor
 from radixlm.tiny_model import add_model_args, resolve_model
 
 TIMERS = {"forward": 0.0, "batch": 0.0, "outputs": 0.0, "sample": 0.0}

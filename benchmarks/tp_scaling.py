@@ -31,7 +31,7 @@ from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.models import load_model
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
-from radixlm.runtime.managers.tp_ranks import start_tp_ranks
+from radixlm.runtime.managers.scheduler.tp_ranks import start_tp_ranks
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.tiny_model import add_model_args, resolve_model
 

@@ -50,7 +50,7 @@ from radixlm.frontend_dsl import (  # noqa: E402 - after set_openmp_defaults
     video,
 )
 from radixlm.runtime.config import ServerArgs  # noqa: E402
-from radixlm.runtime.entrypoints.engine import Engine  # noqa: E402
+from radixlm.runtime.entrypoints.engine.engine import Engine  # noqa: E402
 
 __all__ = [
     "Backend",

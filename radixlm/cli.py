@@ -12,7 +12,7 @@ from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
-from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.engine.engine import Engine
 from radixlm.runtime.entrypoints.http_server import launch_server
 from radixlm.tiny_model import make_tiny_model
 

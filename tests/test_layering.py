@@ -40,7 +40,7 @@ ALLOWED: dict[str, set[str]] = {
             "executor", "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
 }
 # the DSL's in-process backend starts an Engine: the one import from frontend_dsl into runtime
-EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine")}
+EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine.engine")}
 
 
 def room_of(module: str) -> str:
@@ -174,19 +174,21 @@ def test_runtime_top_level_holds_only_shared_modules():
 
 @pytest.mark.parametrize("module,source,expected", [
     ("radixlm.runtime.executor.model_runner",
-     "from radixlm.runtime.managers.schedule_batch import ScheduleBatch", 1),
+     "from radixlm.runtime.managers.scheduler.schedule_batch import ScheduleBatch", 1),
     ("radixlm.runtime.executor.model_runner",
-     "def f():\n    from radixlm.runtime.managers import scheduler", 1),
+     "def f():\n    from radixlm.runtime.managers.scheduler import scheduler", 1),
     ("radixlm.runtime.executor.model_runner",
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
      "    from ..managers.schedule_batch import ScheduleBatch", 1),
     ("radixlm.radix_cache.radix_tree", "import radixlm.runtime.config", 1),
     ("radixlm.kernels.reference", "from radixlm.radix_cache.kv_pool import KVPool", 1),
-    ("radixlm.runtime.managers.scheduler", "from radixlm.runtime.entrypoints import engine", 1),
-    ("radixlm.frontend_dsl.api", "from radixlm.runtime.entrypoints.engine import Engine", 1),
-    ("radixlm.runtime.managers.scheduler", "from ..executor.model_runner import ModelRunner", 0),
+    ("radixlm.runtime.managers.scheduler.scheduler",
+     "from radixlm.runtime.entrypoints.engine import engine", 1),
+    ("radixlm.frontend_dsl.api", "from radixlm.runtime.entrypoints.engine.engine import Engine", 1),
+    ("radixlm.runtime.managers.scheduler.scheduler",
+     "from ...executor.model_runner import ModelRunner", 0),
     ("radixlm.frontend_dsl.backends.local",
-     "from radixlm.runtime.entrypoints.engine import Engine", 0),
+     "from radixlm.runtime.entrypoints.engine.engine import Engine", 0),
 ])
 def test_checker_flags_imports_against_the_direction(module, source, expected):
     assert len(violations(module, imports_of(module, source))) == expected

@@ -39,7 +39,7 @@ class LocalBackend(NativeBackend):
     ) -> None:
         self.owns_engine = engine is None
         if engine is None:
-            from radixlm.runtime.entrypoints.engine import (
+            from radixlm.runtime.entrypoints.engine.engine import (
                 Engine,  # the one lazy import (docs/design.md)
             )
 

@@ -24,8 +24,6 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.auth import ApiKeys, with_api_keys
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
 from radixlm.runtime.entrypoints.connections import bounded_protocol, default_max_connections
-from radixlm.runtime.entrypoints.embedding_protocol import EMBEDDING_ROUTE_MODELS
-from radixlm.runtime.entrypoints.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.http_utils import (
     BodyLimitMiddleware,
     install_error_handlers,
@@ -36,17 +34,19 @@ from radixlm.runtime.entrypoints.lifecycle import (
     scheduler_watchdog,
 )
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
-from radixlm.runtime.entrypoints.openai_api import OpenAIRoutes
+from radixlm.runtime.entrypoints.openai.embedding_protocol import EMBEDDING_ROUTE_MODELS
+from radixlm.runtime.entrypoints.openai.embeddings_api import EmbeddingRoutes
+from radixlm.runtime.entrypoints.openai.openai_api import OpenAIRoutes
+from radixlm.runtime.entrypoints.openai.responses_api import ResponsesRoutes
+from radixlm.runtime.entrypoints.openai.responses_protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixlm.runtime.entrypoints.protocol import (
     openapi_schema,
 )
-from radixlm.runtime.entrypoints.responses_api import ResponsesRoutes
-from radixlm.runtime.entrypoints.responses_protocol import ResponsesRequest
-from radixlm.runtime.entrypoints.responses_store import ResponseStore
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
-from radixlm.runtime.managers.scheduler_process import run_scheduler_process
-from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
-from radixlm.runtime.managers.tp_ranks import serve_node
+from radixlm.runtime.managers.scheduler.scheduler_process import run_scheduler_process
+from radixlm.runtime.managers.scheduler.tp_ranks import serve_node
+from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import uvicorn
 
 from radixlm.runtime.entrypoints.child_processes import ChildProcesses
-from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 

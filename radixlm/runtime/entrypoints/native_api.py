@@ -42,7 +42,7 @@ from radixlm.runtime.entrypoints.server_info import full_server_info, tenant_ser
 from radixlm.runtime.entrypoints.weights_root import resolve_under_root
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
-from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 
 
 def radixlm_version() -> str:

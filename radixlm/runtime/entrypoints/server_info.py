@@ -14,9 +14,9 @@ import os
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.managers.data_parallel_controller import aggregate_infos
-from radixlm.runtime.managers.tenant_rids import rid_tenant
-from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+from radixlm.runtime.managers.data_parallel.data_parallel_controller import aggregate_infos
+from radixlm.runtime.managers.tokenizer_manager.tenant_rids import rid_tenant
+from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 from radixlm.runtime.managers.validation import cache_namespace, namespace_label
 
 SECRETS = ("api_key", "admin_api_key")  # ServerArgs fields never shown in a response

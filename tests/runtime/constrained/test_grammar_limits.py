@@ -185,7 +185,7 @@ def test_scheduler_finishes_a_row_whose_mask_allowed_nothing_as_400(compiler, to
     nothing (sampling then had to pick a forbidden token), a 500 (a backend bug) else."""
     from types import SimpleNamespace
 
-    from radixlm.runtime.managers.output_processor import OutputProcessor
+    from radixlm.runtime.managers.scheduler.output_processor import OutputProcessor
 
     stub = SimpleNamespace(vocab_size=VOCAB, eos_ids=[tokenizer.eos_token_id])
     matcher = compiler.compile("regex", "ab").new_matcher()

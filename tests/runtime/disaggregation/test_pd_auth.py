@@ -236,7 +236,7 @@ def test_kv_event_sockets_drop_a_declared_4_gib_frame():
     """The KV events publisher's replay ROUTER refuses a frame header that declares 4 GiB:
     the connection closes at the header, nothing is buffered."""
     from radixlm.runtime.kv_events_config import KVEventsConfig
-    from radixlm.runtime.managers.kv_event_publisher import KVEventPublisher
+    from radixlm.runtime.managers.scheduler.kv_event_publisher import KVEventPublisher
 
     pub, replay = free_port(), free_port()
     publisher = KVEventPublisher(KVEventsConfig(publisher="zmq",

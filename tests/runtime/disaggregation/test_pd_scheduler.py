@@ -12,7 +12,7 @@ import pytest
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.server_process import free_port
 from radixlm.runtime.managers.messages import AbortReq, GenerateReqInput, ReqOutput
-from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer
 from tests.runtime.disaggregation.pd_client import secret_flags
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from radixlm.runtime.entrypoints.engine import EngineError
+from radixlm.runtime.entrypoints.engine.engine import EngineError
 from radixlm.runtime.entrypoints.server_process import pid_alive
 
 MAX_NEW = 20

@@ -14,7 +14,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
-from radixlm.runtime.managers.tp_ranks import start_tp_ranks
+from radixlm.runtime.managers.scheduler.tp_ranks import start_tp_ranks
 
 POOL = 512
 

@@ -17,7 +17,7 @@ from radixlm.runtime.entrypoints.auth import (
 )
 from radixlm.runtime.entrypoints.weights_root import resolve_under_root
 from radixlm.runtime.managers.api_error import ApiError
-from radixlm.runtime.managers.tenant_rids import (
+from radixlm.runtime.managers.tokenizer_manager.tenant_rids import (
     abort_matches,
     check_client_rid,
     client_rid,

@@ -21,10 +21,14 @@ import msgspec
 import pytest
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.engine.engine import Engine
 from radixlm.runtime.entrypoints.server_process import ServerProcess, child_pids, pid_alive
-from radixlm.runtime.managers.data_parallel_controller import aggregate_infos
-from radixlm.runtime.managers.load_balancer import LoadBalancer, NoReplica, balancer_for
+from radixlm.runtime.managers.data_parallel.data_parallel_controller import aggregate_infos
+from radixlm.runtime.managers.data_parallel.load_balancer import (
+    LoadBalancer,
+    NoReplica,
+    balancer_for,
+)
 from radixlm.runtime.managers.messages import GenerateReqInput, ReplicaLoad
 
 BASE = ["--max-total-tokens", "4096", "--log-level", "warning"]
@@ -466,7 +470,7 @@ def test_aggregate_infos_adds_grammar_compile_histograms() -> None:
 
 
 def test_replica_devices_leave_room_for_tensor_parallel_ranks() -> None:
-    from radixlm.runtime.managers.data_parallel_controller import replica_args
+    from radixlm.runtime.managers.data_parallel.data_parallel_controller import replica_args
 
     args = ServerArgs(device="cuda", dp_size=2, tp_size=2, base_gpu_id=1)
     assert [replica_args(args, r).device for r in (0, 1)] == ["cuda:1", "cuda:3"]
@@ -480,7 +484,7 @@ def test_replica_groups_meet_at_their_own_port() -> None:
     """--dist-init-addr with --dp-size: replica r's tensor-parallel group meets at port + r
     (one address for all would join them into one group); a port range past 65535 is
     refused with the flag named."""
-    from radixlm.runtime.managers.data_parallel_controller import replica_args
+    from radixlm.runtime.managers.data_parallel.data_parallel_controller import replica_args
 
     args = ServerArgs(device="cpu", dp_size=3, tp_size=2, dist_init_addr="10.0.0.7:29500")
     assert [replica_args(args, r).dist_init_addr for r in range(3)] == [

@@ -13,8 +13,8 @@ import numpy as np
 import openai
 import pytest
 
-from radixlm.runtime.entrypoints.embedding_protocol import EmbeddingRequest, EncodeRequest
-from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.engine.engine import Engine
+from radixlm.runtime.entrypoints.openai.embedding_protocol import EmbeddingRequest, EncodeRequest
 from radixlm.runtime.entrypoints.refused_fields import REFUSED_REQUEST_FIELDS
 from tests.compat.agent_frameworks import run_client
 from tests.runtime.embedding_oracle import TOLERANCE, embed, max_error, token_ids

@@ -23,8 +23,11 @@ from pathlib import Path
 import pytest
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.engine_loop import EngineError
-from radixlm.runtime.entrypoints.engine_processes import ReplicaProcesses, replica_process_args
+from radixlm.runtime.entrypoints.engine.engine_loop import EngineError
+from radixlm.runtime.entrypoints.engine.engine_processes import (
+    ReplicaProcesses,
+    replica_process_args,
+)
 from radixlm.runtime.entrypoints.server_process import pid_alive
 
 PROMPTS = ["The quick brown fox", "Data parallel replicas", "One two three four", "hello",
@@ -166,7 +169,7 @@ def test_shutdown_and_the_callers_death_end_the_replicas(tmp_path) -> None:
     script = tmp_path / "engine_child.py"
     script.write_text(
         "import sys, time\n"
-        "from radixlm.runtime.entrypoints.engine import Engine\n"
+        "from radixlm.runtime.entrypoints.engine.engine import Engine\n"
         "if __name__ == '__main__':\n"
         "    eng = Engine(dp_size=2, max_total_tokens=2048, cpu_threads=2, log_level='warning')\n"
         "    print(*eng.loop.pids, flush=True)\n"

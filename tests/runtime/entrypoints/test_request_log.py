@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess
-from radixlm.runtime.managers.request_log import TRUNCATION_MARK
+from radixlm.runtime.managers.tokenizer_manager.request_log import TRUNCATION_MARK
 
 KEY = "sk-alice-123"
 SALT = "s3cr3t-salt-value-0xdeadbeef"
@@ -138,7 +138,7 @@ def test_no_salt_or_key_is_written(logged):
 def test_console_records_at_level_0_hold_no_prompt(logged):
     _, _, console = logged
     lines = [json.loads(line.split("request ", 1)[1]) for line in console.splitlines()
-             if "radixlm.runtime.managers.request_log: request {" in line]
+             if "radixlm.runtime.managers.tokenizer_manager.request_log: request {" in line]
     assert len(lines) == 11
     for view in lines:
         assert not {"text", "messages", "input_ids", "sampling_params"} & set(view)
@@ -170,7 +170,7 @@ def test_engine_writes_the_same_records(make_engine, tmp_path, caplog):
     path = tmp_path / "engine.jsonl"
     eng = make_engine(log_requests_file=str(path), log_requests=True, log_requests_level=1,
                       log_requests_max_chars=MAX_CHARS)
-    with caplog.at_level("INFO", logger="radixlm.runtime.managers.request_log"):
+    with caplog.at_level("INFO", logger="radixlm.runtime.managers.tokenizer_manager.request_log"):
         eng.generate("Hello there", SP, rid="eng-text")
         eng.generate(input_ids=[[5, 6, 7], [8, 9]], sampling_params=SP, rid=["eng-a", "eng-b"])
         list(eng.generate(LONG, SP, stream=True, rid="eng-stream"))

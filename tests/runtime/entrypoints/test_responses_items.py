@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from radixlm.runtime.entrypoints.responses_items import (
+from radixlm.runtime.entrypoints.openai.responses_items import (
     chat_tool_choice,
     chat_tools,
     history_messages,
     input_messages,
     output_items,
 )
-from radixlm.runtime.entrypoints.responses_stream import ResponseEvents
+from radixlm.runtime.entrypoints.openai.responses_stream import ResponseEvents
 from radixlm.runtime.managers.api_error import ApiError
 
 CALL = {"id": "call_1", "type": "function",

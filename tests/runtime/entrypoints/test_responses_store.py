@@ -4,7 +4,7 @@ not stored."""
 
 from __future__ import annotations
 
-from radixlm.runtime.entrypoints.responses_store import ResponseStore
+from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
 
 
 def _put(store: ResponseStore, rid: str, tenant: str | None = None, text: str = "x") -> bool:

@@ -24,7 +24,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM
 
-from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.engine.engine import Engine
 from radixlm.runtime.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

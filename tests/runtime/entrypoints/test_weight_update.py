@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from radixlm.runtime.entrypoints.server_process import ServerProcess
-from radixlm.runtime.managers.scheduler_intake import ABORT_RUNNING
+from radixlm.runtime.managers.scheduler.scheduler_intake import ABORT_RUNNING
 
 PROMPT = "Once upon a time there was a little"
 NEW = 8

@@ -60,7 +60,7 @@ def test_server_builds_stop_automata_off_the_event_loop(monkeypatch):
     from radixlm.runtime.executor import stop_regex
     from radixlm.runtime.executor.sampling_params import SamplingParams
     from radixlm.runtime.managers.api_error import ApiError
-    from radixlm.runtime.managers.tokenizer_manager import TokenizerManager
+    from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 
     builders: list[threading.Thread] = []
     real = stop_regex.stop_automaton.__wrapped__

@@ -13,7 +13,7 @@ import torch
 from radixlm.radix_cache.storage.base import StorageBackend
 from radixlm.radix_cache.storage.page_format import encode_page
 from radixlm.radix_cache.storage.tier import StorageTier
-from radixlm.runtime.managers.hicache import HiCache
+from radixlm.runtime.managers.scheduler.hicache import HiCache
 
 BLOCK, SHAPE = 64, (2, 64, 1, 2)  # one layer, one KV head, head_dim 2
 TOKENS = list(range(5, 5 + 5 * BLOCK))  # five pages

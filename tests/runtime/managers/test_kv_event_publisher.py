@@ -27,7 +27,7 @@ from radixlm.radix_cache.radix_tree import RadixCache
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.server_process import ServerProcess, free_port
 from radixlm.runtime.kv_events_config import KVEventsConfig
-from radixlm.runtime.managers.kv_event_publisher import (
+from radixlm.runtime.managers.scheduler.kv_event_publisher import (
     KVEventPublisher,
     endpoint_for_rank,
     should_bind,
@@ -267,7 +267,7 @@ def tree_blocks(tree: RadixCache) -> set[int]:
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_engine_stream_rebuilds_the_tree(page_size: int) -> None:
-    from radixlm.runtime.entrypoints.engine import Engine
+    from radixlm.runtime.entrypoints.engine.engine import Engine
 
     cfg = config()
     engine = Engine(max_total_tokens=192, page_size=page_size, random_seed=0,

@@ -14,7 +14,6 @@ import pytest
 from radixlm.runtime.entrypoints.http_utils import sse
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import DetokenizerManager, make_register
-from radixlm.runtime.managers.heap_trim import HeapTrimmer, logprob_entries
 from radixlm.runtime.managers.messages import (
     BatchOutput,
     GenerateReqInput,
@@ -25,7 +24,8 @@ from radixlm.runtime.managers.messages import (
     decode,
     encode,
 )
-from radixlm.runtime.managers.result import ResultBuilder
+from radixlm.runtime.managers.tokenizer_manager.heap_trim import HeapTrimmer, logprob_entries
+from radixlm.runtime.managers.tokenizer_manager.result import ResultBuilder
 from radixlm.runtime.tokenizer import load_tokenizer
 
 PROMPT, TOP, CHUNKS = 300, 16, 20

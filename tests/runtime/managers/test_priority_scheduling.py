@@ -12,7 +12,7 @@ import pytest
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.managers.messages import GenerateReqInput, ReqOutput
-from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.runtime.managers.validation import (
     INT64_MAX,
     INT64_MIN,

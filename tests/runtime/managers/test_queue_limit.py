@@ -6,7 +6,7 @@ priority scheduling the front end enforces the limit (test_server_errors.py)."""
 from __future__ import annotations
 
 from radixlm.runtime.managers.messages import GenerateReqInput, ReqOutput
-from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 2}
 

@@ -15,7 +15,7 @@ from radixlm.runtime.entrypoints.native_api import NativeRoutes
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.detokenizer import DetokenizerManager, make_register
 from radixlm.runtime.managers.messages import BatchOutput, GenerateReqInput, RegisterReqs, ReqOutput
-from radixlm.runtime.managers.scheduler import Scheduler
+from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer
 
 BAD_PARAMS = [

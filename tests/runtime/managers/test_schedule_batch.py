@@ -3,7 +3,7 @@ lengths and new tokens (prompt chunks, decode rows, tokens appended by jump-forw
 
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
-from radixlm.runtime.managers.schedule_batch import Req, ScheduleBatch
+from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
 
 
 def make_req(rid: str, prompt: list[int], out: list[int], kv_len: int, row: int) -> Req:

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from radixlm.runtime.managers.api_error import ApiError
-from radixlm.runtime.managers.tokenize_pool import (
+from radixlm.runtime.managers.tokenizer_manager.tokenize_pool import (
     INLINE_CHARS,
     TextBounds,
     TokenizePool,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from radixlm.runtime.entrypoints.function_call import ToolCallParser, tool_call_format
-from radixlm.runtime.entrypoints.function_call.json_array import JsonArrayFormat
+from radixlm.runtime.entrypoints.openai.function_call import ToolCallParser, tool_call_format
+from radixlm.runtime.entrypoints.openai.function_call.json_array import JsonArrayFormat
 
 W = '{"city": "Paris", "days": [1, "x}"]}'
 CASES = {

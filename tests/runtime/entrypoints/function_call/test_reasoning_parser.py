@@ -12,9 +12,9 @@ from radixlm.runtime.constrained import (
     create_grammar_backend,
 )
 from radixlm.runtime.constrained.after_text import AfterTextMatcher
-from radixlm.runtime.entrypoints.chat_output import ChoiceOutput
-from radixlm.runtime.entrypoints.function_call import ToolCallParser, tool_call_format
-from radixlm.runtime.entrypoints.reasoning_parser import (
+from radixlm.runtime.entrypoints.openai.chat_output import ChoiceOutput
+from radixlm.runtime.entrypoints.openai.function_call import ToolCallParser, tool_call_format
+from radixlm.runtime.entrypoints.openai.reasoning_parser import (
     ReasoningParser,
     prompt_opens_thinking,
     starts_in_reasoning,

@@ -10,9 +10,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixlm.runtime.constrained import canonical_spec, create_grammar_backend
-from radixlm.runtime.entrypoints.chat_prompt import constrain
-from radixlm.runtime.entrypoints.function_call import plan_tools
-from radixlm.runtime.entrypoints.function_call.json_array import forced_schema
+from radixlm.runtime.entrypoints.openai.chat_prompt import constrain
+from radixlm.runtime.entrypoints.openai.function_call import plan_tools
+from radixlm.runtime.entrypoints.openai.function_call.json_array import forced_schema
 from radixlm.runtime.managers.api_error import ApiError
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},

@@ -1,0 +1,1 @@
+"""The offline Engine: the scheduler driven from the caller's process (or replica processes)."""

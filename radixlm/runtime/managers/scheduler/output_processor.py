@@ -1,0 +1,324 @@
+"""After a forward: prompt logprobs, sampling, stop checks and the per-request outputs."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from radixlm.runtime.constrained import allocate_token_bitmask
+from radixlm.runtime.constrained.jump_forward import canonical_jump
+from radixlm.runtime.constrained.probe import allows_nothing
+from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
+from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
+from radixlm.runtime.managers.messages import ReqOutput
+from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Any, tokenizer: Any) -> None:
+        """``scheduler``: the Scheduler that owns this processor (its cache, running list,
+        stats and settings)."""
+        self.s = scheduler
+        self.tokenizer = tokenizer
+        cfg = scheduler.model_config
+        eos = set(cfg.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos)
+        self.vocab_size = cfg.vocab_size
+        seed = scheduler.args.random_seed
+        self.generator = torch.Generator(scheduler.model_runner.device)
+        self.generator.manual_seed(seed if seed is not None else random.getrandbits(63))
+        self._pending: list[ReqOutput] = []
+        self.jump_forward = not scheduler.args.disable_jump_forward
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._bitmask_job: tuple[list[int], Future[torch.Tensor]] | None = None
+        # the last step's sampling state, keyed by (request, output length) per row
+        self._kept_info: tuple[list[tuple[str, int]], SamplingBatchInfo] | None = None
+
+    # --- which logits a forward must produce ----------------------------------------------
+    @staticmethod
+    def logit_range(req: Req, n: int) -> tuple[int, int]:
+        """Rows (offsets into the request's ``n`` new tokens) whose logits are needed: the
+        last one if the request samples after this forward, and prompt positions whose
+        logprobs were asked for."""
+        final = req.kv_len + n == req.seq_len
+        if not req.wants_input_logprobs:
+            return (n - 1, n) if final else (n, n)
+        first = max(req.logprob_start_len - 1, 0)
+        end = n if final else min(req.prompt_len - 1, req.kv_len + n) - req.kv_len
+        return min(max(first - req.kv_len, 0), end), end
+
+    # --- after a forward ------------------------------------------------------------------
+    def process(self, batch: ScheduleBatch, logits: torch.Tensor) -> list[ReqOutput]:
+        row = 0
+        sample_reqs: list[Req] = []
+        sample_rows: list[int] = []
+        done_prefill: list[Req] = []
+        for i, (req, n, (a, b)) in enumerate(
+                zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
+            kv0 = req.kv_len
+            req.kv_len += n
+            if req.wants_input_logprobs:
+                n_in = min(b, req.prompt_len - 1 - kv0) - a
+                self._input_logprobs(req, logits[row: row + max(n_in, 0)], kv0 + a)
+            row += b - a
+            if i < batch.num_prefill:
+                # share the prompt's KV at once: later requests with the same prefix
+                # (the rest of a group, n > 1 samples) match it while this one decodes
+                self.s.cache.cache_unfinished(req)
+            if req.kv_len < req.seq_len:  # more of the prompt to come
+                continue
+            if req.sampling_params.max_new_tokens == 0:  # prefill only
+                done_prefill.append(req)
+            else:
+                sample_reqs.append(req)
+                sample_rows.append(row - 1)
+        outs = [self.finish(r, {"type": "length", "length": 0}, release=True)
+                for r in done_prefill]
+        if sample_reqs:
+            outs += self._sample(sample_reqs, logits[sample_rows])
+        # requests that just finished their prompt start decoding; decode rows already are
+        prefill = {id(r) for r in batch.reqs[: batch.num_prefill]}
+        new = [r for r in sample_reqs if not r.finished and id(r) in prefill]
+        self.s.running = [r for r in self.s.running + new if not r.finished]
+        return outs
+
+    def _input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
+        """Logprobs of prompt tokens ``first_pos+1 ..`` from the logits at ``first_pos ..``."""
+        prompt = req.origin_input_ids
+        if first_pos == 0 and req.logprob_start_len == 0 and not req.input_token_logprobs:
+            req.input_token_logprobs.append((None, prompt[0]))
+            req.input_top_logprobs.append(None)
+            req.input_token_ids_logprobs.append(None)
+        if rows.shape[0] == 0:
+            return
+        targets = prompt[first_pos + 1: first_pos + 1 + rows.shape[0]]
+        ids = torch.tensor(targets, device=rows.device)
+        k = req.top_logprobs_num
+        asked = req.token_ids_logprob
+        lps, top, asked_lps = logprobs_of(rows, ids, [k] * len(targets) if k else None,
+                                          None if asked is None else [asked] * len(targets))
+        req.input_token_logprobs.extend(zip(lps.tolist(), targets))
+        req.input_top_logprobs.extend(
+            [list(zip(v, i)) for v, i in top] if top else [None] * len(targets))
+        req.input_token_ids_logprobs.extend(
+            [_pairs(v, asked) for v in asked_lps] if asked_lps else [None] * len(targets))
+
+    def _sampling_info(self, reqs: list[Req], device: torch.device) -> SamplingBatchInfo:
+        """The batch's sampling state: the last step's, advanced by one token, while the
+        batch is the same requests each with exactly one more token; else built anew
+        (penalty counts from every output id)."""
+        bitmask = self._take_bitmask(reqs)
+        kept, self._kept_info = self._kept_info, None
+        if kept is not None and kept[0] == [(r.rid, len(r.output_ids)) for r in reqs]:
+            info = kept[1]
+            info.token_bitmask = bitmask
+            return info
+        params = [r.sampling_params for r in reqs]
+        rep = any(p.repetition_penalty != 1.0 for p in params)
+        return SamplingBatchInfo.from_params(
+            params, [r.output_ids for r in reqs], self.vocab_size,
+            prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
+            eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
+            need_logprobs=any(r.return_logprob for r in reqs),
+            token_ids_logprobs=[r.token_ids_logprob for r in reqs],
+            token_bitmask=bitmask, generator=self.generator, device=device)
+
+    def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo, next_ids: torch.Tensor,
+                   sampled: list[int], grew: list[int]) -> None:
+        """Keep the sampling state for the next step if every request grew by exactly the
+        sampled token (no finish, no jump-forward) and is still running."""
+        if any(r.finished or n != 1 or r.output_ids[-1] != t
+               for r, n, t in zip(reqs, grew, sampled)):
+            return
+        info.advance(next_ids)
+        self._kept_info = ([(r.rid, len(r.output_ids)) for r in reqs], info)
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOutput]:
+        info = self._sampling_info(reqs, logits.device)
+        out = sample(logits[:, : self.vocab_size], info)
+        ids = out.next_token_ids.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
+        outs, grew = [], []
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            start = len(req.output_ids)
+            req.output_ids.append(tok)
+            self.s.stats["generation_tokens"] += 1
+            req.finish_reason = self._check_finish(req, tok)
+            self._advance_grammar(req, tok)
+            new_ids = req.output_ids[start:]
+            grew.append(len(new_ids))
+            top = None
+            if out.top_logprobs is not None and req.top_logprobs_num:
+                v, t = out.top_logprobs[i]
+                top = [list(zip(v, t))]
+            asked = None
+            if out.token_ids_logprobs is not None and req.token_ids_logprob is not None:
+                asked = [_pairs(out.token_ids_logprobs[i], req.token_ids_logprob)]
+            if req.return_logprob and self._prefill_side(req):  # the decode server's too
+                req.first_token_logprobs = (lps[i], top[0] if top else None,
+                                            asked[0] if asked else None)
+            outs.append(self._output(req, new_ids, [(lps[i], tok)], top, asked))
+            if req.finished:
+                self.s.cache.release(req, cache=True)
+        self._keep_info(reqs, info, out.next_token_ids, ids, grew)
+        return outs
+
+    # --- constrained decoding -------------------------------------------------------------
+    def start_bitmask(self, batch: ScheduleBatch) -> None:
+        """Fill the grammar masks of the rows that will sample after this forward, on a
+        worker thread while the forward runs (the matchers do not move until then)."""
+        reqs = [r for r, n in zip(batch.reqs, batch.extend_lens)
+                if r.kv_len + n == r.seq_len and r.sampling_params.max_new_tokens > 0]
+        if not any(r.grammar is not None for r in reqs):
+            self._bitmask_job = None
+            return
+        self._bitmask_job = ([id(r) for r in reqs], self._mask_pool.submit(self._fill, reqs))
+
+    def _take_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
+        job, self._bitmask_job = self._bitmask_job, None
+        if job is not None and job[0] == [id(r) for r in reqs]:
+            return job[1].result()
+        if job is not None:
+            job[1].result()  # a batch that changed shape: never leave a fill running
+        return self._fill(reqs) if any(r.grammar is not None for r in reqs) else None
+
+    def _fill(self, reqs: list[Req]) -> torch.Tensor:
+        """[B, ceil(V / 32)] int32: every token allowed, except in constrained rows."""
+        bitmask = allocate_token_bitmask(len(reqs), self.vocab_size)
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                r.grammar.fill_bitmask(bitmask, i)
+        return bitmask
+
+    def _rejected(self, g: Any, tok: int) -> dict[str, Any]:
+        """The finish reason of a row whose sampled token its grammar refused: a 400 when
+        the mask allowed nothing (the grammar matches nothing from here, or llguidance hit
+        a limit), sampling then picked a forbidden token; else the backend's bug, a 500."""
+        row = allocate_token_bitmask(1, self.vocab_size)
+        g.fill_bitmask(row, 0)
+        if allows_nothing(g, row[0], self.eos_ids):
+            error = g.error() if hasattr(g, "error") else ""
+            return {"type": "abort", "status_code": 400,
+                    "message": "the grammar allows no next token: it matches no string "
+                               "from here" + (f" ({error})" if error else "")}
+        return {"type": "abort", "status_code": 500,
+                "message": f"the grammar backend rejected token {tok} that its own mask "
+                           "allowed"}
+
+    def _advance_grammar(self, req: Req, tok: int) -> None:
+        """Move the request's matcher over ``tok``; finish the request when only EOS is
+        left; append the text the grammar forces (canonical jump-forward), each forced
+        token checked for stops like a sampled one."""
+        g = req.grammar
+        if g is None or req.finished or self._prefill_side(req):
+            return  # a prefill server's request: the decode server advances its own
+        if not g.accept_token(tok):
+            req.finish_reason = self._rejected(g, tok)
+            return
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+            return
+        if not self.jump_forward or req.return_logprob:
+            return
+        jump = canonical_jump(g, self.tokenizer, [tok], g.forced_string())
+        if jump is None:
+            return
+        del req.output_ids[len(req.output_ids) - jump.rollback:]
+        self.s.stats["jump_forward_tokens"] += len(jump.ids)
+        for n, forced in enumerate(jump.ids):
+            req.output_ids.append(forced)
+            req.finish_reason = self._check_finish(req, forced)
+            if req.finished:
+                g.rollback(len(jump.ids) - n - 1)  # the rest never happened
+                return
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": None}
+
+    def _prefill_side(self, req: Req) -> bool:
+        """A request this prefill server only computes the prompt and first token of."""
+        return req.bootstrap is not None and self.s.args.disaggregation_mode == "prefill"
+
+    def _check_finish(self, req: Req, tok: int) -> dict[str, Any] | None:
+        if self._prefill_side(req):
+            return None  # the decode server checks the first token (pd_queues)
+        sp = req.sampling_params
+        if sp.stop_token_ids and tok in sp.stop_token_ids:
+            return {"type": "stop", "matched": tok}
+        if not sp.ignore_eos and tok in self.eos_ids:
+            return {"type": "stop", "matched": tok}
+        if sp.stop and len(req.output_ids) >= sp.min_new_tokens:
+            matched = self._match_stop_str(req, sp.stop)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
+        if sp.stop_regex and len(req.output_ids) >= sp.min_new_tokens:
+            tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:],
+                                         skip_special_tokens=False)
+            for pattern in sp.stop_regex:
+                if contains_match(pattern, tail):
+                    return {"type": "stop", "matched": pattern}
+        if len(req.output_ids) >= sp.max_new_tokens or req.seq_len >= self.s.context_len:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _match_stop_str(self, req: Req, stops: list[str]) -> str | None:
+        # a stop string of k bytes spans at most k tokens, plus one for a partial character
+        window = max(len(s.encode()) for s in stops) + 1
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+        for s in stops:
+            if s in tail:
+                return s
+        return None
+
+    # --- outputs --------------------------------------------------------------------------
+    def finish(self, req: Req, reason: dict[str, Any], release: bool) -> ReqOutput:
+        req.finish_reason = reason
+        out = self._output(req, [], [] if req.return_logprob else None,
+                           [] if req.top_logprobs_num else None,
+                           [] if req.token_ids_logprob is not None else None)
+        if release and req.req_pool_idx is not None:
+            self.s.cache.release(req, cache=True)
+        return out
+
+    @staticmethod
+    def refuse(rid: str, prompt_tokens: int, reason: dict[str, Any]) -> ReqOutput:
+        """The only output of a request that never became a Req (it was invalid)."""
+        return ReqOutput(rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens,
+                         cached_tokens=0, completion_tokens=0, finish_reason=reason)
+
+    def _output(self, req: Req, new_ids: list[int], lps: list | None, top: list | None,
+                asked: list | None = None) -> ReqOutput:
+        """``asked``: per new token, the (logprob, id) pairs of ``token_ids_logprob``."""
+        wants_ids = req.token_ids_logprob is not None
+        out = ReqOutput(
+            rid=req.rid, new_token_ids=new_ids, prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+            finish_reason=req.finish_reason,
+            output_token_logprobs=lps if req.return_logprob else None,
+            output_top_logprobs=top if req.top_logprobs_num else None,
+            output_token_ids_logprobs=(asked or []) if wants_ids else None,
+            storage_cached_tokens=(req.storage_cached_tokens
+                                   if self.s.cache.hicache is not None else None))
+        if req.wants_input_logprobs and req.kv_len >= req.prompt_len:
+            out.input_token_logprobs = req.input_token_logprobs
+            out.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
+            if wants_ids:
+                out.input_token_ids_logprobs = req.input_token_ids_logprobs
+            req.input_logprobs_sent = True
+        return out
+
+    def emit_later(self, out: ReqOutput) -> None:
+        self._pending.append(out)
+
+    def take_pending(self) -> list[ReqOutput]:
+        out, self._pending = self._pending, []
+        return out
+
+
+def _pairs(values: list[float], ids: list[int]) -> list[tuple[float, int]] | None:
+    """(logprob, id) per asked id; None for an empty list, as SGLang shows one."""
+    return list(zip(values, ids)) or None
