@@ -69,6 +69,22 @@ def test_forced_calls_validate(client, choice, allowed):
     _check_calls(choice0.message.tool_calls, allowed)
 
 
+def test_forced_call_beside_response_format(client):
+    """A forced call wins over response_format (which is for text answers: the Agents SDK
+    sends its output_type with every turn)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "flag", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}}
+    chat = client.chat.completions.create(model="default", messages=USER, tools=TOOLS,
+                                          tool_choice="required", response_format=fmt,
+                                          max_tokens=200, seed=1)
+    assert chat.choices[0].finish_reason == "tool_calls", chat.choices[0]
+    _check_calls(chat.choices[0].message.tool_calls, set(SCHEMAS))
+    text = client.chat.completions.create(model="default", messages=USER, tools=TOOLS,
+                                          tool_choice="auto", response_format=fmt,
+                                          max_tokens=32, seed=1)
+    assert json.loads(text.choices[0].message.content)["ok"] in (True, False)
+
+
 def test_each_choice_has_its_calls(client):
     chat = client.chat.completions.create(model="default", messages=USER, tools=TOOLS,
                                           tool_choice="required", n=2, max_tokens=200, seed=5)
@@ -132,8 +148,6 @@ def test_auto_is_free_text_until_a_call(client):
 @pytest.mark.parametrize("extra, param", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
-    ({"response_format": {"type": "json_object"}, "tool_choice": "required"},
-     "response_format"),
 ])
 def test_bad_tool_requests_are_400(client, extra, param):
     body = {"tools": TOOLS, **extra}
