@@ -4,6 +4,9 @@
 that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) take the fused C++
 kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built (RMSNorm:
 bfloat16 only);
+Attention with a sliding window or logit soft-capping (``sliding_window`` /
+``logit_cap``) always runs in ``masked_attention``, torch on any device: the planned CPU
+passes, the compiled CPU kernel and the Triton kernels have neither feature.
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -21,7 +24,7 @@ import types
 
 import torch
 
-from radixlm.kernels import cpu_fused, reference
+from radixlm.kernels import cpu_fused, masked_attention, reference
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
@@ -57,12 +60,19 @@ def decode_attention(
     out: torch.Tensor | None = None,  # [B, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: this forward's precomputed indices
     layout: Layout | None = None,  # Triton path: host-side extents (no device read-back)
+    sliding_window: int | None = None,  # keys within this many positions of the query
+    logit_cap: float | None = None,  # scores soft-capped to cap * tanh(s / cap)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One query token per sequence attends to its whole KV, gathered via ``kv_indices``.
 
     ``plan`` (``shared_prefix.AttentionPlan``, built once per forward for this layout) lets
     the torch path skip per-layer index work and read K/V that several sequences share
-    once per group; the Triton path ignores it."""
+    once per group; the Triton path ignores it. With ``sliding_window`` or ``logit_cap``:
+    ``masked_attention`` (see the module doc)."""
+    _use_triton(backend, q)  # validates backend
+    if sliding_window is not None or logit_cap is not None:
+        return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
+                                                 sm_scale, sliding_window, logit_cap, out)
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
             q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout
@@ -86,8 +96,15 @@ def extend_attention(
     out: torch.Tensor | None = None,  # [N, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: see decode_attention
     layout: Layout | None = None,  # Triton path: see decode_attention
+    sliding_window: int | None = None,  # see decode_attention
+    logit_cap: float | None = None,
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
+    _use_triton(backend, q)  # validates backend
+    if sliding_window is not None or logit_cap is not None:
+        return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
+                                                 kv_indices, sm_scale, sliding_window,
+                                                 logit_cap, out)
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,

@@ -1,8 +1,14 @@
-"""Model registry (HF ``architectures`` name -> class) and ``load_model``."""
+"""Model registry (HF ``architectures`` name -> class) and ``load_model``.
+
+A family is one short file composing ``decoder.py`` (itself built from ``../layers``): a
+``DecoderForCausalLM`` subclass whose ``spec_for`` says what differs from Llama. Adding
+one: see docs/design.md ("How to add a model family").
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -10,22 +16,38 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
+from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
+from radixlm.runtime.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
+from radixlm.runtime.executor.models.mistral import MistralForCausalLM
+from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM
+from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
+from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
+from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "LlamaForCausalLM", "Qwen2ForCausalLM"]
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    # Mistral is Llama plus a sliding window; ModelConfig caps the context at the window.
-    "MistralForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }
 
 
-def get_model_class(architectures: Sequence[str]) -> type[LlamaForCausalLM]:
+def get_model_class(architectures: Sequence[str]) -> type[DecoderForCausalLM]:
     """The class for the first supported name in config.json's ``architectures``."""
     for name in architectures:
         if name in MODEL_CLASSES:
@@ -60,5 +82,10 @@ def load_model(
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
     with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
         model = cls(config)
+    masked = [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+    if masked:
+        logger.info("%s: layers %s have a sliding window or soft-capped scores; their "
+                    "attention runs in the torch masked path (kernels/masked_attention.py)",
+                    cls.__name__, masked)
     load_weights(model, model_dir if model_dir is not None else config.model_dir)
     return model.eval()

@@ -1,0 +1,44 @@
+"""Gemma 2 and Gemma 3 (text): the sandwich norm layout with ``(1 + w)`` RMSNorms,
+
+    x + norm(attn(norm(x))),  then  x + norm(mlp(norm(x)))
+
+GELU-tanh gated MLP, embeddings scaled by sqrt(hidden) (rounded to the dtype), scores
+scaled by ``query_pre_attn_scalar ** -0.5``, tied embeddings, and interleaved sliding
+layers (``layer_types``: Gemma 2 alternates, Gemma 3 has five local layers per global one).
+
+Gemma 2 soft-caps the attention scores (``attn_logit_softcapping``) and the final logits
+(``final_logit_softcapping``). Gemma 3 drops the caps (honoured when its config sets them),
+adds per-head ``(1 + w)`` q/k norms, and gives its sliding layers a RoPE of their own
+(``rope_local_base_freq`` / ``rope_parameters["sliding_attention"]``).
+"""
+
+from __future__ import annotations
+
+from radixlm.runtime.executor.models.decoder import DecoderForCausalLM, DecoderSpec
+from radixlm.runtime.model_config import ModelConfig
+
+
+def gemma_spec(config: ModelConfig, qk_norm: str | None) -> DecoderSpec:
+    hf = config.hf_config
+    return DecoderSpec(
+        norms="sandwich",
+        norm_offset=1.0,
+        qk_norm=qk_norm,
+        activation=hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh",
+        embed_scale=config.hidden_size**0.5,
+        sm_scale=hf.get("query_pre_attn_scalar", config.head_dim) ** -0.5,
+        attn_logit_cap=hf.get("attn_logit_softcapping"),
+        final_logit_cap=hf.get("final_logit_softcapping"),
+    )
+
+
+class Gemma2ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def spec_for(cls, config: ModelConfig) -> DecoderSpec:
+        return gemma_spec(config, qk_norm=None)
+
+
+class Gemma3ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def spec_for(cls, config: ModelConfig) -> DecoderSpec:
+        return gemma_spec(config, qk_norm="head")

@@ -1,0 +1,20 @@
+"""OLMo 2: norms after attention and the MLP only (no input norm),
+
+    x + norm(attn(x)),  then  x + norm(mlp(x))
+
+and q/k RMSNorms over the whole projection (every head at once, before the reshape): a
+norm that spans the heads, so ``--tp-size`` above 1 is refused for it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from radixlm.runtime.executor.models.decoder import DecoderSpec
+from radixlm.runtime.executor.models.llama import LlamaForCausalLM
+from radixlm.runtime.model_config import ModelConfig
+
+
+class Olmo2ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def spec_for(cls, config: ModelConfig) -> DecoderSpec:
+        return replace(super().spec_for(config), norms="post", qk_norm="all")
