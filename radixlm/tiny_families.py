@@ -44,7 +44,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                               "max_window_layers": 1, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "gemma2": ("Gemma2Config", {"sliding_window": WINDOW, "query_pre_attn_scalar": 32,
-                                "attn_logit_softcapping": 10.0,
+                                "attn_logit_softcapping": 2.0,
                                 "final_logit_softcapping": 10.0}),
     "gemma3": ("Gemma3TextConfig", {
         "sliding_window": WINDOW, "query_pre_attn_scalar": 16,
@@ -55,7 +55,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", {
         "sliding_window": WINDOW, "partial_rotary_factor": 0.75, "tie_word_embeddings": False,
         "original_max_position_embeddings": 1024,
-        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0,
                             "partial_rotary_factor": 0.75,
                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                             "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]}}),
@@ -81,21 +81,28 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     scales, norms near identity, a tied model's final norm shrunk as ``tiny_model`` does."""
     gen = torch.Generator().manual_seed(seed)
     tied = model.config.tie_word_embeddings
+    # Gemma multiplies the embeddings by sqrt(hidden): draw them that much smaller, or the
+    # residual stream is the input embedding and no layer's feature shows in the tokens
+    embed_std = EMBED_STD / (model.config.hidden_size**0.5 if _scales_embeddings(model)
+                             else 1.0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             if "norm" in name:  # Gemma's (1 + w) norms start at 0, the others at 1
                 identity = 0.0 if bool((p == 0).all()) else 1.0
-                target = LM_HEAD_STD / EMBED_STD if tied and name == "model.norm.weight" else 1
-                p.copy_(identity - 1 + target + 0.1 * noise if identity == 0.0
-                        else target + 0.1 * noise)
+                target = LM_HEAD_STD / embed_std if tied and name == "model.norm.weight" else 1
+                p.copy_(target - 1 + 0.1 * noise if identity == 0.0 else target + 0.1 * noise)
             elif "embed_tokens" in name:
-                p.copy_(noise * EMBED_STD)
+                p.copy_(noise * embed_std)
             elif name == "lm_head.weight":
                 p.copy_(noise * LM_HEAD_STD)
             else:  # projections (scaled by fan-in) and their biases
                 fan_in = p.shape[1] if p.dim() == 2 else 128
                 p.copy_(noise * PROJ_STD * (128 / fan_in) ** 0.5)
+
+
+def _scales_embeddings(model: torch.nn.Module) -> bool:
+    return model.config.model_type in ("gemma2", "gemma3_text")
 
 
 def make_family_model(out_dir: str | Path, arch: str, seed: int = 0,

@@ -33,7 +33,7 @@ from radixlm.runtime.distributed.quantization import (
 )
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.models import load_model
+from radixlm.runtime.executor.models import load_model, masked_layers
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -323,6 +323,10 @@ class ModelRunner:
         """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
         if (args.disable_cuda_graph or self.uses_torch_attention or self.tp.size > 1
                 or (self.device.type != "cuda" and graph_factory is None)):
+            return None
+        if masked_layers(self.model):  # their attention reads the layout on the host
+            logger.info("no decode CUDA graphs: layers %s have a sliding window or soft-capped "
+                        "scores (kernels/masked_attention.py)", masked_layers(self.model))
             return None
         max_bs = min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, self.pool_size)
         with torch.inference_mode():

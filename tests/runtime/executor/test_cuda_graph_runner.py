@@ -115,6 +115,15 @@ def test_graphs_only_where_they_apply(tiny_llama_dir):
                                        graph_factory=EagerGraph) is None
 
 
+def test_no_graphs_for_windowed_or_soft_capped_layers(family_dirs):
+    # their attention (kernels/masked_attention.py) reads the layout on the host
+    for arch in ("mistral", "gemma2"):
+        runner = _runner(family_dirs[arch], cuda_graph_max_bs=2)
+        assert runner.graph_runner is None
+        assert runner._capture_cuda_graphs(ServerArgs(cuda_graph_max_bs=2),
+                                           graph_factory=EagerGraph) is None
+
+
 def test_batches_beyond_the_graphs_run_eagerly(tiny_llama_dir):
     runner = _runner(tiny_llama_dir, cuda_graph_max_bs=2)
     if not CUDA:

@@ -31,7 +31,8 @@ from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "LlamaForCausalLM", "Qwen2ForCausalLM"]
+__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers",
+           "LlamaForCausalLM", "Qwen2ForCausalLM"]
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -58,6 +59,12 @@ def get_model_class(architectures: Sequence[str]) -> type[DecoderForCausalLM]:
     )
 
 
+def masked_layers(model: nn.Module) -> list[int]:
+    """Layers whose attention has a sliding window or soft-capped scores: they run in
+    ``kernels.masked_attention`` (torch, host-side index work: no CUDA graphs)."""
+    return [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     old = torch.get_default_dtype()
@@ -82,7 +89,7 @@ def load_model(
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
     with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
         model = cls(config)
-    masked = [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+    masked = masked_layers(model)
     if masked:
         logger.info("%s: layers %s have a sliding window or soft-capped scores; their "
                     "attention runs in the torch masked path (kernels/masked_attention.py)",

@@ -1,0 +1,101 @@
+"""Attention with sliding windows and soft-capped scores (``kernels.masked_attention``)
+against a float64 oracle that loops over every (query, key) pair; outputs start as NaN so
+a row the kernel skips cannot pass. Every backend name routes these layers there."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from radixlm import kernels
+
+
+def _batch(q_lens, kv_lens, hq, hkv, d, seed, extend, dtype=torch.float32):
+    """Paged slots in a shuffled order; decode: kv_lens include the new token."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(kv_lens) + 5
+    order = torch.randperm(total, generator=gen)
+    kv_indices = order[: sum(kv_lens)]
+    n = sum(q_lens)
+
+    def randn(*shape):
+        return (torch.randn(*shape, generator=gen) * 2).to(dtype)
+
+    return dict(q=randn(n, hq, d), k=randn(n, hkv, d) if extend else None,
+                v=randn(n, hkv, d) if extend else None, k_buf=randn(total, hkv, d),
+                v_buf=randn(total, hkv, d),
+                qo_indptr=torch.tensor([0] + q_lens).cumsum(0),
+                kv_indptr=torch.tensor([0] + kv_lens).cumsum(0), kv_indices=kv_indices)
+
+
+def oracle(b, sm_scale, window, cap) -> torch.Tensor:
+    """Query at position p sees key j iff j <= p and p - j < window; float64 loops."""
+    q, out = b["q"].double(), torch.zeros(b["q"].shape, dtype=torch.float64)
+    group = q.shape[1] // b["k_buf"].shape[1]
+    qo, kv = b["qo_indptr"].tolist(), b["kv_indptr"].tolist()
+    for s in range(len(qo) - 1):
+        idx = b["kv_indices"][kv[s]: kv[s + 1]]
+        keys, values = b["k_buf"][idx].double(), b["v_buf"][idx].double()
+        if b["k"] is not None:
+            keys = torch.cat((keys, b["k"][qo[s]: qo[s + 1]].double()))
+            values = torch.cat((values, b["v"][qo[s]: qo[s + 1]].double()))
+        n, length = qo[s + 1] - qo[s], keys.shape[0]
+        for i in range(n):
+            p = length - n + i
+            for h in range(q.shape[1]):
+                seen = [j for j in range(p + 1) if window is None or p - j < window]
+                scores = [float(q[qo[s] + i, h] @ keys[j, h // group]) * sm_scale for j in seen]
+                if cap is not None:
+                    scores = [cap * math.tanh(x / cap) for x in scores]
+                w = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0)
+                out[qo[s] + i, h] = (w[:, None] * values[seen, h // group]).sum(0)
+    return out
+
+
+CASES = [(None, None), (5, None), (None, 3.0), (4, 2.0), (1, None)]
+
+
+# the plain case (no window, no cap) is the planned torch path's; the plain Triton kernels
+# are checked (interpreted) in test_attention_kernels.py
+@pytest.mark.parametrize("window,cap,backend",
+                         [(w, c, b) for w, c in CASES for b in (None, "torch", "triton")
+                          if not (w is None and c is None and b == "triton")])
+def test_extend_matches_float64(window, cap, backend):
+    b = _batch([3, 7, 1], [0, 9, 4], hq=4, hkv=2, d=8, seed=1, extend=True)
+    out = torch.full_like(b["q"], float("nan"))
+    kernels.extend_attention(b["q"], b["k"], b["v"], b["k_buf"], b["v_buf"], b["qo_indptr"],
+                             b["kv_indptr"], b["kv_indices"], 0.3, backend=backend, out=out,
+                             sliding_window=window, logit_cap=cap)
+    torch.testing.assert_close(out.double(), oracle(b, 0.3, window, cap), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window,cap", CASES[1:])
+def test_decode_matches_float64(window, cap):
+    b = _batch([1, 1, 1], [1, 12, 6], hq=4, hkv=1, d=8, seed=2, extend=False)
+    out = torch.full_like(b["q"], float("nan"))
+    kernels.decode_attention(b["q"], b["k_buf"], b["v_buf"], b["kv_indptr"], b["kv_indices"],
+                             0.3, backend="triton", out=out, sliding_window=window,
+                             logit_cap=cap)
+    torch.testing.assert_close(out.double(), oracle(b, 0.3, window, cap), atol=1e-5, rtol=0)
+
+
+def test_bfloat16_pool_within_tolerance():
+    b = _batch([4, 2], [6, 0], hq=2, hkv=2, d=8, seed=3, extend=True, dtype=torch.bfloat16)
+    out = kernels.extend_attention(b["q"], b["k"], b["v"], b["k_buf"], b["v_buf"],
+                                   b["qo_indptr"], b["kv_indptr"], b["kv_indices"], 0.3,
+                                   sliding_window=3, logit_cap=2.0)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), oracle(b, 0.3, 3, 2.0), atol=3e-2, rtol=0)
+
+
+@pytest.mark.parametrize("window,cap,field", [(0, None, "sliding_window"),
+                                               (True, None, "sliding_window"),
+                                               (None, 0.0, "logit_cap"),
+                                               (None, -1.0, "logit_cap")])
+def test_bad_options_are_clear(window, cap, field):
+    b = _batch([1], [2], hq=1, hkv=1, d=4, seed=0, extend=False)
+    with pytest.raises(ValueError, match=field):
+        kernels.decode_attention(b["q"], b["k_buf"], b["v_buf"], b["kv_indptr"],
+                                 b["kv_indices"], 0.5, sliding_window=window, logit_cap=cap)

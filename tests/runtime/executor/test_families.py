@@ -1,0 +1,98 @@
+"""Every model family against transformers on tiny checkpoints that transformers' own
+classes wrote (``radixlm.tiny_families``): logits through hand-built paged batches, and
+greedy tokens through the Engine with prompts longer than the sliding windows, paged and
+chunked, then again from the radix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.models import load_model
+from radixlm.runtime.model_config import ModelConfig
+from radixlm.tiny_families import FAMILIES, WINDOW
+
+ATOL = 1e-4
+MAX_NEW = 12
+TEXT = ("To make bread you need flour, water, salt and yeast. First, mix the flour and the "
+        "water in a large bowl, then add the salt and the yeast and knead for ten minutes.")
+ENGINE_CONFIGS = {"default": {}, "page4_chunk16": {"page_size": 4, "chunked_prefill_size": 16}}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, family_dirs):
+    """(arch, model dir, prompts, transformers' eager model, its greedy outputs)."""
+    path = family_dirs[request.param]
+    ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
+    prompts = [ids, ids[:10], (ids * 2)[:70]]  # 46 and 70 tokens: past the 24-token windows
+    assert len(ids) > 40 > WINDOW
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                    for p in prompts]
+    return request.param, path, prompts, hf, expected
+
+
+def _batch(pool: KVPool, slots: dict[int, list[int]], mode: ForwardMode,
+           new: dict[int, list[int]], start: dict[int, int]) -> ForwardBatch:
+    """One forward of ``new[seq]`` tokens appended to each sequence (slots never reused)."""
+    ids, pos, loc, kv, qo_ptr, kv_ptr = [], [], [], [], [0], [0]
+    for seq, toks in new.items():
+        prefix = slots.setdefault(seq, [])
+        fresh = list(range(start[0], start[0] + len(toks)))
+        start[0] += len(toks)
+        seen = prefix + fresh if mode.is_decode else list(prefix)
+        ids += toks
+        pos += range(len(prefix), len(prefix) + len(toks))
+        loc += fresh
+        kv += seen
+        qo_ptr.append(qo_ptr[-1] + len(toks))
+        kv_ptr.append(kv_ptr[-1] + len(seen))
+        prefix += fresh
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64)
+
+    return ForwardBatch(mode=mode, input_ids=t(ids), positions=t(pos), out_cache_loc=t(loc),
+                        qo_indptr=t(qo_ptr), kv_indptr=t(kv_ptr), kv_indices=t(kv),
+                        logits_indices=torch.arange(len(ids)), kv_pool=pool)
+
+
+def test_logits_match_transformers(family):
+    """Two sequences: extend a prefix, extend past the window over the cached prefix, decode;
+    every row equals transformers' logits of the whole sequence (final soft-caps and logit
+    scaling included, which greedy tokens cannot show)."""
+    arch, path, prompts, hf, _ = family
+    config = ModelConfig.from_hf(path)
+    model = load_model(config, path, "cpu")
+    full = [prompts[0], prompts[2]]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([ids])).logits[0] for ids in full]
+    pool = KVPool(512, config.num_layers, config.num_key_value_heads, config.head_dim,
+                  torch.float32)
+    slots: dict[int, list[int]] = {}
+    cuts = [(7, 30), (20, 60)]  # prefix end, second extend end (past the window); then decode
+    steps = [(ForwardMode.EXTEND, [(0, a) for a, _ in cuts]),
+             (ForwardMode.EXTEND, list(cuts))]
+    steps += [(ForwardMode.DECODE, [(b + i, b + i + 1) for _, b in cuts]) for i in range(4)]
+    start = [0]
+    for mode, ranges in steps:
+        fb = _batch(pool, slots, mode, {s: full[s][a:b] for s, (a, b) in enumerate(ranges)},
+                    start)
+        expected = torch.cat([ref[s][a:b] for s, (a, b) in enumerate(ranges)])
+        torch.testing.assert_close(model(fb), expected, atol=ATOL, rtol=0, msg=arch)
+
+
+@pytest.mark.parametrize("config", list(ENGINE_CONFIGS))
+def test_greedy_matches_transformers(family, make_engine, config):
+    arch, path, prompts, _, expected = family
+    eng = make_engine(model_path=str(path), **ENGINE_CONFIGS[config])
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    for attempt in ("cold", "radix hit"):
+        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
+        assert got == expected, f"{arch} {config} {attempt}: engine {got} != {expected}"
+    assert eng.get_server_info()["cache_hit_rate"] > 0
