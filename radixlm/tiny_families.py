@@ -110,7 +110,7 @@ def make_family_model(out_dir: str | Path, arch: str, seed: int = 0,
     """Write the tiny ``arch`` checkpoint (config, safetensors, tokenizer) to ``out_dir``.
     ``tokenizer``: the built-in tokenizer already trained (else trained here)."""
     out = Path(out_dir)
-    tok = tokenizer or train_tokenizer(VOCAB_SIZE)
+    tok = tokenizer or train_tokenizer(vocab_size=VOCAB_SIZE)
     config = family_config(arch, tok.get_vocab_size())
     torch.manual_seed(seed)  # from_config's own init, before _redraw replaces it
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -5,15 +5,25 @@ chunked, then again from the radix cache."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from radixlm import cli
 from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.models import load_model
-from radixlm.runtime.model_config import ModelConfig
-from radixlm.tiny_families import FAMILIES, WINDOW
+from radixlm.runtime.executor.models import get_model_class, load_model
+from radixlm.runtime.model_config import (
+    FULL,
+    SLIDING,
+    ModelConfig,
+    rope_scaling_of,
+    rope_theta_of,
+)
+from radixlm.tiny_families import FAMILIES, WINDOW, family_config
 
 ATOL = 1e-4
 MAX_NEW = 12
@@ -96,3 +106,37 @@ def test_greedy_matches_transformers(family, make_engine, config):
         got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
         assert got == expected, f"{arch} {config} {attempt}: engine {got} != {expected}"
     assert eng.get_server_info()["cache_hit_rate"] > 0
+
+
+def test_make_tiny_model_cli_writes_every_family(tmp_path):
+    for arch in ("olmo2", "granite"):
+        assert cli.main(["make-tiny-model", str(tmp_path / arch), "--arch", arch]) == 0
+        config = ModelConfig.from_hf(tmp_path / arch)
+        assert config.architectures == (get_model_class(config.architectures).__name__,)
+    with pytest.raises(SystemExit):
+        cli.main(["make-tiny-model", str(tmp_path / "x"), "--arch", "gpt2"])
+
+
+@pytest.mark.parametrize("arch,match", [("phi3", "fused qkv_proj"), ("olmo2", "spans every head")])
+def test_tensor_parallel_refusals_are_clear(family_dirs, arch, match):
+    config = ModelConfig.from_hf(family_dirs[arch])
+    with pytest.raises(ValueError, match=match):
+        load_model(config, family_dirs[arch], "cpu", tp=TpGroup(rank=0, size=2))
+
+
+def test_gemma3_rope_per_layer_type(tmp_path):
+    """transformers 5's rope_parameters keyed by layer type, and the older config.json with
+    rope_local_base_freq / rope_scaling / sliding_window_pattern, give the same RoPE."""
+    new = family_config("gemma3", 100).to_dict()
+    assert rope_theta_of(new, SLIDING) == 10000.0 and rope_scaling_of(new, SLIDING) is None
+    assert rope_theta_of(new, FULL) == 100000.0
+    assert rope_scaling_of(new, FULL) == {"rope_type": "linear", "factor": 2.0}
+    old = {k: v for k, v in new.items() if k not in ("rope_parameters", "layer_types")}
+    old.update(rope_theta=100000.0, rope_local_base_freq=10000.0, sliding_window_pattern=2,
+               rope_scaling={"rope_type": "linear", "factor": 2.0})
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    config = ModelConfig.from_hf(tmp_path)
+    assert config.layer_types == (SLIDING, FULL, SLIDING)
+    assert (config.layer_window(0), config.layer_window(1)) == (WINDOW, None)
+    assert rope_theta_of(old, SLIDING) == 10000.0 and rope_scaling_of(old, SLIDING) is None
+    assert (config.rope_theta, config.rope_scaling) == (100000.0, rope_scaling_of(new, FULL))
