@@ -32,8 +32,8 @@ from radixlm.runtime.distributed.quantization import (
     quantized_weight_bytes,
 )
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.models import load_model, masked_layers
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
+from radixlm.runtime.executor.models import decode_windows, load_model, masked_layers
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -84,6 +84,8 @@ class ModelRunner:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device, self.tp)
+        # sliding windows whose layers decode over a truncated layout (ForwardBatch.window_views)
+        self.decode_windows = decode_windows(self.model)
         if args.torchao_config:  # "int8wo", the one value config_checks lets through
             n = quantize_weights(self.model)
             logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
@@ -218,7 +220,26 @@ class ModelRunner:
             attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
                                       batch.prefix_groups),
             layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
+            window_views={w: self._window_view(table, lens, w, qo_indptr)
+                          for w in self.decode_windows},
         )
+
+    def _window_view(self, table: torch.Tensor, lens: torch.Tensor, window: int,
+                     qo_indptr: torch.Tensor) -> WindowView:
+        """Each sequence's last ``window`` slots of ``table`` [B, width] (lens: its KV
+        length, new token included)."""
+        width = table.shape[1]
+        w = min(window, width)
+        kept = lens.clamp(max=window)  # [B]
+        cols = (lens - kept)[:, None] + torch.arange(w, device=table.device)  # [B, w]
+        ok = torch.arange(w, device=table.device) < kept[:, None]
+        kv_indices = table.gather(1, cols.clamp(max=width - 1))[ok]
+        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64, device=table.device)
+        kv_indptr[1:] = kept.cumsum(0)
+        # no shared-prefix groups: a window's first slot differs by sequence length
+        return WindowView(kv_indptr, kv_indices,
+                          self._plan(qo_indptr, kv_indptr, kv_indices, False, None),
+                          Layout(len(lens), 1, w))
 
     def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups,
               new_slots=None) -> AttentionPlan | None:

@@ -6,24 +6,31 @@ chunked, then again from the radix cache."""
 from __future__ import annotations
 
 import json
+import os
 
-import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from radixlm import cli
-from radixlm.radix_cache.kv_pool import KVPool
-from radixlm.runtime.distributed.parallel_state import TpGroup
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.models import get_model_class, load_model
-from radixlm.runtime.model_config import (
+if not torch.cuda.is_available():  # before the Triton kernels are first imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from radixlm import cli  # noqa: E402
+from radixlm.kernels import masked_attention  # noqa: E402
+from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
+from radixlm.runtime.distributed.parallel_state import TpGroup  # noqa: E402
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
+from radixlm.runtime.executor.models import get_model_class, load_model  # noqa: E402
+from radixlm.runtime.model_config import (  # noqa: E402
     FULL,
     SLIDING,
     ModelConfig,
     rope_scaling_of,
     rope_theta_of,
 )
-from radixlm.tiny_families import FAMILIES, WINDOW, family_config
+from radixlm.tiny_families import FAMILIES, WINDOW, family_config  # noqa: E402
 
 ATOL = 1e-4
 MAX_NEW = 12
@@ -41,11 +48,14 @@ def family(request, family_dirs):
     assert len(ids) > 40 > WINDOW
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                               attn_implementation="eager").eval()
+    return request.param, path, prompts, hf, _hf_greedy(hf, prompts)
+
+
+def _hf_greedy(hf, prompts: list[list[int]]) -> list[list[int]]:
     with torch.no_grad():
-        expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                    for p in prompts]
-    return request.param, path, prompts, hf, expected
+        return [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                            eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for p in prompts]
 
 
 def _batch(pool: KVPool, slots: dict[int, list[int]], mode: ForwardMode,
@@ -140,3 +150,46 @@ def test_gemma3_rope_per_layer_type(tmp_path):
     assert (config.layer_window(0), config.layer_window(1)) == (WINDOW, None)
     assert rope_theta_of(old, SLIDING) == 10000.0 and rope_scaling_of(old, SLIDING) is None
     assert (config.rope_theta, config.rope_scaling) == (100000.0, rope_scaling_of(new, FULL))
+
+
+@pytest.mark.parametrize("cpu_kernel", [True, False])
+def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monkeypatch,
+                                                 cpu_kernel):
+    """Decode of uncapped sliding layers runs over each sequence's last `window` slots
+    (ForwardBatch.window_views) through the planned path / compiled CPU kernel, never the
+    masked one; tokens still equal transformers'."""
+    path = family_dirs["mistral"]
+    if not cpu_kernel:
+        monkeypatch.setattr(ModelRunner, "paged_kernel", property(lambda self: False))
+    ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
+    prompts = [ids, ids[:10], (ids * 2)[:70]]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    expected = _hf_greedy(hf, prompts)
+    eng = make_engine(model_path=str(path))
+    assert eng.scheduler.model_runner.decode_windows == [WINDOW]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a windowed decode took the masked path")
+
+    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_triton_path(family_dirs, make_engine, arch):
+    """--attention-backend triton (interpreted without CUDA): full layers and windowed
+    decode in the Triton kernels, windowed extend in the masked path; tokens as transformers'."""
+    path = family_dirs[arch]
+    ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
+    prompts = [ids, (ids * 2)[:40]]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    expected = [out[:6] for out in _hf_greedy(hf, prompts)]
+    eng = make_engine(model_path=str(path), attention_backend="triton",
+                      device="cuda" if torch.cuda.is_available() else "cpu")
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
+            ] == expected

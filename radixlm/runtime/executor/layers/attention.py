@@ -12,7 +12,10 @@ plus, causally, the new tokens. Per-layer options:
 
 A layer with a window or a cap runs in ``kernels.masked_attention`` (torch, any device):
 the other paths (planned CPU passes, the compiled CPU kernel, Triton) have neither, and
-such layers never go to them. The pool keeps every token of every layer (no SWA pool yet).
+such layers never go to them. Except in decode, where a window is only a shorter layout
+(each sequence's last ``window`` slots): when the runner built that view
+(``ForwardBatch.window_views``), an uncapped sliding layer decodes through the plain
+kernels. The pool keeps every token of every layer (no SWA pool yet).
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class RadixAttention(nn.Module):
         n, backend = q.shape[0], fb.attention_backend
         k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
         kernels.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v, backend=backend)
+        view = fb.window_views.get(self.sliding_window) if self.logit_cap is None else None
+        if fb.mode.is_decode and view is not None:  # the window's slots, plain kernels
+            o = kernels.decode_attention(
+                q, k_buf, v_buf, view.kv_indptr, view.kv_indices, self.sm_scale,
+                backend=backend, plan=view.attention_plan, layout=view.layout,
+            )
+            return o.reshape(n, self.num_heads * self.head_dim)
         options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap}
         # the masked path reads the raw indices; the plan and layout are the fast paths'
         plan = None if self.masked else fb.attention_plan

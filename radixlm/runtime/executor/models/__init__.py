@@ -31,7 +31,7 @@ from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers",
+__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers", "decode_windows",
            "LlamaForCausalLM", "Qwen2ForCausalLM"]
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
@@ -63,6 +63,14 @@ def masked_layers(model: nn.Module) -> list[int]:
     """Layers whose attention has a sliding window or soft-capped scores: they run in
     ``kernels.masked_attention`` (torch, host-side index work: no CUDA graphs)."""
     return [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+
+
+def decode_windows(model: nn.Module) -> list[int]:
+    """The sliding windows of layers without soft-capping: in decode they attend through
+    the plain kernels over each sequence's last ``window`` slots (``WindowView``)."""
+    return sorted({layer.self_attn.attn.sliding_window for layer in model.model.layers
+                   if layer.self_attn.attn.sliding_window is not None
+                   and layer.self_attn.attn.logit_cap is None})
 
 
 @contextlib.contextmanager
