@@ -33,7 +33,12 @@ from radixlm.runtime.distributed.quantization import (
 )
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
-from radixlm.runtime.executor.models import decode_windows, load_model, masked_layers
+from radixlm.runtime.executor.models import (
+    decode_windows,
+    get_model_class,
+    load_model,
+    masked_layers,
+)
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -366,6 +371,9 @@ class ModelRunner:
         try:
             new = ModelConfig.from_hf(path)
             diffs = config_differences(self.model_config, new)
+            spec = get_model_class(new.architectures).spec_for(new)
+            if not diffs and spec != self.model.spec:  # a family's own config.json fields
+                diffs = [f"the {type(self.model).__name__} options: {self.model.spec} -> {spec}"]
             if diffs:
                 raise ValueError(f"the checkpoint in {model_path} has another shape than the "
                                  f"served model: {'; '.join(diffs)}")

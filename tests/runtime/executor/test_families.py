@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import torch
 
@@ -19,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from radixlm import cli  # noqa: E402
 from radixlm.kernels import masked_attention  # noqa: E402
 from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
+from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.runtime.distributed.parallel_state import TpGroup  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
@@ -193,3 +195,26 @@ def test_triton_path(family_dirs, make_engine, arch):
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected
+
+
+def test_weight_update_refuses_other_family_options(family_dirs, tmp_path):
+    """/update_weights_from_disk keeps the served model's options: a checkpoint whose
+    config.json changes a soft-cap or the sliding layers' RoPE base is refused by name."""
+    src = family_dirs["gemma3"]
+    runner = ModelRunner(ServerArgs(model_path=str(src), max_total_tokens=256, device="cpu"),
+                         str(src))
+    assert runner.check_weights(str(src))  # the same checkpoint: fine
+    for name, change, match in (("cap", {"attn_logit_softcapping": 5.0}, "logit_cap"),
+                                ("scale", {"query_pre_attn_scalar": 64}, "sm_scale"),
+                                ("rope", {"rope_parameters": {
+                                    "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 100000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 500.0}}},
+                                 "sliding-layer rope_theta")):
+        other = tmp_path / name
+        shutil.copytree(src, other)
+        config = json.loads((other / "config.json").read_text())
+        (other / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ValueError, match=match):
+            runner.check_weights(str(other))

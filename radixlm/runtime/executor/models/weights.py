@@ -21,7 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 from radixlm.runtime.distributed.layers import Shard
-from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.model_config import SLIDING, ModelConfig, rope_scaling_of, rope_theta_of
 
 logger = logging.getLogger(__name__)
 
@@ -140,13 +140,21 @@ SWAP_FIELDS = (
     "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "rms_norm_eps",
     "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
     "attention_bias", "qkv_bias", "mlp_bias", "sliding_window", "eos_token_ids",
+    "layer_types", "partial_rotary_factor",
 )
 
 
 def config_differences(served: ModelConfig, new: ModelConfig) -> list[str]:
-    """``field: served -> new`` for every SWAP_FIELDS entry that differs."""
-    return [f"{f}: {getattr(served, f)!r} -> {getattr(new, f)!r}" for f in SWAP_FIELDS
-            if getattr(served, f) != getattr(new, f)]
+    """``field: served -> new`` for every SWAP_FIELDS entry that differs, and the RoPE of
+    sliding layers (Gemma 3's own base)."""
+    diffs = [f"{f}: {getattr(served, f)!r} -> {getattr(new, f)!r}" for f in SWAP_FIELDS
+             if getattr(served, f) != getattr(new, f)]
+    for name, of in (("sliding-layer rope_theta", rope_theta_of),
+                     ("sliding-layer rope_scaling", rope_scaling_of)):
+        old_value, new_value = of(served.hf_config, SLIDING), of(new.hf_config, SLIDING)
+        if old_value != new_value:
+            diffs.append(f"{name}: {old_value!r} -> {new_value!r}")
+    return diffs
 
 
 def _short(names: list[str], limit: int = 8) -> str:
