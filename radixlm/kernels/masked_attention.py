@@ -21,6 +21,9 @@ import torch
 
 from radixlm.kernels.reference import check_decode_layout, check_extend_layout
 
+# query rows per block of scores (see _one_sequence)
+QUERY_BLOCK = 128
+
 
 def check_options(sliding_window: int | None, logit_cap: float | None) -> None:
     """ValueError unless the window is a positive int and the cap a positive number."""
@@ -93,17 +96,25 @@ def _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale
 
 
 def _one_sequence(q, keys, values, group, sm_scale, window, cap) -> torch.Tensor:
-    """q [n, Hq, D] at the last n of the L key positions; keys/values [L, Hkv, D]."""
+    """q [n, Hq, D] at the last n of the L key positions; keys/values [L, Hkv, D]. Queries
+    go in blocks of QUERY_BLOCK over only the keys the block can see (its window), so the
+    scores stay [Hq, QUERY_BLOCK, <= QUERY_BLOCK + window] however long the prompt."""
     n, length = q.shape[0], keys.shape[0]
-    kk = keys.float().repeat_interleave(group, dim=1)  # [L, Hq, D]
-    vv = values.float().repeat_interleave(group, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q.float(), kk) * sm_scale  # [Hq, n, L]
-    if cap is not None:
-        s = torch.tanh(s / cap) * cap
-    q_pos = torch.arange(length - n, length, device=q.device)[:, None]  # [n, 1]
-    k_pos = torch.arange(length, device=q.device)[None, :]  # [1, L]
-    seen = k_pos <= q_pos
-    if window is not None:
-        seen &= k_pos > q_pos - window
-    s = s.masked_fill(~seen, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)  # [n, Hq, D]
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for i0 in range(0, n, QUERY_BLOCK):
+        i1 = min(i0 + QUERY_BLOCK, n)
+        first, last = length - n + i0, length - n + i1 - 1  # the block's query positions
+        k0 = 0 if window is None else max(0, first - window + 1)
+        kk = keys[k0: last + 1].float().repeat_interleave(group, dim=1)  # [Lb, Hq, D]
+        vv = values[k0: last + 1].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[i0:i1].float(), kk) * sm_scale  # [Hq, nb, Lb]
+        if cap is not None:
+            s = torch.tanh(s / cap) * cap
+        q_pos = torch.arange(first, last + 1, device=q.device)[:, None]  # [nb, 1]
+        k_pos = torch.arange(k0, last + 1, device=q.device)[None, :]  # [1, Lb]
+        seen = k_pos <= q_pos
+        if window is not None:
+            seen &= k_pos > q_pos - window
+        s = s.masked_fill(~seen, float("-inf"))
+        out[i0:i1] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
+    return out

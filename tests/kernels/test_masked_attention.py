@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixlm import kernels
+from radixlm.kernels import masked_attention
 
 
 def _batch(q_lens, kv_lens, hq, hkv, d, seed, extend, dtype=torch.float32):
@@ -99,3 +100,16 @@ def test_bad_options_are_clear(window, cap, field):
     with pytest.raises(ValueError, match=field):
         kernels.decode_attention(b["q"], b["k_buf"], b["v_buf"], b["kv_indptr"],
                                  b["kv_indices"], 0.5, sliding_window=window, logit_cap=cap)
+
+
+def test_query_blocks_cover_every_row(monkeypatch):
+    """Blocks of 3 query rows: each block's key span starts at its own window."""
+    monkeypatch.setattr(masked_attention, "QUERY_BLOCK", 3)
+    for window, cap in CASES:
+        b = _batch([8, 5], [4, 11], hq=4, hkv=2, d=8, seed=4, extend=True)
+        out = torch.full_like(b["q"], float("nan"))
+        kernels.extend_attention(b["q"], b["k"], b["v"], b["k_buf"], b["v_buf"],
+                                 b["qo_indptr"], b["kv_indptr"], b["kv_indices"], 0.3, out=out,
+                                 sliding_window=window or 4, logit_cap=cap)
+        torch.testing.assert_close(out.double(), oracle(b, 0.3, window or 4, cap), atol=1e-5,
+                                   rtol=0)
