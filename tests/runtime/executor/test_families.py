@@ -38,7 +38,9 @@ ATOL = 1e-4
 MAX_NEW = 12
 TEXT = ("To make bread you need flour, water, salt and yeast. First, mix the flour and the "
         "water in a large bowl, then add the salt and the yeast and knead for ten minutes.")
-ENGINE_CONFIGS = {"default": {}, "page4_chunk16": {"page_size": 4, "chunked_prefill_size": 16}}
+ENGINE_CONFIGS = {"default": {}, "page4_chunk16": {"page_size": 4, "chunked_prefill_size": 16},
+                  # a pool smaller than the batch: requests retract and resume; n = 2
+                  "tiny_pool_n2": {"max_total_tokens": 128, "chunked_prefill_size": 16}}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -113,11 +115,16 @@ def test_logits_match_transformers(family):
 def test_greedy_matches_transformers(family, make_engine, config):
     arch, path, prompts, _, expected = family
     eng = make_engine(model_path=str(path), **ENGINE_CONFIGS[config])
-    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    n = 2 if config.endswith("_n2") else 1
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, "n": n}
+    want = [e for e in expected for _ in range(n)]
     for attempt in ("cold", "radix hit"):
         got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
-        assert got == expected, f"{arch} {config} {attempt}: engine {got} != {expected}"
-    assert eng.get_server_info()["cache_hit_rate"] > 0
+        assert got == want, f"{arch} {config} {attempt}: engine {got} != {want}"
+    info = eng.get_server_info()
+    assert info["cache_hit_rate"] > 0
+    if config.startswith("tiny_pool"):
+        assert info["num_preemptions"] > 0, "the pool was meant to retract"
 
 
 def test_make_tiny_model_cli_writes_every_family(tmp_path):
