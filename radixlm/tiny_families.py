@@ -43,6 +43,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", {"use_sliding_window": True, "sliding_window": WINDOW,
                               "max_window_layers": 1, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "ministral": ("MinistralConfig", {
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    "gemma": ("GemmaConfig", {}),
     "gemma2": ("Gemma2Config", {"sliding_window": WINDOW, "query_pre_attn_scalar": 32,
                                 "attn_logit_softcapping": 2.0,
                                 "final_logit_softcapping": 10.0}),
@@ -60,6 +64,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                             "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]}}),
     "olmo2": ("Olmo2Config", {}),
+    "olmo3": ("Olmo3Config", {"sliding_window": WINDOW,
+                              "layer_types": ["sliding_attention", "sliding_attention",
+                                              "full_attention"]}),
     "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0, 1]}),
     "granite": ("GraniteConfig", {"embedding_multiplier": 2.0, "attention_multiplier": 0.2,
                                   "residual_multiplier": 0.5, "logits_scaling": 2.0}),
@@ -102,7 +109,7 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
 
 
 def _scales_embeddings(model: torch.nn.Module) -> bool:
-    return model.config.model_type in ("gemma2", "gemma3_text")
+    return model.config.model_type in ("gemma", "gemma2", "gemma3_text")
 
 
 def make_family_model(out_dir: str | Path, arch: str, seed: int = 0,

@@ -231,7 +231,8 @@ def _sliding_window(hf: dict) -> int | None:
 
 def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     """config.json's ``layer_types``, else the family's rule as transformers derives it:
-    Gemma 3 every ``sliding_window_pattern``-th layer full, Gemma 2 alternating, Qwen's
+    Gemma 3 every ``sliding_window_pattern``-th layer full, Gemma 2 alternating, OLMo 3
+    every fourth full, Qwen's
     layers from ``max_window_layers`` on sliding, every layer sliding elsewhere (Mistral,
     Phi-3) when there is a window."""
     n = hf["num_hidden_layers"]
@@ -248,6 +249,8 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
         return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
     if hf.get("model_type") == "gemma2":
         return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
+    if hf.get("model_type") == "olmo3":  # three sliding layers, then a full one
+        return tuple(SLIDING if (i + 1) % 4 else FULL for i in range(n))
     if "max_window_layers" in hf:
         return tuple(SLIDING if i >= hf["max_window_layers"] else FULL for i in range(n))
     return (SLIDING,) * n

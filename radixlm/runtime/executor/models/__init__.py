@@ -17,11 +17,15 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
 from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
-from radixlm.runtime.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from radixlm.runtime.executor.models.gemma import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    GemmaForCausalLM,
+)
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
-from radixlm.runtime.executor.models.mistral import MistralForCausalLM
-from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM
+from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
+from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
@@ -37,12 +41,15 @@ __all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers", "d
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MinistralForCausalLM": MinistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
 }

@@ -1,4 +1,10 @@
-"""Gemma 2 and Gemma 3 (text): the sandwich norm layout with ``(1 + w)`` RMSNorms,
+"""Gemma, Gemma 2 and Gemma 3 (text).
+
+Gemma (1) is Llama with ``(1 + w)`` RMSNorms, a GELU-tanh gated MLP (its checkpoints'
+legacy ``hidden_act: gelu`` means the tanh approximation, as transformers reads it),
+embeddings scaled by sqrt(hidden) and tied embeddings.
+
+Gemma 2 and 3 add the sandwich norm layout,
 
     x + norm(attn(norm(x))),  then  x + norm(mlp(norm(x)))
 
@@ -18,18 +24,30 @@ from radixlm.runtime.executor.models.decoder import DecoderForCausalLM, DecoderS
 from radixlm.runtime.model_config import ModelConfig
 
 
+def _activation(hf: dict) -> str:
+    name = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    return "gelu_pytorch_tanh" if name == "gelu" else name  # transformers' reading too
+
+
 def gemma_spec(config: ModelConfig, qk_norm: str | None) -> DecoderSpec:
     hf = config.hf_config
     return DecoderSpec(
         norms="sandwich",
         norm_offset=1.0,
         qk_norm=qk_norm,
-        activation=hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh",
+        activation=_activation(hf),
         embed_scale=config.hidden_size**0.5,
         sm_scale=hf.get("query_pre_attn_scalar", config.head_dim) ** -0.5,
         attn_logit_cap=hf.get("attn_logit_softcapping"),
         final_logit_cap=hf.get("final_logit_softcapping"),
     )
+
+
+class GemmaForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def spec_for(cls, config: ModelConfig) -> DecoderSpec:
+        return DecoderSpec(norm_offset=1.0, activation=_activation(config.hf_config),
+                           embed_scale=config.hidden_size**0.5)
 
 
 class Gemma2ForCausalLM(DecoderForCausalLM):

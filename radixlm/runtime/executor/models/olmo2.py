@@ -3,7 +3,8 @@
     x + norm(attn(x)),  then  x + norm(mlp(x))
 
 and q/k RMSNorms over the whole projection (every head at once, before the reshape): a
-norm that spans the heads, so ``--tp-size`` above 1 is refused for it."""
+norm that spans the heads, so ``--tp-size`` above 1 is refused for it. OLMo 3 is OLMo 2
+with sliding layers (three in four) and RoPE per layer type."""
 
 from __future__ import annotations
 
@@ -18,3 +19,7 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def spec_for(cls, config: ModelConfig) -> DecoderSpec:
         return replace(super().spec_for(config), norms="post", qk_norm="all")
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    pass
