@@ -56,6 +56,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "rope_parameters": {
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # a multimodal checkpoint (vision tower, projector) served as its language model
+    "gemma3mm": ("Gemma3Config", {
+        "mm_tokens_per_image": 4,
+        "text_config": {"sliding_window": WINDOW, "query_pre_attn_scalar": 16,
+                        "layer_types": ["sliding_attention", "full_attention",
+                                        "sliding_attention"]},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14}}),
     "phi3": ("Phi3Config", {
         "sliding_window": WINDOW, "partial_rotary_factor": 0.75, "tie_word_embeddings": False,
         "original_max_position_embeddings": 1024,
@@ -78,7 +86,12 @@ def family_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     if arch not in FAMILIES:
         raise ValueError(f"arch must be one of {sorted(FAMILIES)}, got {arch!r}")
     cls_name, special = FAMILIES[arch]
-    config = getattr(transformers, cls_name)(**{**_SIZE, "vocab_size": vocab_size, **special})
+    if "text_config" in special:  # multimodal: the sizes are the language model's
+        text = {**_SIZE, "vocab_size": vocab_size, **special["text_config"]}
+        config = getattr(transformers, cls_name)(**{**special, "text_config": text})
+    else:
+        config = getattr(transformers, cls_name)(**{**_SIZE, "vocab_size": vocab_size,
+                                                    **special})
     config.dtype = torch.float32
     return config
 
@@ -90,14 +103,15 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     tied = model.config.tie_word_embeddings
     # Gemma multiplies the embeddings by sqrt(hidden): draw them that much smaller, or the
     # residual stream is the input embedding and no layer's feature shows in the tokens
-    embed_std = EMBED_STD / (model.config.hidden_size**0.5 if _scales_embeddings(model)
-                             else 1.0)
+    hidden = model.config.get_text_config().hidden_size
+    embed_std = EMBED_STD / (hidden**0.5 if _scales_embeddings(model) else 1.0)
+    final_norms = ("model.norm.weight", "model.language_model.norm.weight")
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             if "norm" in name:  # Gemma's (1 + w) norms start at 0, the others at 1
                 identity = 0.0 if bool((p == 0).all()) else 1.0
-                target = LM_HEAD_STD / embed_std if tied and name == "model.norm.weight" else 1
+                target = LM_HEAD_STD / embed_std if tied and name in final_norms else 1
                 p.copy_(target - 1 + 0.1 * noise if identity == 0.0 else target + 0.1 * noise)
             elif "embed_tokens" in name:
                 p.copy_(noise * embed_std)
@@ -109,7 +123,7 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
 
 
 def _scales_embeddings(model: torch.nn.Module) -> bool:
-    return model.config.model_type in ("gemma", "gemma2", "gemma3_text")
+    return model.config.model_type in ("gemma", "gemma2", "gemma3_text", "gemma3")
 
 
 def make_family_model(out_dir: str | Path, arch: str, seed: int = 0,

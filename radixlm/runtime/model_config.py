@@ -82,7 +82,7 @@ class ModelConfig:
         path = model_dir / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        hf = json.loads(path.read_text(encoding="utf-8"))
+        hf = _text_config(json.loads(path.read_text(encoding="utf-8")))
         if dtype != "auto" and dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
         heads = hf["num_attention_heads"]
@@ -161,6 +161,23 @@ def cpu_has_bf16() -> bool:
     """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX), which oneDNN's bf16
     matmuls use; without it they emulate bf16, slower than float32."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def _text_config(hf: dict) -> dict:
+    """A multimodal checkpoint's language model: its ``text_config``, under the top level's
+    architectures and tied-embeddings flag, with the top level's dtype and BOS/EOS ids where
+    the text config has none. Other configs as they are."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    out = dict(text)
+    for key in ("architectures", "tie_word_embeddings"):
+        if key in hf:
+            out[key] = hf[key]
+    for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id"):
+        if out.get(key) is None and hf.get(key) is not None:
+            out[key] = hf[key]
+    return out
 
 
 def _rope_params(hf: dict, layer_type: str = FULL) -> dict[str, Any]:

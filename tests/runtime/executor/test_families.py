@@ -15,6 +15,7 @@ if not torch.cuda.is_available():  # before the Triton kernels are first importe
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from radixlm import cli  # noqa: E402
@@ -25,6 +26,7 @@ from radixlm.runtime.distributed.parallel_state import TpGroup  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
 from radixlm.runtime.executor.models import get_model_class, load_model  # noqa: E402
+from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load  # noqa: E402
 from radixlm.runtime.model_config import (  # noqa: E402
     FULL,
     SLIDING,
@@ -225,3 +227,21 @@ def test_weight_update_refuses_other_family_options(family_dirs, tmp_path):
         (other / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(ValueError, match=match):
             runner.check_weights(str(other))
+
+
+def test_multimodal_gemma3_loads_its_language_model_only(family_dirs, tmp_path):
+    src = family_dirs["gemma3mm"]
+    config = ModelConfig.from_hf(src)  # text_config under the top level's architectures
+    assert config.architectures == ("Gemma3ForConditionalGeneration",)
+    assert config.hidden_size == 64 and config.tie_word_embeddings
+    model = load_model(config, src, "cpu")
+    names = plan_load(model, src).keys()
+    assert names and all(n.startswith("language_model.model.") for n in names)
+    assert any(n.startswith("vision_tower.") for n in checkpoint_shapes(src))
+    other = tmp_path / "extra"
+    shutil.copytree(src, other)
+    tensors = load_file(other / "model.safetensors")
+    tensors["language_model.model.layers.9.extra.weight"] = torch.zeros(2)
+    save_file(tensors, other / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected tensors \[language_model.model.layers.9"):
+        plan_load(model, other)

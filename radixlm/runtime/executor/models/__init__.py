@@ -20,6 +20,7 @@ from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
 from radixlm.runtime.executor.models.gemma import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
     GemmaForCausalLM,
 )
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
@@ -47,6 +48,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    # text-only: the vision tower is not loaded
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,

@@ -60,3 +60,23 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
     @classmethod
     def spec_for(cls, config: ModelConfig) -> DecoderSpec:
         return gemma_spec(config, qk_norm="head")
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """The language model of a multimodal Gemma 3 checkpoint (gemma-3-4b/12b/27b), served
+    text-only: config.json's ``text_config`` (``ModelConfig``), the tensors under
+    ``language_model.`` (or transformers 5's ``model.language_model.``); the vision tower and
+    the projector are not loaded."""
+
+    _PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+    _VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+               "model.multi_modal_projector.")
+
+    def canonical_checkpoint_name(self, name: str) -> str | None:
+        if name.startswith(self._VISION):
+            return None
+        for prefix, ours in self._PREFIXES:
+            if name.startswith(prefix):
+                return ours + name[len(prefix):]
+        return name  # not a language-model tensor: load_weights reports it as unexpected

@@ -80,20 +80,28 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
     tensors.
 
     A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
-    ``model.embed_tokens.weight``) is expected once, under its first name.
+    ``model.embed_tokens.weight``) is expected once, under its first name. A model with
+    ``canonical_checkpoint_name`` maps the file's names to its layout's first (None: skip
+    the tensor); the returned keys are the file's names.
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
     layout = model.checkpoint_layout()  # checkpoint name -> Placement
+    # a wrapper's names (a multimodal checkpoint's language model) -> the layout's; None:
+    # a tensor the model does not use (its vision tower)
+    canonical = getattr(model, "canonical_checkpoint_name", lambda n: n)
     targets: dict[str, LoadTarget] = {}
+    found: set[str] = set()
     unexpected: list[str] = []
     misshapen: list[str] = []
-    for name, shape in checkpoint_shapes(model_dir).items():
-        if name in tied or name.endswith(_IGNORED_SUFFIXES):
+    for file_name, shape in checkpoint_shapes(model_dir).items():
+        name = canonical(file_name)
+        if name is None or name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
         if name not in layout:
-            unexpected.append(name)
+            unexpected.append(file_name)
             continue
+        found.add(name)
         param_name, rows, shard = layout[name]
         target = params[param_name] if rows is None else params[param_name][rows]
         expected = list(target.shape)
@@ -101,9 +109,9 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
             assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
             expected[shard.dim] = shard.full
         if tuple(expected) != shape:
-            misshapen.append(f"{name} {shape} (expected {tuple(expected)})")
-        targets[name] = LoadTarget(target, shard)
-    missing = sorted(layout.keys() - targets.keys())
+            misshapen.append(f"{file_name} {shape} (expected {tuple(expected)})")
+        targets[file_name] = LoadTarget(target, shard)  # copy_weights reads by file name
+    missing = sorted(layout.keys() - found)
     if missing or unexpected or misshapen:
         raise ValueError(
             f"checkpoint in {model_dir} does not match the model: "
