@@ -5,8 +5,9 @@ that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) take t
 kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built (RMSNorm:
 bfloat16 only);
 Attention with a sliding window or logit soft-capping (``sliding_window`` /
-``logit_cap``) always runs in ``masked_attention``, torch on any device: the planned CPU
-passes, the compiled CPU kernel and the Triton kernels have neither feature.
+``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
+when set) and in ``masked_attention`` on the torch path (the planned CPU passes and the
+compiled CPU kernel have neither).
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -68,15 +69,18 @@ def decode_attention(
     ``plan`` (``shared_prefix.AttentionPlan``, built once per forward for this layout) lets
     the torch path skip per-layer index work and read K/V that several sequences share
     once per group; the Triton path ignores it. With ``sliding_window`` or ``logit_cap``:
-    ``masked_attention`` (see the module doc)."""
-    _use_triton(backend, q)  # validates backend
-    if sliding_window is not None or logit_cap is not None:
-        return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
-                                                 sm_scale, sliding_window, logit_cap, out)
+    the Triton kernel, or on the torch path ``masked_attention`` (see the module doc)."""
+    masked = sliding_window is not None or logit_cap is not None
+    if masked:
+        masked_attention.check_options(sliding_window, logit_cap)
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
-            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout
+            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout,
+            sliding_window=sliding_window, logit_cap=logit_cap,
         )
+    if masked:
+        return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
+                                                 sm_scale, sliding_window, logit_cap, out)
     if plan is not None:
         return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out)
     return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out)
@@ -100,16 +104,18 @@ def extend_attention(
     logit_cap: float | None = None,
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
-    _use_triton(backend, q)  # validates backend
-    if sliding_window is not None or logit_cap is not None:
-        return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
-                                                 kv_indices, sm_scale, sliding_window,
-                                                 logit_cap, out)
+    masked = sliding_window is not None or logit_cap is not None
+    if masked:
+        masked_attention.check_options(sliding_window, logit_cap)
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,
-            layout=layout
+            layout=layout, sliding_window=sliding_window, logit_cap=logit_cap,
         )
+    if masked:
+        return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
+                                                 kv_indices, sm_scale, sliding_window,
+                                                 logit_cap, out)
     if plan is not None:
         return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out)
     return reference.extend_attention(

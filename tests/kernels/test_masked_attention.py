@@ -1,16 +1,24 @@
-"""Attention with sliding windows and soft-capped scores (``kernels.masked_attention``)
-against a float64 oracle that loops over every (query, key) pair; outputs start as NaN so
-a row the kernel skips cannot pass. Every backend name routes these layers there."""
+"""Attention with sliding windows and soft-capped scores against a float64 oracle that
+loops over every (query, key) pair: the torch path (``kernels.masked_attention``) and the
+Triton kernels (interpreted without CUDA); outputs start as NaN so a row a kernel skips
+cannot pass."""
 
 from __future__ import annotations
 
 import math
+import os
 
-import pytest
 import torch
 
-from radixlm import kernels
-from radixlm.kernels import masked_attention
+if not torch.cuda.is_available():  # before the Triton kernels are first imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from radixlm import kernels  # noqa: E402
+from radixlm.kernels import masked_attention  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _batch(q_lens, kv_lens, hq, hkv, d, seed, extend, dtype=torch.float32):
@@ -29,6 +37,12 @@ def _batch(q_lens, kv_lens, hq, hkv, d, seed, extend, dtype=torch.float32):
                 v_buf=randn(total, hkv, d),
                 qo_indptr=torch.tensor([0] + q_lens).cumsum(0),
                 kv_indptr=torch.tensor([0] + kv_lens).cumsum(0), kv_indices=kv_indices)
+
+
+def _on(b: dict, backend: str | None) -> dict:
+    """The batch on the Triton path's device (CUDA when there is one)."""
+    dev = DEVICE if backend == "triton" else "cpu"
+    return {k: None if v is None else v.to(dev) for k, v in b.items()}
 
 
 def oracle(b, sm_scale, window, cap) -> torch.Tensor:
@@ -65,21 +79,49 @@ CASES = [(None, None), (5, None), (None, 3.0), (4, 2.0), (1, None)]
                           if not (w is None and c is None and b == "triton")])
 def test_extend_matches_float64(window, cap, backend):
     b = _batch([3, 7, 1], [0, 9, 4], hq=4, hkv=2, d=8, seed=1, extend=True)
-    out = torch.full_like(b["q"], float("nan"))
-    kernels.extend_attention(b["q"], b["k"], b["v"], b["k_buf"], b["v_buf"], b["qo_indptr"],
-                             b["kv_indptr"], b["kv_indices"], 0.3, backend=backend, out=out,
+    x = _on(b, backend)
+    out = torch.full_like(x["q"], float("nan"))
+    kernels.extend_attention(x["q"], x["k"], x["v"], x["k_buf"], x["v_buf"], x["qo_indptr"],
+                             x["kv_indptr"], x["kv_indices"], 0.3, backend=backend, out=out,
                              sliding_window=window, logit_cap=cap)
-    torch.testing.assert_close(out.double(), oracle(b, 0.3, window, cap), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double().cpu(), oracle(b, 0.3, window, cap), atol=1e-5,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("window,cap", [(20, None), (20, 2.5), (7, None), (None, 2.5)])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_windows_across_key_blocks(window, cap, backend):
+    """Prefixes and chunks longer than the kernels' key blocks (32 rows interpreted, 64 on
+    a GPU), windows starting mid-block, a sequence with no prefix."""
+    b = _batch([45, 3, 70], [50, 90, 0], hq=4, hkv=2, d=16, seed=5, extend=True)
+    x = _on(b, backend)
+    out = torch.full_like(x["q"], float("nan"))
+    kernels.extend_attention(x["q"], x["k"], x["v"], x["k_buf"], x["v_buf"], x["qo_indptr"],
+                             x["kv_indptr"], x["kv_indices"], 0.25, backend=backend, out=out,
+                             sliding_window=window, logit_cap=cap)
+    torch.testing.assert_close(out.double().cpu(), oracle(b, 0.25, window, cap), atol=1e-5,
+                               rtol=0)
+    d = _batch([1, 1, 1], [1, 130, 70], hq=4, hkv=2, d=16, seed=6, extend=False)
+    y = _on(d, backend)
+    out = torch.full_like(y["q"], float("nan"))
+    kernels.decode_attention(y["q"], y["k_buf"], y["v_buf"], y["kv_indptr"], y["kv_indices"],
+                             0.25, backend=backend, out=out, sliding_window=window,
+                             logit_cap=cap)
+    torch.testing.assert_close(out.double().cpu(), oracle(d, 0.25, window, cap), atol=1e-5,
+                               rtol=0)
 
 
 @pytest.mark.parametrize("window,cap", CASES[1:])
-def test_decode_matches_float64(window, cap):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_decode_matches_float64(window, cap, backend):
     b = _batch([1, 1, 1], [1, 12, 6], hq=4, hkv=1, d=8, seed=2, extend=False)
-    out = torch.full_like(b["q"], float("nan"))
-    kernels.decode_attention(b["q"], b["k_buf"], b["v_buf"], b["kv_indptr"], b["kv_indices"],
-                             0.3, backend="triton", out=out, sliding_window=window,
+    x = _on(b, backend)
+    out = torch.full_like(x["q"], float("nan"))
+    kernels.decode_attention(x["q"], x["k_buf"], x["v_buf"], x["kv_indptr"], x["kv_indices"],
+                             0.3, backend=backend, out=out, sliding_window=window,
                              logit_cap=cap)
-    torch.testing.assert_close(out.double(), oracle(b, 0.3, window, cap), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double().cpu(), oracle(b, 0.3, window, cap), atol=1e-5,
+                               rtol=0)
 
 
 def test_bfloat16_pool_within_tolerance():

@@ -33,12 +33,7 @@ from radixlm.runtime.distributed.quantization import (
 )
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
-from radixlm.runtime.executor.models import (
-    decode_windows,
-    get_model_class,
-    load_model,
-    masked_layers,
-)
+from radixlm.runtime.executor.models import decode_windows, get_model_class, load_model
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -89,8 +84,9 @@ class ModelRunner:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = load_model(self.model_config, model_path, self.device, self.tp)
-        # sliding windows whose layers decode over a truncated layout (ForwardBatch.window_views)
-        self.decode_windows = decode_windows(self.model)
+        # the torch path: sliding windows whose layers decode over a truncated layout
+        # (ForwardBatch.window_views); the Triton kernels take the window themselves
+        self.decode_windows = decode_windows(self.model) if self.uses_torch_attention else []
         if args.torchao_config:  # "int8wo", the one value config_checks lets through
             n = quantize_weights(self.model)
             logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
@@ -349,10 +345,6 @@ class ModelRunner:
         """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
         if (args.disable_cuda_graph or self.uses_torch_attention or self.tp.size > 1
                 or (self.device.type != "cuda" and graph_factory is None)):
-            return None
-        if masked_layers(self.model):  # their attention reads the layout on the host
-            logger.info("no decode CUDA graphs: layers %s have a sliding window or soft-capped "
-                        "scores (kernels/masked_attention.py)", masked_layers(self.model))
             return None
         max_bs = min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, self.pool_size)
         with torch.inference_mode():

@@ -189,10 +189,10 @@ def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monke
     assert got == expected
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
-def test_triton_path(family_dirs, make_engine, arch):
-    """--attention-backend triton (interpreted without CUDA): full layers and windowed
-    decode in the Triton kernels, windowed extend in the masked path; tokens as transformers'."""
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
+def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
+    """--attention-backend triton (interpreted without CUDA): every layer in the Triton
+    kernels, sliding windows included (never the masked torch path); tokens as transformers'."""
     path = family_dirs[arch]
     ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
     prompts = [ids, (ids * 2)[:40]]
@@ -201,6 +201,12 @@ def test_triton_path(family_dirs, make_engine, arch):
     expected = [out[:6] for out in _hf_greedy(hf, prompts)]
     eng = make_engine(model_path=str(path), attention_backend="triton",
                       device="cuda" if torch.cuda.is_available() else "cpu")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton path took the masked torch path")
+
+    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
+    monkeypatch.setattr(masked_attention, "extend_attention", refuse)
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected

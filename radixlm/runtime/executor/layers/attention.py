@@ -10,12 +10,13 @@ plus, causally, the new tokens. Per-layer options:
   sliding layers of Gemma, Qwen);
 - ``logit_cap``: scores soft-capped to ``cap * tanh(s / cap)`` (Gemma 2).
 
-A layer with a window or a cap runs in ``kernels.masked_attention`` (torch, any device):
-the other paths (planned CPU passes, the compiled CPU kernel, Triton) have neither, and
-such layers never go to them. Except in decode, where a window is only a shorter layout
-(each sequence's last ``window`` slots): when the runner built that view
-(``ForwardBatch.window_views``), an uncapped sliding layer decodes through the plain
-kernels. The pool keeps every token of every layer (no SWA pool yet).
+A layer with a window or a cap runs, on the torch path, in ``kernels.masked_attention``
+(the planned CPU passes and the compiled CPU kernel have neither feature), except in
+decode, where a window is only a shorter layout: when the runner built that view
+(``ForwardBatch.window_views``: each sequence's last ``window`` slots), an uncapped sliding
+layer decodes through the plain kernels. The Triton kernels take both options themselves
+(and so decode CUDA graphs capture such layers too). The pool keeps every token of every
+layer (no SWA pool yet).
 """
 
 from __future__ import annotations
