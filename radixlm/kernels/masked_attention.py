@@ -12,12 +12,14 @@ the prefix), so key ``j`` is at position ``j`` and a query's position is its ind
 the keys. Query at ``p`` sees key ``j`` iff ``j <= p`` and ``p - j < sliding_window``
 (transformers' ``sliding_window_overlay``); scores are ``cap * tanh(s / cap)`` before the
 softmax when ``logit_cap`` is set (Gemma 2's ``attn_logit_softcapping``). Arithmetic in
-float32; one sequence at a time (the index work of a windowed batch is per sequence).
+float32 (a window alone: torch's fused attention in q's dtype); one sequence at a time
+(the index work of a windowed batch is per sequence).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from radixlm.kernels.reference import check_decode_layout, check_extend_layout
 
@@ -98,23 +100,31 @@ def _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale
 def _one_sequence(q, keys, values, group, sm_scale, window, cap) -> torch.Tensor:
     """q [n, Hq, D] at the last n of the L key positions; keys/values [L, Hkv, D]. Queries
     go in blocks of QUERY_BLOCK over only the keys the block can see (its window), so the
-    scores stay [Hq, QUERY_BLOCK, <= QUERY_BLOCK + window] however long the prompt."""
+    scores stay [Hq, QUERY_BLOCK, <= QUERY_BLOCK + window] however long the prompt. A window
+    alone is a mask for torch's fused attention (in q's dtype, as the reference path runs);
+    soft-capped scores are computed here, in float32."""
     n, length = q.shape[0], keys.shape[0]
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    out = torch.empty(q.shape, dtype=torch.float32 if cap is not None else q.dtype,
+                      device=q.device)
     for i0 in range(0, n, QUERY_BLOCK):
         i1 = min(i0 + QUERY_BLOCK, n)
         first, last = length - n + i0, length - n + i1 - 1  # the block's query positions
         k0 = 0 if window is None else max(0, first - window + 1)
-        kk = keys[k0: last + 1].float().repeat_interleave(group, dim=1)  # [Lb, Hq, D]
-        vv = values[k0: last + 1].float().repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q[i0:i1].float(), kk) * sm_scale  # [Hq, nb, Lb]
-        if cap is not None:
-            s = torch.tanh(s / cap) * cap
         q_pos = torch.arange(first, last + 1, device=q.device)[:, None]  # [nb, 1]
         k_pos = torch.arange(k0, last + 1, device=q.device)[None, :]  # [1, Lb]
         seen = k_pos <= q_pos
         if window is not None:
             seen &= k_pos > q_pos - window
-        s = s.masked_fill(~seen, float("-inf"))
+        kk, vv = keys[k0: last + 1], values[k0: last + 1]  # [Lb, Hkv, D]
+        if cap is None:
+            out[i0:i1] = F.scaled_dot_product_attention(
+                q[i0:i1].transpose(0, 1), kk.transpose(0, 1).to(q.dtype),
+                vv.transpose(0, 1).to(q.dtype), attn_mask=seen, scale=sm_scale,
+                enable_gqa=group > 1).transpose(0, 1)  # [nb, Hq, D]
+            continue
+        kk = kk.float().repeat_interleave(group, dim=1)  # [Lb, Hq, D]
+        vv = vv.float().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[i0:i1].float(), kk) * sm_scale  # [Hq, nb, Lb]
+        s = (torch.tanh(s / cap) * cap).masked_fill(~seen, float("-inf"))
         out[i0:i1] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
     return out

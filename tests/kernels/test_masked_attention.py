@@ -124,13 +124,14 @@ def test_decode_matches_float64(window, cap, backend):
                                rtol=0)
 
 
-def test_bfloat16_pool_within_tolerance():
-    b = _batch([4, 2], [6, 0], hq=2, hkv=2, d=8, seed=3, extend=True, dtype=torch.bfloat16)
+@pytest.mark.parametrize("cap", [2.0, None])
+def test_bfloat16_pool_within_tolerance(cap):
+    b = _batch([4, 2], [6, 0], hq=2, hkv=1, d=8, seed=3, extend=True, dtype=torch.bfloat16)
     out = kernels.extend_attention(b["q"], b["k"], b["v"], b["k_buf"], b["v_buf"],
                                    b["qo_indptr"], b["kv_indptr"], b["kv_indices"], 0.3,
-                                   sliding_window=3, logit_cap=2.0)
+                                   sliding_window=3, logit_cap=cap)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), oracle(b, 0.3, 3, 2.0), atol=3e-2, rtol=0)
+    torch.testing.assert_close(out.double(), oracle(b, 0.3, 3, cap), atol=3e-2, rtol=0)
 
 
 @pytest.mark.parametrize("window,cap,field", [(0, None, "sliding_window"),
