@@ -353,7 +353,7 @@ class ModelRunner:
                                    self.device, graph_factory)
 
     # --- weight updates (the scheduler calls these between steps) -------------------------
-    def check_weights(self, model_path: str) -> dict[str, torch.Tensor]:
+    def check_weights(self, model_path: str) -> dict[str, tuple[LoadTarget, ...]]:
         """Check ``model_path`` against the served model from config.json and the
         safetensors headers, reading no weights: ValueError naming what differs (a config
         field, or missing / unexpected / misshapen tensors). Returns ``plan_load``'s targets."""
@@ -391,7 +391,7 @@ class ModelRunner:
             prepack_weights(self.model, self.prepack)
         self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
 
-    def _copy_or_reload(self, targets: dict[str, LoadTarget], model_path: str,
+    def _copy_or_reload(self, targets: dict[str, tuple[LoadTarget, ...]], model_path: str,
                         previous: Path) -> None:
         """Copy ``model_path`` into ``targets``; a failure half-way reloads ``previous``
         and raises ValueError."""

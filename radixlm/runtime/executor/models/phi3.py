@@ -4,25 +4,31 @@ every layer when config.json sets one, ``longrope`` RoPE scaling (short factors 
 ``original_max_position_embeddings``, long ones past it: see ``layers/rotary.py``) and
 partial rotary (Phi-4-mini rotates 3/4 of each head).
 
-The fused tensors are the parameters' own layout at ``--tp-size 1``; splitting them over
-ranks (three slices of one tensor into one parameter) is not supported, and refused.
+The fused checkpoint tensor fills the fused parameter part by part: under tensor
+parallelism each rank reads its own q, k and v (gate and up) rows out of it.
 """
 
 from __future__ import annotations
 
-from radixlm.runtime.distributed.layers import Placement
-from radixlm.runtime.distributed.parallel_state import get_tp_group
+from radixlm.runtime.distributed.layers import ColumnParallelLinear, Placement, Shard
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
-from radixlm.runtime.model_config import ModelConfig
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    def __init__(self, config: ModelConfig) -> None:
-        if get_tp_group().size > 1:
-            raise ValueError("Phi-3's fused qkv_proj / gate_up_proj checkpoint tensors cannot "
-                             "be split over --tp-size > 1 yet; serve it with --tp-size 1")
-        super().__init__(config)
-
-    def checkpoint_layout(self) -> dict[str, Placement]:
-        """Every parameter under its own name: qkv_proj and gate_up_proj included."""
-        return {name: Placement(name) for name, _ in self.named_parameters()}
+    def checkpoint_layout(self) -> dict[str, Placement | tuple[Placement, ...]]:
+        """Llama's layout, with each fused projection's parts read from one checkpoint
+        tensor (named like the parameter) at their offsets in it."""
+        layout: dict[str, Placement | tuple[Placement, ...]] = dict(super().checkpoint_layout())
+        for prefix, module in self.named_modules():
+            if not isinstance(module, ColumnParallelLinear) or len(module.parts) < 2:
+                continue
+            module_path = prefix.rpartition(".")[0]
+            full = sum(shard.full for shard in module.parts.values())
+            places, offset = [], 0
+            for part, shard in module.parts.items():
+                place = layout.pop(f"{module_path}.{part}.weight")
+                places.append(Placement(place.param, place.rows,
+                                        Shard(0, offset + shard.start, offset + shard.stop, full)))
+                offset += shard.full
+            layout[f"{prefix}.weight"] = tuple(places)
+        return layout

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from radixlm.runtime.distributed.layers import Shard
+from radixlm.runtime.distributed.layers import Placement, Shard
 from radixlm.runtime.model_config import SLIDING, ModelConfig, rope_scaling_of, rope_theta_of
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,9 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
     weight is read or touched. Raises ValueError naming missing, unexpected and misshapen
     tensors.
 
-    A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
+    A checkpoint tensor placed as a tuple fills several parameters (or row ranges) from
+    slices of itself (Phi-3's fused qkv_proj under tensor parallelism: this rank's q, k and
+    v rows). A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
     ``model.embed_tokens.weight``) is expected once, under its first name. A model with
     ``canonical_checkpoint_name`` maps the file's names to its layout's first (None: skip
     the tensor); the returned keys are the file's names.
@@ -90,7 +92,7 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
     # a wrapper's names (a multimodal checkpoint's language model) -> the layout's; None:
     # a tensor the model does not use (its vision tower)
     canonical = getattr(model, "canonical_checkpoint_name", lambda n: n)
-    targets: dict[str, LoadTarget] = {}
+    targets: dict[str, tuple[LoadTarget, ...]] = {}
     found: set[str] = set()
     unexpected: list[str] = []
     misshapen: list[str] = []
@@ -102,15 +104,11 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
             unexpected.append(file_name)
             continue
         found.add(name)
-        param_name, rows, shard = layout[name]
-        target = params[param_name] if rows is None else params[param_name][rows]
-        expected = list(target.shape)
-        if shard is not None:  # this rank holds shard.size of shard.full rows along shard.dim
-            assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
-            expected[shard.dim] = shard.full
-        if tuple(expected) != shape:
-            misshapen.append(f"{file_name} {shape} (expected {tuple(expected)})")
-        targets[file_name] = LoadTarget(target, shard)  # copy_weights reads by file name
+        places = (layout[name],) if isinstance(layout[name], Placement) else layout[name]
+        targets[file_name] = tuple(_target(params, place) for place in places)
+        expected = {_expected_shape(name, t) for t in targets[file_name]}
+        if expected != {shape}:
+            misshapen.append(f"{file_name} {shape} (expected {' or '.join(map(str, expected))})")
     missing = sorted(layout.keys() - found)
     if missing or unexpected or misshapen:
         raise ValueError(
@@ -121,7 +119,23 @@ def plan_load(model: nn.Module, model_dir: str | Path) -> dict[str, LoadTarget]:
     return targets
 
 
-def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
+def _target(params: dict[str, nn.Parameter], place: Placement) -> LoadTarget:
+    param_name, rows, shard = place
+    return LoadTarget(params[param_name] if rows is None else params[param_name][rows], shard)
+
+
+def _expected_shape(name: str, target: LoadTarget) -> tuple[int, ...]:
+    """The checkpoint shape ``target`` expects: its own, with ``shard.full`` rows along the
+    sharded dim (this rank holds ``shard.size`` of them)."""
+    expected = list(target.tensor.shape)
+    if target.shard is not None:
+        shard = target.shard
+        assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
+        expected[shard.dim] = shard.full
+    return tuple(expected)
+
+
+def copy_weights(targets: dict[str, tuple[LoadTarget, ...]], model_dir: str | Path) -> None:
     """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor (or this
     rank's slice of one) at a time, casting to each parameter's dtype and device: peak
     extra memory is one slice."""
@@ -129,8 +143,7 @@ def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
         for path in safetensors_files(model_dir):
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    target = targets.get(name)
-                    if target is not None:
+                    for target in targets.get(name, ()):
                         target.tensor.copy_(_read(f, name, target.shard))
     logger.info("loaded %d tensors from %s", len(targets), model_dir)
 
