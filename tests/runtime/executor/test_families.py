@@ -22,7 +22,6 @@ from radixlm import cli  # noqa: E402
 from radixlm.kernels import masked_attention  # noqa: E402
 from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
-from radixlm.runtime.distributed.parallel_state import TpGroup  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
 from radixlm.runtime.executor.models import get_model_class, load_model  # noqa: E402
@@ -136,13 +135,6 @@ def test_make_tiny_model_cli_writes_every_family(tmp_path):
         assert config.architectures == (get_model_class(config.architectures).__name__,)
     with pytest.raises(SystemExit):
         cli.main(["make-tiny-model", str(tmp_path / "x"), "--arch", "gpt2"])
-
-
-@pytest.mark.parametrize("arch,match", [("olmo2", "spans every head")])
-def test_tensor_parallel_refusals_are_clear(family_dirs, arch, match):
-    config = ModelConfig.from_hf(family_dirs[arch])
-    with pytest.raises(ValueError, match=match):
-        load_model(config, family_dirs[arch], "cpu", tp=TpGroup(rank=0, size=2))
 
 
 def test_gemma3_rope_per_layer_type(tmp_path):

@@ -3,17 +3,26 @@ config.json parsing), Gemma's (1 + w) norm, partial rotary, activations, logits.
 
 from __future__ import annotations
 
-import pytest
-import torch
-import transformers
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+import os
 
-from radixlm.runtime.executor.layers.activation import act_and_mul
-from radixlm.runtime.executor.layers.logits import LogitsProcessor
-from radixlm.runtime.executor.layers.norm import RMSNorm
-from radixlm.runtime.executor.layers.rotary import RotaryEmbedding, cos_sin_table
-from radixlm.runtime.model_config import rope_scaling_of, rope_theta_of
+import torch
+
+# transformers imports triton: in a session that starts here, the Triton kernels of later
+# modules must still see TRITON_INTERPRET (as every module using them sets it)
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import transformers  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm  # noqa: E402
+
+from radixlm.runtime.distributed.layers import Shard  # noqa: E402
+from radixlm.runtime.executor.layers.activation import act_and_mul  # noqa: E402
+from radixlm.runtime.executor.layers.logits import LogitsProcessor  # noqa: E402
+from radixlm.runtime.executor.layers.norm import RMSNorm, ShardedRMSNorm  # noqa: E402
+from radixlm.runtime.executor.layers.rotary import RotaryEmbedding, cos_sin_table  # noqa: E402
+from radixlm.runtime.model_config import rope_scaling_of, rope_theta_of  # noqa: E402
 
 SIZE = {"hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 8192}
 ROPES = {
@@ -98,3 +107,25 @@ def test_activations_and_logits():
     torch.testing.assert_close(logits, torch.tanh(head(x) / 2.0 / 3.0) * 3.0)
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         LogitsProcessor(soft_cap=0.0)
+
+
+def test_sharded_norm_counts_replicated_heads_once():
+    """One KV head over two ranks: both hold all of it, the all-reduced squares are
+    divided by the two copies, and the norm equals the unsharded one."""
+
+    class TwoReplicas:  # both ranks hold the same rows: the all-reduce doubles them
+        size = 2
+
+        def all_reduce(self, x):
+            return x * 2
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 16, generator=gen)
+    sharded = ShardedRMSNorm(16, Shard(0, 0, 16, 16), 1e-6, TwoReplicas())
+    plain = RMSNorm(16, 1e-6)
+    with torch.no_grad():
+        sharded.weight.copy_(torch.randn(16, generator=gen))
+        plain.weight.copy_(sharded.weight)
+    assert sharded.copies == 2
+    torch.testing.assert_close(sharded(x), plain(x, backend="torch"))
+    assert sharded.checkpoint_layout("m.k_norm")["m.k_norm.weight"].shard.full == 16

@@ -41,7 +41,7 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.logits import LogitsProcessor
-from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
+from radixlm.runtime.executor.layers.norm import RMSNorm, ShardedRMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
 from radixlm.runtime.model_config import ModelConfig, rope_scaling_of, rope_theta_of
 
@@ -82,13 +82,15 @@ class Attention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden, qkv_shards(config, tp), config.qkv_bias)
         self.o_proj = RowParallelLinear(config.q_size, hidden, bias=config.attention_bias)
         self.qk_norm = spec.qk_norm
-        if spec.qk_norm == "all" and tp.size > 1:
-            raise ValueError("this family's q/k norm spans every head (OLMo 2), which "
-                             "--tp-size > 1 splits over ranks: not supported")
-        if spec.qk_norm is not None:
-            q_dim, k_dim = (d, d) if spec.qk_norm == "head" else (self.q_size, self.kv_size)
-            self.q_norm = RMSNorm(q_dim, config.rms_norm_eps, spec.norm_offset)
-            self.k_norm = RMSNorm(k_dim, config.rms_norm_eps, spec.norm_offset)
+        eps = config.rms_norm_eps
+        if spec.qk_norm == "head":
+            self.q_norm = RMSNorm(d, eps, spec.norm_offset)
+            self.k_norm = RMSNorm(d, eps, spec.norm_offset)
+        elif spec.qk_norm == "all":  # over every head: this rank's rows, squares all-reduced
+            assert spec.norm_offset == 0.0, "no family has (1 + w) norms over all heads"
+            shards = qkv_shards(config, tp)
+            self.q_norm = ShardedRMSNorm(config.q_size, shards["q_proj"], eps, tp)
+            self.k_norm = ShardedRMSNorm(config.kv_size, shards["k_proj"], eps, tp)
         self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, d,
                                    spec.sm_scale or config.sm_scale,
                                    config.layer_window(layer_id), spec.attn_logit_cap)

@@ -2,8 +2,8 @@
 
     x + norm(attn(x)),  then  x + norm(mlp(x))
 
-and q/k RMSNorms over the whole projection (every head at once, before the reshape): a
-norm that spans the heads, so ``--tp-size`` above 1 is refused for it. OLMo 3 is OLMo 2
+and q/k RMSNorms over the whole projection (every head at once, before the reshape; under
+tensor parallelism the sum of squares is all-reduced over the ranks). OLMo 3 is OLMo 2
 with sliding layers (three in four) and RoPE per layer type."""
 
 from __future__ import annotations
