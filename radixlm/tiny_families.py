@@ -4,8 +4,8 @@ Llama / Qwen2 (``tiny_model.py``), built with transformers' own config and model
 what transformers writes for that family, plus the built-in tokenizer.
 
 Each family's config turns on what is special about it at a size a test can afford
-(hidden 64, 3 layers, windows of 24 tokens): Gemma 2's soft-caps, Gemma 3's interleaved
-sliding layers with their own RoPE base, Phi-3's fused projections with longrope and
+(hidden 64, 3 layers, windows of 24 tokens): Qwen3's yarn RoPE, Gemma 2's soft-caps, Gemma
+3's interleaved sliding layers with their own RoPE base, Phi-3's fused projections with longrope and
 partial rotary, SmolLM3's NoPE layer, Granite's multipliers. Weights are re-drawn from one
 seeded generator at the built-in models' scales (decisive logits: greedy decoding never
 hinges on a near-tie), norm weights around their identity (``1`` or Gemma's ``0``).
@@ -41,7 +41,10 @@ _SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
 # arch -> (transformers config class, what is special about it)
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", {"use_sliding_window": True, "sliding_window": WINDOW,
-                              "max_window_layers": 1, "tie_word_embeddings": True}),
+                              "max_window_layers": 1, "tie_word_embeddings": True,
+                              "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 1024,
+                                                  "rope_theta": 10000.0}}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "ministral": ("MinistralConfig", {
         "sliding_window": WINDOW,
