@@ -14,7 +14,8 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
 from radixlm.runtime.entrypoints.engine.engine import Engine
 from radixlm.runtime.entrypoints.http_server import launch_server
-from radixlm.tiny_model import make_tiny_model
+from radixlm.tiny_families import FAMILIES, make_family_model
+from radixlm.tiny_model import ARCHS, make_tiny_model
 
 DEMO_PROMPTS = [
     "The capital of France is",
@@ -42,7 +43,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    path = make_tiny_model(args.dir, arch=args.arch)
+    if args.arch in FAMILIES:  # written by transformers' own classes (tiny_families.py)
+        path = make_family_model(args.dir, args.arch, seed=args.seed)
+    else:
+        path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed)
     print(path)
     return 0
 
@@ -76,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                               "(FLAGS: radixlm serve's, given to both servers)")
     pd_launcher.add_cli_args(serve_pd)
     serve_pd.add_argument("server_flags", nargs=argparse.REMAINDER)
-    tiny = sub.add_parser("make-tiny-model", help="write the built-in tiny model to DIR")
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random model of any supported "
+                          "family (and the built-in tokenizer) to DIR")
     tiny.add_argument("dir")
-    tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    tiny.add_argument("--arch", choices=[*ARCHS, *FAMILIES], default="llama",
+                      help="llama / qwen2: the built-in models; the others: hidden 64, 3 "
+                           "layers, each family's special features on (radixlm/tiny_families.py)")
+    tiny.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="benchmarks against a running server")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_serve.add_cli_args(bench_sub.add_parser(

@@ -215,6 +215,31 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def write_tokenizer(out: Path, vocab_size: int = VOCAB_SIZE,
+                    trained: Tokenizer | None = None) -> Tokenizer:
+    """The built-in tokenizer's files (``trained``, else trained here) and a
+    generation_config.json with its EOS ids, in ``out`` (created)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tok = trained or train_tokenizer(vocab_size=vocab_size)
+    tok.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config())
+    _write_json(
+        out / "special_tokens_map.json",
+        {
+            "bos_token": EOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "pad_token": EOS_TOKEN,
+            "additional_special_tokens": [IM_START, IM_END],
+        },
+    )
+    eos_ids = [tok.token_to_id(EOS_TOKEN), tok.token_to_id(IM_END)]
+    _write_json(
+        out / "generation_config.json",
+        {"bos_token_id": 0, "eos_token_id": eos_ids, "pad_token_id": 0, "do_sample": False},
+    )
+    return tok
+
+
 def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int = 0,
                     shape: ModelShape | None = None) -> Path:
     """Write a built-in Hugging Face model directory (config, safetensors, tokenizer) to
@@ -227,26 +252,9 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int =
     shape = shape or PRESETS["tiny"]
     shape.check()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(vocab_size=shape.vocab)
+    tok = write_tokenizer(out, shape.vocab)
     vocab_size = tok.get_vocab_size()
-    tok.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config())
-    _write_json(
-        out / "special_tokens_map.json",
-        {
-            "bos_token": EOS_TOKEN,
-            "eos_token": EOS_TOKEN,
-            "pad_token": EOS_TOKEN,
-            "additional_special_tokens": [IM_START, IM_END],
-        },
-    )
     _write_json(out / "config.json", _hf_config(arch, vocab_size, shape))
-    eos_ids = [tok.token_to_id(EOS_TOKEN), tok.token_to_id(IM_END)]
-    _write_json(
-        out / "generation_config.json",
-        {"bos_token_id": 0, "eos_token_id": eos_ids, "pad_token_id": 0, "do_sample": False},
-    )
     save_file(
         _random_weights(arch, vocab_size, seed, shape),
         str(out / "model.safetensors"),

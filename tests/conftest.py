@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import radixlm
-from radixlm.tiny_model import default_tiny_model_path
+from radixlm.tiny_families import FAMILIES, make_family_model
+from radixlm.tiny_model import default_tiny_model_path, train_tokenizer
 
 # --- tiny models ---
 
@@ -22,6 +23,15 @@ def tiny_llama_dir() -> Path:
 def tiny_qwen2_dir() -> Path:
     """The built-in tiny Qwen2 checkpoint (q/k/v bias, tied embeddings)."""
     return default_tiny_model_path("qwen2")
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Every family of ``radixlm.tiny_families`` as a tiny checkpoint written by
+    transformers' own classes, built once per session (one tokenizer for all)."""
+    root = tmp_path_factory.mktemp("families")
+    tok = train_tokenizer()
+    return {arch: make_family_model(root / arch, arch, tokenizer=tok) for arch in FAMILIES}
 
 
 # --- engines ---

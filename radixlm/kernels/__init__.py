@@ -4,6 +4,10 @@
 that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) take the fused C++
 kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built (RMSNorm:
 bfloat16 only);
+Attention with a sliding window or logit soft-capping (``sliding_window`` /
+``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
+when set) and in ``masked_attention`` on the torch path (the planned CPU passes and the
+compiled CPU kernel have neither).
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -21,7 +25,7 @@ import types
 
 import torch
 
-from radixlm.kernels import cpu_fused, reference
+from radixlm.kernels import cpu_fused, masked_attention, reference
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
@@ -57,16 +61,26 @@ def decode_attention(
     out: torch.Tensor | None = None,  # [B, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: this forward's precomputed indices
     layout: Layout | None = None,  # Triton path: host-side extents (no device read-back)
+    sliding_window: int | None = None,  # keys within this many positions of the query
+    logit_cap: float | None = None,  # scores soft-capped to cap * tanh(s / cap)
 ) -> torch.Tensor:  # [B, Hq, D]
     """One query token per sequence attends to its whole KV, gathered via ``kv_indices``.
 
     ``plan`` (``shared_prefix.AttentionPlan``, built once per forward for this layout) lets
     the torch path skip per-layer index work and read K/V that several sequences share
-    once per group; the Triton path ignores it."""
+    once per group; the Triton path ignores it. With ``sliding_window`` or ``logit_cap``:
+    the Triton kernel, or on the torch path ``masked_attention`` (see the module doc)."""
+    masked = sliding_window is not None or logit_cap is not None
+    if masked:
+        masked_attention.check_options(sliding_window, logit_cap)
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
-            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout
+            q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout,
+            sliding_window=sliding_window, logit_cap=logit_cap,
         )
+    if masked:
+        return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
+                                                 sm_scale, sliding_window, logit_cap, out)
     if plan is not None:
         return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out)
     return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out)
@@ -86,13 +100,22 @@ def extend_attention(
     out: torch.Tensor | None = None,  # [N, Hq, D], written in place when given
     plan: AttentionPlan | None = None,  # torch path: see decode_attention
     layout: Layout | None = None,  # Triton path: see decode_attention
+    sliding_window: int | None = None,  # see decode_attention
+    logit_cap: float | None = None,
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
+    masked = sliding_window is not None or logit_cap is not None
+    if masked:
+        masked_attention.check_options(sliding_window, logit_cap)
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,
-            layout=layout
+            layout=layout, sliding_window=sliding_window, logit_cap=logit_cap,
         )
+    if masked:
+        return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
+                                                 kv_indices, sm_scale, sliding_window,
+                                                 logit_cap, out)
     if plan is not None:
         return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out)
     return reference.extend_attention(

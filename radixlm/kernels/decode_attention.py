@@ -11,6 +11,10 @@ count (a small fixed number under the interpreter).
 
 K/V rows are loaded in the pool's dtype (``--kv-cache-dtype``: bf16, fp16, fp8, float32)
 and converted to the dots' dtype: float32 when q or the pool is float32, else q's dtype.
+
+Options (compiled in only when set): ``sliding_window`` W splits only each sequence's last W
+keys (the query is at the last position, so those are exactly the keys it sees);
+``logit_cap`` soft-caps the scores to ``cap * tanh(s / cap)`` before the softmax.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ _INTERPRETER_SPLITS = 4
 
 
 @triton.jit
+def soft_cap(s, cap2):
+    """``cap2 * tanh(s / cap2)`` for base-2 scores (``cap2 = cap * log2(e)``: the same as
+    capping the natural scores at ``cap``); tanh through exp, which every backend has."""
+    return cap2 * (1.0 - 2.0 / (tl.exp(2.0 * (s / cap2)) + 1.0))
+
+
+@triton.jit
 def _decode_stage1(
     q_ptr,
     k_ptr,
@@ -39,6 +50,8 @@ def _decode_stage1(
     mid_o_ptr,
     mid_lse_ptr,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    window,  # HAS_WINDOW: keys within this many positions of the query
+    cap2,  # HAS_CAP: logit_cap * log2(e)
     stride_qb,
     stride_qh,
     stride_ks,
@@ -58,6 +71,8 @@ def _decode_stage1(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -75,8 +90,11 @@ def _decode_stage1(
 
     kv_start = tl.load(kv_indptr_ptr + b)
     kv_len = tl.load(kv_indptr_ptr + b + 1) - kv_start
-    split_len = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * split_len
+    kv_lo = 0  # the first key the query sees
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(kv_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(kv_len - kv_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = kv_lo + split * split_len
     hi = tl.minimum(lo + split_len, kv_len)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -93,6 +111,8 @@ def _decode_stage1(
             other=0.0,
         ).to(q.dtype)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_CAP:
+            s = soft_cap(s, cap2)
         s = tl.where(mask_n[None, :], s, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -188,6 +208,8 @@ def decode_attention_triton(
     out: torch.Tensor | None = None,  # [B, Hq, D]
     num_splits: int | None = None,
     layout: Layout | None = None,  # host-side extents: no device read-back
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Launcher of the two stages; see the module docstring."""
     layout = check_decode_layout(q, k_buf, v_buf, kv_indptr, kv_indices, layout)
@@ -217,6 +239,8 @@ def decode_attention_triton(
         mid_o,
         mid_lse,
         sm_scale * _LOG2E,
+        sliding_window or 0,
+        (logit_cap or 0.0) * _LOG2E,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
@@ -236,6 +260,8 @@ def decode_attention_triton(
         BLOCK_N=block_n,
         DOT_PRECISION=precision,
         DOT_FP32=dot_fp32,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_CAP=logit_cap is not None,
         num_stages=stages,
     )
     _decode_stage2[(batch, hq)](

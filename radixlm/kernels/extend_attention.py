@@ -8,6 +8,11 @@ past the end of a short sequence does no work.
 K/V are converted to the dots' dtype as loaded (see decode_attention.py). With a pool
 narrower than q the new tokens are first rounded to the pool's dtype, as the pool holds
 them, so a token attends alike whether its prefix was cached or computed in this chunk.
+
+Options (compiled in only when set): ``sliding_window`` W masks keys at W or more positions
+before the query (query i of a sequence is at position prefix_len + i) and starts both
+loops at the block's first visible key; ``logit_cap`` soft-caps the scores
+(``decode_attention.soft_cap``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.decode_attention import dot_settings
+from radixlm.kernels.decode_attention import dot_settings, soft_cap
 from radixlm.kernels.reference import Layout, check_extend_layout
 
 _LOG2E = 1.4426950408889634
@@ -32,10 +37,14 @@ def _attend_block(
     l_i,
     acc,
     qk_scale,
+    cap2,
     DOT_PRECISION: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
     """One online-softmax step over a block of keys; ``valid`` is [BLOCK_M, BLOCK_N]."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if HAS_CAP:
+        s = soft_cap(s, cap2)
     s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
@@ -57,6 +66,8 @@ def _extend_kernel(
     kv_indptr_ptr,
     kv_indices_ptr,
     qk_scale,
+    window,  # HAS_WINDOW: keys within this many positions of the query
+    cap2,  # HAS_CAP: logit_cap * log2(e)
     stride_qn,
     stride_qh,
     stride_kn,
@@ -76,6 +87,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -105,8 +118,13 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # the cached prefix: every query sees all of it
-    for n0 in range(0, tl.where(live, prefix_len, 0), BLOCK_N):
+    # the cached prefix: every query sees all of it (with a window: what is inside it)
+    prefix_lo = 0
+    new_lo = 0
+    if HAS_WINDOW:  # the block's first query (position prefix_len + block_lo) sees the most
+        prefix_lo = tl.maximum(prefix_len + block_lo - window + 1, 0)
+        new_lo = tl.maximum(block_lo - window + 1, 0)
+    for n0 in range(prefix_lo, tl.where(live, prefix_len, 0), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < prefix_len
         slot = tl.load(kv_indices_ptr + prefix_start + offs_n, mask=mask_n, other=0)
@@ -122,13 +140,16 @@ def _extend_kernel(
             mask=kv_mask,
             other=0.0,
         ).to(dot_dtype)
+        valid = mask_n[None, :]
+        if HAS_WINDOW:  # key j at position j, query at prefix_len + offs_m
+            valid = valid & (offs_n[None, :] > prefix_len + offs_m[:, None] - window)
         m_i, l_i, acc = _attend_block(
-            q, k, v, mask_n[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION
+            q, k, v, valid, m_i, l_i, acc, qk_scale, cap2, DOT_PRECISION, HAS_CAP
         )
 
     # the new tokens, causally: query i sees new keys 0..i
     new_hi = tl.where(live, tl.minimum(q_len, block_lo + BLOCK_M), 0)
-    for n0 in range(0, new_hi, BLOCK_N):
+    for n0 in range(new_lo, new_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < q_len
         rows = (q_start + offs_n).to(tl.int64)
@@ -144,7 +165,10 @@ def _extend_kernel(
             other=0.0,
         ).to(dot_dtype)
         valid = mask_n[None, :] & (offs_m[:, None] >= offs_n[None, :])
-        m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        if HAS_WINDOW:
+            valid = valid & (offs_n[None, :] > offs_m[:, None] - window)
+        m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, cap2,
+                                      DOT_PRECISION, HAS_CAP)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -175,6 +199,8 @@ def extend_attention_triton(
     sm_scale: float,
     out: torch.Tensor | None = None,  # [N, Hq, D]
     layout: Layout | None = None,  # host-side extents: no device read-back
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:  # [N, Hq, D]
     """Launcher; see the module docstring."""
     layout = check_extend_layout(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
@@ -202,6 +228,8 @@ def extend_attention_triton(
         kv_indptr,
         kv_indices,
         sm_scale * _LOG2E,
+        sliding_window or 0,
+        (logit_cap or 0.0) * _LOG2E,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -221,5 +249,7 @@ def extend_attention_triton(
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         DOT_PRECISION=precision,
         DOT_FP32=dot_fp32,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_CAP=logit_cap is not None,
     )
     return out

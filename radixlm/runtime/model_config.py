@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
 _DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -34,7 +35,12 @@ class ModelConfig:
     """Architecture numbers of one checkpoint, plus the serving dtype and context length.
 
     ``rope_scaling`` is None for plain RoPE, else a dict with a ``rope_type`` key
-    (``linear`` or ``llama3``) and that type's parameters.
+    (``linear``, ``llama3``, ``yarn`` or ``longrope``) and that type's parameters; with
+    per-layer-type RoPE (Gemma 3) these are the full-attention layers' and the family reads
+    the others from ``hf_config`` (``layers/rotary.py``). ``layer_types[i]`` is ``FULL`` or
+    ``SLIDING``; ``layer_window(i)`` the window layer ``i`` attends within (None: all).
+    ``hf_config`` is config.json as read, for the fields only one family has (soft-caps,
+    multipliers, norm layouts): the family files read them.
     """
 
     model_dir: Path
@@ -61,6 +67,9 @@ class ModelConfig:
     bos_token_id: int | None
     torch_dtype: torch.dtype  # the checkpoint's dtype
     dtype: str = "auto"  # requested serving dtype; see resolve_dtype
+    layer_types: tuple[str, ...] = ()
+    partial_rotary_factor: float = 1.0  # the fraction of head_dim RoPE rotates
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_hf(
@@ -73,7 +82,7 @@ class ModelConfig:
         path = model_dir / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        hf = json.loads(path.read_text(encoding="utf-8"))
+        hf = _text_config(json.loads(path.read_text(encoding="utf-8")))
         if dtype != "auto" and dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
         heads = hf["num_attention_heads"]
@@ -95,7 +104,7 @@ class ModelConfig:
             rope_theta=float(_rope_theta(hf)),
             rope_scaling=_rope_scaling(hf),
             max_position_embeddings=max_pos,
-            context_length=_context_length(max_pos, sliding_window, context_length),
+            context_length=_context_length(max_pos, context_length),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", False)),
             # Qwen2 checkpoints always carry a q/k/v bias and have no flag for it.
@@ -106,7 +115,17 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             torch_dtype=_DTYPES.get(hf.get("torch_dtype") or hf.get("dtype"), torch.float32),
             dtype=dtype,
+            layer_types=_layer_types(hf, sliding_window),
+            partial_rotary_factor=float(hf.get("partial_rotary_factor")
+                                        or _rope_params(hf).get("partial_rotary_factor") or 1.0),
+            hf_config=hf,
         )
+
+    def layer_window(self, layer_id: int) -> int | None:
+        """The sliding window of layer ``layer_id`` (None: it attends to every key)."""
+        if self.sliding_window is None or self.layer_types[layer_id] != SLIDING:
+            return None
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -144,18 +163,60 @@ def cpu_has_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def _rope_params(hf: dict) -> dict[str, Any]:
-    # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older files
-    # write `rope_scaling` beside a top-level `rope_theta`.
-    return dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+def _text_config(hf: dict) -> dict:
+    """A multimodal checkpoint's language model: its ``text_config``, under the top level's
+    architectures and tied-embeddings flag, with the top level's dtype and BOS/EOS ids where
+    the text config has none. Other configs as they are."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    out = dict(text)
+    for key in ("architectures", "tie_word_embeddings"):
+        if key in hf:
+            out[key] = hf[key]
+    for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id"):
+        if out.get(key) is None and hf.get(key) is not None:
+            out[key] = hf[key]
+    return out
+
+
+def _rope_params(hf: dict, layer_type: str = FULL) -> dict[str, Any]:
+    # transformers >= 5 writes `rope_parameters` (with rope_theta inside; Gemma 3: one dict
+    # per layer type); older files write `rope_scaling` beside a top-level `rope_theta`.
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    return dict(params.get(layer_type) or {}) if FULL in params else params
+
+
+def _per_type_rope(hf: dict) -> bool:
+    """Whether sliding layers have RoPE of their own (Gemma 3: ``rope_local_base_freq``,
+    or transformers 5's ``rope_parameters`` keyed by layer type)."""
+    return FULL in (hf.get("rope_parameters") or {}) or "rope_local_base_freq" in hf
+
+
+def rope_theta_of(hf: dict, layer_type: str = FULL) -> float:
+    """The RoPE base of layers of ``layer_type``."""
+    if layer_type == SLIDING and _per_type_rope(hf) and FULL not in (hf.get("rope_parameters")
+                                                                      or {}):
+        return float(hf["rope_local_base_freq"])
+    if layer_type == SLIDING and _per_type_rope(hf):
+        return float(_rope_params(hf, SLIDING).get("rope_theta") or 10000.0)
+    return float(hf.get("rope_theta") or _rope_params(hf).get("rope_theta") or 10000.0)
 
 
 def _rope_theta(hf: dict) -> float:
-    return hf.get("rope_theta") or _rope_params(hf).get("rope_theta") or 10000.0
+    return rope_theta_of(hf, FULL)
 
 
 def _rope_scaling(hf: dict) -> dict[str, Any] | None:
-    params = _rope_params(hf)
+    return rope_scaling_of(hf, FULL)
+
+
+def rope_scaling_of(hf: dict, layer_type: str = FULL) -> dict[str, Any] | None:
+    """The RoPE scaling of layers of ``layer_type`` (None: plain RoPE), checked."""
+    if layer_type == SLIDING and _per_type_rope(hf) and FULL not in (hf.get("rope_parameters")
+                                                                      or {}):
+        return None  # legacy Gemma 3: scaling (rope_scaling) is the global layers' only
+    params = _rope_params(hf, layer_type)
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     for key in _ROPE_KEYS_NOT_SCALING:
@@ -167,16 +228,15 @@ def _rope_scaling(hf: dict) -> dict[str, Any] | None:
         )
     if rope_type == "default":
         return None
-    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}[
-        rope_type
-    ]
+    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+                "yarn": ("factor",), "longrope": ("short_factor", "long_factor")}[rope_type]
     missing = [k for k in required if k not in params]
     if missing:
         raise ValueError(f"rope_scaling of type {rope_type!r} lacks {missing} in config.json")
-    if rope_type == "llama3":
-        params.setdefault(
-            "original_max_position_embeddings", hf.get("max_position_embeddings", 8192)
-        )
+    if rope_type != "linear":
+        params.setdefault("original_max_position_embeddings",
+                          hf.get("original_max_position_embeddings")
+                          or hf.get("max_position_embeddings", 8192))
     return {"rope_type": rope_type, **params}
 
 
@@ -186,22 +246,39 @@ def _sliding_window(hf: dict) -> int | None:
     return hf.get("sliding_window")
 
 
-def _context_length(max_pos: int, sliding_window: int | None, requested: int | None) -> int:
-    """Sliding-window attention is not implemented: within the window it equals full
-    attention, so the context is capped at the window instead."""
-    if sliding_window is not None and requested is not None and requested > sliding_window:
-        raise ValueError(
-            f"context_length {requested} exceeds the model's sliding_window {sliding_window}, "
-            "and radixlm does not implement sliding-window attention"
-        )
+def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
+    """config.json's ``layer_types``, else the family's rule as transformers derives it:
+    Gemma 3 every ``sliding_window_pattern``-th layer full, Gemma 2 alternating, OLMo 3
+    every fourth full, Qwen's
+    layers from ``max_window_layers`` on sliding, every layer sliding elsewhere (Mistral,
+    Phi-3) when there is a window."""
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types"):
+        types = tuple(hf["layer_types"])
+        if len(types) != n or set(types) - {FULL, SLIDING}:
+            raise ValueError(f"layer_types in config.json must be {n} of {FULL!r} / "
+                             f"{SLIDING!r}, got {list(types)}")
+        return types
+    if sliding_window is None:
+        return (FULL,) * n
+    if "sliding_window_pattern" in hf:
+        pattern = hf["sliding_window_pattern"]
+        return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
+    if hf.get("model_type") == "gemma2":
+        return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
+    if hf.get("model_type") == "olmo3":  # three sliding layers, then a full one
+        return tuple(SLIDING if (i + 1) % 4 else FULL for i in range(n))
+    if "max_window_layers" in hf:
+        return tuple(SLIDING if i >= hf["max_window_layers"] else FULL for i in range(n))
+    return (SLIDING,) * n
+
+
+def _context_length(max_pos: int, requested: int | None) -> int:
     length = requested if requested is not None else max_pos
     if requested is not None and requested > max_pos:
         logger.warning(
             "context_length %d exceeds max_position_embeddings %d of the model", requested, max_pos
         )
-    if sliding_window is not None and sliding_window < length:
-        logger.warning("capping context_length %d at the sliding window %d", length, sliding_window)
-        length = sliding_window
     return length
 
 

@@ -14,13 +14,25 @@ One layout serves every batch (FlashInfer-style ragged, no padding):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool
+
+
+@dataclass
+class WindowView:
+    """Decode over a sliding window of ``window`` tokens: each sequence's last ``window``
+    KV slots (the query at position p sees keys p - window < j <= p), in the same layout
+    as ``ForwardBatch``'s, so windowed layers decode through the plain kernels."""
+
+    kv_indptr: torch.Tensor  # [B+1]
+    kv_indices: torch.Tensor  # [nnz]
+    attention_plan: AttentionPlan | None = None
+    layout: Layout | None = None
 
 
 class ForwardMode(enum.Enum):
@@ -52,6 +64,8 @@ class ForwardBatch:
     # extents of the ragged layout from host-side lengths, so the Triton path never reads
     # the index tensors back from the device inside a forward
     layout: Layout | None = None
+    # decode: window -> the layout truncated to it, for the model's sliding layers
+    window_views: dict[int, WindowView] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:

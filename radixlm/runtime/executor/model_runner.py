@@ -32,8 +32,8 @@ from radixlm.runtime.distributed.quantization import (
     quantized_weight_bytes,
 )
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.models import load_model
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
+from radixlm.runtime.executor.models import decode_windows, get_model_class, load_model
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -88,6 +88,9 @@ class ModelRunner:
         self.optional_weights = ("lm_head.weight",) if self.is_embedding else ()
         self.model = load_model(self.model_config, model_path, self.device, self.tp,
                                 self.optional_weights)
+        # the torch path: sliding windows whose layers decode over a truncated layout
+        # (ForwardBatch.window_views); the Triton kernels take the window themselves
+        self.decode_windows = decode_windows(self.model) if self.uses_torch_attention else []
         if args.torchao_config:  # "int8wo", the one value config_checks lets through
             n = quantize_weights(self.model)
             logger.info("--torchao-config int8wo: %d projections multiply by int8 weights, "
@@ -222,7 +225,26 @@ class ModelRunner:
             attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
                                       batch.prefix_groups),
             layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
+            window_views={w: self._window_view(table, lens, w, qo_indptr)
+                          for w in self.decode_windows},
         )
+
+    def _window_view(self, table: torch.Tensor, lens: torch.Tensor, window: int,
+                     qo_indptr: torch.Tensor) -> WindowView:
+        """Each sequence's last ``window`` slots of ``table`` [B, width] (lens: its KV
+        length, new token included)."""
+        width = table.shape[1]
+        w = min(window, width)
+        kept = lens.clamp(max=window)  # [B]
+        cols = (lens - kept)[:, None] + torch.arange(w, device=table.device)  # [B, w]
+        ok = torch.arange(w, device=table.device) < kept[:, None]
+        kv_indices = table.gather(1, cols.clamp(max=width - 1))[ok]
+        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64, device=table.device)
+        kv_indptr[1:] = kept.cumsum(0)
+        # no shared-prefix groups: a window's first slot differs by sequence length
+        return WindowView(kv_indptr, kv_indices,
+                          self._plan(qo_indptr, kv_indptr, kv_indices, False, None),
+                          Layout(len(lens), 1, w))
 
     def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups,
               new_slots=None) -> AttentionPlan | None:
@@ -339,7 +361,7 @@ class ModelRunner:
                                    self.device, graph_factory)
 
     # --- weight updates (the scheduler calls these between steps) -------------------------
-    def check_weights(self, model_path: str) -> dict[str, torch.Tensor]:
+    def check_weights(self, model_path: str) -> dict[str, tuple[LoadTarget, ...]]:
         """Check ``model_path`` against the served model from config.json and the
         safetensors headers, reading no weights: ValueError naming what differs (a config
         field, or missing / unexpected / misshapen tensors). Returns ``plan_load``'s targets."""
@@ -349,6 +371,9 @@ class ModelRunner:
         try:
             new = ModelConfig.from_hf(path)
             diffs = config_differences(self.model_config, new)
+            spec = get_model_class(new.architectures).spec_for(new)
+            if not diffs and spec != self.model.spec:  # a family's own config.json fields
+                diffs = [f"the {type(self.model).__name__} options: {self.model.spec} -> {spec}"]
             if diffs:
                 raise ValueError(f"the checkpoint in {model_path} has another shape than the "
                                  f"served model: {'; '.join(diffs)}")
@@ -374,7 +399,7 @@ class ModelRunner:
             prepack_weights(self.model, self.prepack)
         self.model_config = dataclasses.replace(self.model_config, model_dir=Path(model_path))
 
-    def _copy_or_reload(self, targets: dict[str, LoadTarget], model_path: str,
+    def _copy_or_reload(self, targets: dict[str, tuple[LoadTarget, ...]], model_path: str,
                         previous: Path) -> None:
         """Copy ``model_path`` into ``targets``; a failure half-way reloads ``previous``
         and raises ValueError."""

@@ -70,6 +70,27 @@ def test_greedy_tp2_matches_tp1_and_transformers(arch_case, make_engine):
     assert _ids(tp1.generate(input_ids=prompts, sampling_params=_greedy())) == first
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "olmo2"])
+def test_families_tp2_match_transformers(family_dirs, make_engine, arch):
+    """Per-head q/k norms, (1 + w) sandwich norms, soft-caps, sliding windows, Phi-3's
+    fused checkpoint tensors (each rank reading its rows of them) and OLMo 2's q/k norms
+    over every head (squares all-reduced), split by head over two ranks (tiny_families
+    checkpoints; prompts past the 24-token windows)."""
+    path = str(family_dirs[arch])
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok.encode(TEXTS[1], add_special_tokens=False)
+    prompts = [ids, (ids * 3)[:70]]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                    for p in prompts]
+    tp2 = make_engine(model_path=path, tp_size=2, chunked_prefill_size=16)
+    params = {**_greedy(), "ignore_eos": True}
+    assert _ids(tp2.generate(input_ids=prompts, sampling_params=params)) == expected
+
+
 def test_tp2_over_a_bf16_pool_matches_tp1(tiny_llama_dir, make_engine, monkeypatch):
     """--kv-cache-dtype reaches every rank: each holds its heads' K/V in bfloat16 (the
     torch path on every rank: the environment is inherited)."""

@@ -115,6 +115,34 @@ def test_graphs_only_where_they_apply(tiny_llama_dir):
                                        graph_factory=EagerGraph) is None
 
 
+@pytest.mark.skipif(not CUDA and pytest.importorskip("triton") is None, reason="no triton")
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_windowed_and_soft_capped_layers_replay_like_eager(family_dirs, monkeypatch, arch):
+    """The Triton kernels take sliding windows and soft-caps themselves: such models decode
+    in graphs too, with no host sync, equal to eager decode and to the torch path."""
+    runner = _runner(family_dirs[arch], cuda_graph_max_bs=4)
+    assert runner.decode_windows == []  # no window views: the window is in the kernel
+    if not CUDA:
+        runner.graph_runner = runner._capture_cuda_graphs(
+            ServerArgs(cuda_graph_max_bs=4), graph_factory=EagerGraph)
+    assert runner.graph_runner is not None
+    gen = torch.Generator().manual_seed(0)
+    pool = runner.kv_pool
+    for layer in range(pool.num_layers):
+        for buf in pool.get_kv_buffer(layer):
+            buf.copy_(torch.randn(buf.shape, generator=gen))
+    for lens in ([5], [30, 40], [9, 1, 50]):  # past the 24-token windows
+        batch, req_to_token = _decode_batch(runner, lens, gen)
+        fb = runner.build_forward_batch(batch, req_to_token)
+        with monkeypatch.context() as m:
+            m.setattr(reference, "_read_layout", _refuse)  # no host sync in a replay
+            eager = runner.model(fb)
+            replayed = runner.forward(batch, req_to_token)
+        torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)
+        fb.attention_backend, fb.attention_plan = "torch", None  # the masked torch path
+        torch.testing.assert_close(runner.model(fb), eager, rtol=1e-4, atol=1e-4)
+
+
 def test_batches_beyond_the_graphs_run_eagerly(tiny_llama_dir):
     runner = _runner(tiny_llama_dir, cuda_graph_max_bs=2)
     if not CUDA:

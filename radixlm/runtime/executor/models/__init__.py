@@ -1,8 +1,14 @@
-"""Model registry (HF ``architectures`` name -> class) and ``load_model``."""
+"""Model registry (HF ``architectures`` name -> class) and ``load_model``.
+
+A family is one short file composing ``decoder.py`` (itself built from ``../layers``): a
+``DecoderForCausalLM`` subclass whose ``spec_for`` says what differs from Llama. Adding
+one: see docs/design.md ("How to add a model family").
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -10,27 +16,54 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
+from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
+from radixlm.runtime.executor.models.gemma import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+    GemmaForCausalLM,
+)
+from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
+from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
+from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
+from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
+from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
+from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
 
-__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "LlamaForCausalLM", "Qwen2ForCausalLM"]
+logger = logging.getLogger(__name__)
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers", "decode_windows",
+           "LlamaForCausalLM", "Qwen2ForCausalLM"]
+
+MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    # Mistral is Llama plus a sliding window; ModelConfig caps the context at the window.
-    "MistralForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "MinistralForCausalLM": MinistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    # text-only: the vision tower is not loaded
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,
-    "MistralModel": LlamaForCausalLM,
+    "MistralModel": MistralForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,
 }
 
 
-def get_model_class(architectures: Sequence[str]) -> type[LlamaForCausalLM]:
+def get_model_class(architectures: Sequence[str]) -> type[DecoderForCausalLM]:
     """The class for the first supported name in config.json's ``architectures``."""
     for name in architectures:
         if name in MODEL_CLASSES:
@@ -39,6 +72,20 @@ def get_model_class(architectures: Sequence[str]) -> type[LlamaForCausalLM]:
         f"unsupported model architectures {list(architectures)}; "
         f"supported: {', '.join(MODEL_CLASSES)}"
     )
+
+
+def masked_layers(model: nn.Module) -> list[int]:
+    """Layers whose attention has a sliding window or soft-capped scores (on the torch path
+    they run in ``kernels.masked_attention``, in Triton's kernels on the Triton path)."""
+    return [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+
+
+def decode_windows(model: nn.Module) -> list[int]:
+    """The sliding windows of layers without soft-capping: in decode they attend through
+    the plain kernels over each sequence's last ``window`` slots (``WindowView``)."""
+    return sorted({layer.self_attn.attn.sliding_window for layer in model.model.layers
+                   if layer.self_attn.attn.sliding_window is not None
+                   and layer.self_attn.attn.logit_cap is None})
 
 
 @contextlib.contextmanager
@@ -67,6 +114,11 @@ def load_model(
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
     with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
         model = cls(config)
+    masked = masked_layers(model)
+    if masked:
+        logger.info("%s: layers %s have a sliding window or soft-capped scores (torch path: "
+                    "kernels/masked_attention.py, except windowed decode; Triton: in-kernel)",
+                    cls.__name__, masked)
     load_weights(model, model_dir if model_dir is not None else config.model_dir,
                  optional_weights)
     return model.eval()

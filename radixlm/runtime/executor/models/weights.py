@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from radixlm.runtime.distributed.layers import Shard
-from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm.runtime.model_config import SLIDING, ModelConfig, rope_scaling_of, rope_theta_of
 
 logger = logging.getLogger(__name__)
 
@@ -80,35 +80,40 @@ def plan_load(model: nn.Module, model_dir: str | Path,
     weight is read or touched. Raises ValueError naming missing, unexpected and misshapen
     tensors; those in ``optional`` may be missing (an embedding model's LM head).
 
-    A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
-    ``model.embed_tokens.weight``) is expected once, under its first name. A base model's
-    checkpoint (transformers' ``AutoModel``: ``layers.0...`` for ``model.layers.0...``,
-    as embedding checkpoints are saved) fills the same parameters.
+    A checkpoint tensor placed as a tuple fills several parameters (or row ranges) from
+    slices of itself (Phi-3's fused qkv_proj under tensor parallelism: this rank's q, k and
+    v rows). A parameter shared by two names (tied embeddings: ``lm_head.weight`` is
+    ``model.embed_tokens.weight``) is expected once, under its first name. A model with
+    ``canonical_checkpoint_name`` maps the file's names to its layout's first (None: skip
+    the tensor); the returned keys are the file's names. A base model's checkpoint
+    (transformers' ``AutoModel``: ``layers.0...`` for ``model.layers.0...``, as embedding
+    checkpoints are saved) fills the same parameters.
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
     layout = model.checkpoint_layout()  # checkpoint name -> Placement
-    targets: dict[str, LoadTarget] = {}
+    # a wrapper's names (a multimodal checkpoint's language model) -> the layout's; None:
+    # a tensor the model does not use (its vision tower)
+    canonical = getattr(model, "canonical_checkpoint_name", lambda n: n)
+    targets: dict[str, tuple[LoadTarget, ...]] = {}
+    found: set[str] = set()
     unexpected: list[str] = []
     misshapen: list[str] = []
-    found: set[str] = set()
-    for name, shape in checkpoint_shapes(model_dir).items():
-        if name in tied or name.endswith(_IGNORED_SUFFIXES):
+    for file_name, shape in checkpoint_shapes(model_dir).items():
+        name = canonical(file_name)
+        if name is None or name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
-        key = name if name in layout or f"model.{name}" not in layout else f"model.{name}"
-        if key not in layout:
-            unexpected.append(name)
+        if name not in layout and f"model.{name}" in layout:  # a base model's names
+            name = f"model.{name}"
+        if name not in layout:
+            unexpected.append(file_name)
             continue
-        found.add(key)
-        param_name, rows, shard = layout[key]
-        target = params[param_name] if rows is None else params[param_name][rows]
-        expected = list(target.shape)
-        if shard is not None:  # this rank holds shard.size of shard.full rows along shard.dim
-            assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
-            expected[shard.dim] = shard.full
-        if tuple(expected) != shape:
-            misshapen.append(f"{name} {shape} (expected {tuple(expected)})")
-        targets[name] = LoadTarget(target, shard)
+        found.add(name)
+        places = (layout[name],) if isinstance(layout[name], Placement) else layout[name]
+        targets[file_name] = tuple(_target(params, place) for place in places)
+        expected = {_expected_shape(name, t) for t in targets[file_name]}
+        if expected != {shape}:
+            misshapen.append(f"{file_name} {shape} (expected {' or '.join(map(str, expected))})")
     missing = sorted(layout.keys() - found - set(optional))
     if missing or unexpected or misshapen:
         hint = ("; a checkpoint without an LM head serves embeddings only (--is-embedding)"
@@ -121,7 +126,23 @@ def plan_load(model: nn.Module, model_dir: str | Path,
     return targets
 
 
-def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
+def _target(params: dict[str, nn.Parameter], place: Placement) -> LoadTarget:
+    param_name, rows, shard = place
+    return LoadTarget(params[param_name] if rows is None else params[param_name][rows], shard)
+
+
+def _expected_shape(name: str, target: LoadTarget) -> tuple[int, ...]:
+    """The checkpoint shape ``target`` expects: its own, with ``shard.full`` rows along the
+    sharded dim (this rank holds ``shard.size`` of them)."""
+    expected = list(target.tensor.shape)
+    if target.shard is not None:
+        shard = target.shard
+        assert expected[shard.dim] == shard.size, f"{name}: {expected} vs {shard}"
+        expected[shard.dim] = shard.full
+    return tuple(expected)
+
+
+def copy_weights(targets: dict[str, tuple[LoadTarget, ...]], model_dir: str | Path) -> None:
     """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor (or this
     rank's slice of one) at a time, casting to each parameter's dtype and device: peak
     extra memory is one slice."""
@@ -129,8 +150,7 @@ def copy_weights(targets: dict[str, LoadTarget], model_dir: str | Path) -> None:
         for path in safetensors_files(model_dir):
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    target = targets.get(name)
-                    if target is not None:
+                    for target in targets.get(name, ()):
                         target.tensor.copy_(_read(f, name, target.shard))
     logger.info("loaded %d tensors from %s", len(targets), model_dir)
 
@@ -148,13 +168,21 @@ SWAP_FIELDS = (
     "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "rms_norm_eps",
     "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
     "attention_bias", "qkv_bias", "mlp_bias", "sliding_window", "eos_token_ids",
+    "layer_types", "partial_rotary_factor",
 )
 
 
 def config_differences(served: ModelConfig, new: ModelConfig) -> list[str]:
-    """``field: served -> new`` for every SWAP_FIELDS entry that differs."""
-    return [f"{f}: {getattr(served, f)!r} -> {getattr(new, f)!r}" for f in SWAP_FIELDS
-            if getattr(served, f) != getattr(new, f)]
+    """``field: served -> new`` for every SWAP_FIELDS entry that differs, and the RoPE of
+    sliding layers (Gemma 3's own base)."""
+    diffs = [f"{f}: {getattr(served, f)!r} -> {getattr(new, f)!r}" for f in SWAP_FIELDS
+             if getattr(served, f) != getattr(new, f)]
+    for name, of in (("sliding-layer rope_theta", rope_theta_of),
+                     ("sliding-layer rope_scaling", rope_scaling_of)):
+        old_value, new_value = of(served.hf_config, SLIDING), of(new.hf_config, SLIDING)
+        if old_value != new_value:
+            diffs.append(f"{name}: {old_value!r} -> {new_value!r}")
+    return diffs
 
 
 def _short(names: list[str], limit: int = 8) -> str:

@@ -1,0 +1,11 @@
+"""The building blocks the model families compose (after SGLang's ``srt/layers``):
+
+- ``norm``: RMSNorm (``w`` or Gemma's ``1 + w``), fused residual add, per-head q/k norms;
+- ``rotary``: RoPE tables (default, linear, llama3, yarn, longrope), partial rotary;
+- ``activation``: the gated MLP's SiLU and GELU-tanh;
+- ``attention``: ``RadixAttention`` over the paged pool, with sliding windows, logit
+  soft-capping and the score scale per layer;
+- ``logits``: the lm_head with logits scaling and final soft-capping.
+
+The tensor-parallel linear layers and embeddings live in ``runtime/distributed/layers.py``.
+"""

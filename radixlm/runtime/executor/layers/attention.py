@@ -1,0 +1,76 @@
+"""The attention of one layer over the paged KV pool (SGLang's ``RadixAttention``).
+
+It stores this step's K/V into the pool, then attends through the forward's ragged layout
+(``ForwardBatch``): decode reads each sequence's whole KV back, extend its cached prefix
+plus, causally, the new tokens. Per-layer options:
+
+- ``sm_scale``: the score scale (``head_dim ** -0.5``; Gemma: ``query_pre_attn_scalar ** -0.5``,
+  Granite: ``attention_multiplier``);
+- ``sliding_window``: keys within this many positions of the query (Mistral, Phi-3, the
+  sliding layers of Gemma, Qwen);
+- ``logit_cap``: scores soft-capped to ``cap * tanh(s / cap)`` (Gemma 2).
+
+A layer with a window or a cap runs, on the torch path, in ``kernels.masked_attention``
+(the planned CPU passes and the compiled CPU kernel have neither feature), except in
+decode, where a window is only a shorter layout: when the runner built that view
+(``ForwardBatch.window_views``: each sequence's last ``window`` slots), an uncapped sliding
+layer decodes through the plain kernels. The Triton kernels take both options themselves
+(and so decode CUDA graphs capture such layers too). The pool keeps every token of every
+layer (no SWA pool yet).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixlm import kernels
+from radixlm.kernels.masked_attention import check_options
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+
+
+class RadixAttention(nn.Module):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 sm_scale: float, sliding_window: int | None = None,
+                 logit_cap: float | None = None) -> None:
+        super().__init__()
+        check_options(sliding_window, logit_cap)
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.sm_scale = sm_scale
+        self.sliding_window = sliding_window
+        self.logit_cap = logit_cap
+
+    @property
+    def masked(self) -> bool:
+        """Whether this layer needs the masked torch path (a window or a cap)."""
+        return self.sliding_window is not None or self.logit_cap is not None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        """q [N, Hq, D], k/v [N, Hkv, D] (rotated) -> [N, Hq * D]."""
+        n, backend = q.shape[0], fb.attention_backend
+        k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
+        kernels.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v, backend=backend)
+        view = fb.window_views.get(self.sliding_window) if self.logit_cap is None else None
+        if fb.mode.is_decode and view is not None:  # the window's slots, plain kernels
+            o = kernels.decode_attention(
+                q, k_buf, v_buf, view.kv_indptr, view.kv_indices, self.sm_scale,
+                backend=backend, plan=view.attention_plan, layout=view.layout,
+            )
+            return o.reshape(n, self.num_heads * self.head_dim)
+        options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap}
+        # the masked path reads the raw indices; the plan and layout are the fast paths'
+        plan = None if self.masked else fb.attention_plan
+        if fb.mode.is_decode:  # kv_indices already include the new token's slot
+            o = kernels.decode_attention(
+                q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, self.sm_scale, backend=backend,
+                plan=plan, layout=fb.layout, **options,
+            )
+        else:  # cached prefix from the pool, new tokens causally from k/v
+            ragged = (fb.qo_indptr, fb.kv_indptr, fb.kv_indices)
+            o = kernels.extend_attention(
+                q, k, v, k_buf, v_buf, *ragged, self.sm_scale, backend=backend,
+                plan=plan, layout=fb.layout, **options,
+            )
+        return o.reshape(n, self.num_heads * self.head_dim)
