@@ -29,7 +29,7 @@ class Prompt:
     """What a backend sees of a program at a ``gen`` or ``select``."""
 
     text: str
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI shapes
     open_role: str | None = None  # role begun but not ended
     open_role_text: str = ""  # text since that role began
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
