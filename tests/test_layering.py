@@ -39,8 +39,11 @@ ALLOWED: dict[str, set[str]] = {
             "distributed",
             "executor", "managers", "entrypoints", "frontend_dsl", "bench", "analysis"},
 }
-# the DSL's in-process backend starts an Engine: the one import from frontend_dsl into runtime
-EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine.engine")}
+# the DSL's in-process backend starts an Engine; its tools reuse the server's tool machinery
+# (plans, grammars, parsers): the only imports from frontend_dsl into runtime
+EXCEPTIONS = {("radixlm.frontend_dsl.backends.local", "radixlm.runtime.entrypoints.engine.engine"),
+              ("radixlm.frontend_dsl.tools", "radixlm.runtime.entrypoints.openai.function_call"),
+              ("radixlm.frontend_dsl.tools", "radixlm.runtime.managers.api_error")}
 
 
 def room_of(module: str) -> str:

@@ -15,6 +15,7 @@ from radixlm.frontend_dsl.api import (
     system,
     system_begin,
     system_end,
+    tool_result,
     user,
     user_begin,
     user_end,
@@ -42,6 +43,8 @@ from radixlm.frontend_dsl.program import (
     set_default_backend,
 )
 from radixlm.frontend_dsl.state import ProgramState, ProgramStateGroup
+from radixlm.frontend_dsl.tool_schema import function_tool
+from radixlm.frontend_dsl.tools import ToolCall
 
 __all__ = [
     "Backend",
@@ -54,11 +57,13 @@ __all__ = [
     "Runtime",
     "RuntimeEndpoint",
     "SglFunction",
+    "ToolCall",
     "assistant",
     "assistant_begin",
     "assistant_end",
     "flush_cache",
     "function",
+    "function_tool",
     "gen",
     "gen_int",
     "gen_string",
@@ -74,6 +79,7 @@ __all__ = [
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool_result",
     "unconditional_likelihood_normalized",
     "user",
     "user_begin",

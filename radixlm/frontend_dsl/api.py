@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from radixlm.frontend_dsl.choices import ChoicesSamplingMethod, token_length_normalized
@@ -20,12 +21,14 @@ from radixlm.frontend_dsl.ir import (
     SamplingArgs,
     Select,
     SeparateReasoning,
+    ToolResult,
     flatten,
     reasoning_var_name,
     to_expr,
 )
 from radixlm.frontend_dsl.program import get_default_backend, resolve_backend
 from radixlm.frontend_dsl.reasoning import reasoning_format
+from radixlm.frontend_dsl.tools import ToolCall, make_tool_spec, result_text
 
 
 def gen(
@@ -54,11 +57,25 @@ def gen(
     json_schema: str | dict | None = None,
     ebnf: str | None = None,
     repetition_penalty: float | None = None,
+    tools: list[dict[str, Any] | Callable[..., Any]] | None = None,
+    tool_choice: str | dict[str, Any] | Callable[..., Any] | None = None,
+    parallel_tool_calls: bool | None = None,
 ) -> Expr:
     """Generate text into variable ``name`` (SGLang's parameters, in SGLang's order, then
     radixlm's ``ebnf`` and ``repetition_penalty``). Unset arguments take the defaults given
     to ``run(...)``. ``choices=[...]`` makes it a ``select``; ``dtype`` (int, float, bool,
-    str) constrains the text with a regex (and, as in SGLang, wins over ``regex``)."""
+    str) constrains the text with a regex (and, as in SGLang, wins over ``regex``).
+
+    ``tools`` (OpenAI tool dicts or Python functions), ``tool_choice`` (``"auto"``, the
+    default, ``"required"``, ``"none"``, a tool's name or OpenAI's named form) and
+    ``parallel_tool_calls`` offer tools as chat completions does: the gen must open an
+    ``assistant(...)`` turn; ``s[name]`` is the reply's text and ``s.tool_calls(name)``
+    its calls (``tools.ToolCall``); ``tool_result(call, output)`` answers one."""
+    spec = make_tool_spec(tools, tool_choice, parallel_tool_calls)
+    if spec is not None and (choices or dtype is not None or regex is not None
+                             or json_schema is not None or ebnf is not None):
+        raise ValueError("gen() takes tools or one of choices, dtype, regex, json_schema and "
+                         "ebnf, not both: the tools' grammar holds the output")
     if choices:
         return select(name, choices, temperature or 0.0, choices_method or token_length_normalized)
     if regex is not None:
@@ -96,7 +113,18 @@ def gen(
         top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs,
     )
-    return Gen(name, args, dtype_name)
+    return Gen(name, args, dtype_name, spec)
+
+
+def tool_result(call: ToolCall | str, output: Any) -> Expr:
+    """A ``tool`` message answering ``call`` (a ``ToolCall`` or its id) with ``output``
+    (text, or anything JSON-serialisable): OpenAI's ``{"role": "tool", "tool_call_id":
+    ..., "content": ...}``, rendered by the model's chat template. It goes between turns,
+    after the assistant turn that made the call."""
+    call_id = call.id if isinstance(call, ToolCall) else call
+    if not isinstance(call_id, str) or not call_id:
+        raise ValueError(f"tool_result() takes a ToolCall or its id, got {call!r}")
+    return ToolResult(call_id, result_text(output))
 
 
 def gen_int(

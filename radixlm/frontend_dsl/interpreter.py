@@ -30,12 +30,14 @@ from radixlm.frontend_dsl.ir import (
     SamplingArgs,
     Select,
     SeparateReasoning,
+    ToolResult,
     Variable,
     VarScopeBegin,
     VarScopeEnd,
     flatten,
 )
 from radixlm.frontend_dsl.reasoning import split_reasoning
+from radixlm.frontend_dsl.tool_turns import ToolTurns
 
 _END = object()
 _ids = itertools.count()
@@ -68,7 +70,7 @@ def merge_stream_meta(earlier: dict[str, Any] | None, later: dict[str, Any]) -> 
     return merged
 
 
-class StreamExecutor:
+class StreamExecutor(ToolTurns):
     """The text, messages and variables of one program state, built by a worker thread."""
 
     def __init__(
@@ -88,7 +90,7 @@ class StreamExecutor:
         self.stream = stream
         self.deadline = deadline
         self.text_ = ""
-        self.messages_: list[dict[str, str]] = []
+        self.messages_: list[dict[str, Any]] = []
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
@@ -104,6 +106,7 @@ class StreamExecutor:
         self.ended = False
         self.finished = False
         self.inflight_rid: str | None = None
+        self.init_tool_state()
         self.queue: queue.Queue = queue.Queue()
         self.thread: threading.Thread | None = None
         if use_thread:
@@ -254,6 +257,7 @@ class StreamExecutor:
                 child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
                 child.cur_role, child.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
                 child.scope_begin = dict(self.scope_begin)
+                child.copy_tool_state(self)
                 for name in self.variables:
                     child.var_events.setdefault(name, threading.Event()).set()
                 self.children.append(child)
@@ -284,6 +288,8 @@ class StreamExecutor:
             self._append("".join(expr.texts))
         elif isinstance(expr, SeparateReasoning):
             self._separate_reasoning(expr)
+        elif isinstance(expr, ToolResult):
+            self.tool_result(expr)
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")
 
@@ -317,8 +323,7 @@ class StreamExecutor:
                 f"{role}_end() without a matching {role}_begin() (open role: {self.cur_role})"
             )
         content = self.text_[self.cur_role_begin_pos :].lstrip()
-        self.messages_.append({"role": role, "content": content})
-        self._append(self.chat_template.suffix(role))
+        self.end_message({"role": role, "content": content}, self.chat_template.suffix(role))
         self.cur_role = None
 
     def _gen(self, expr: Gen) -> None:
@@ -334,6 +339,9 @@ class StreamExecutor:
             stop = [stop] if isinstance(stop, str) else list(stop)
             params["stop"] = stop + [s for s in extra_stops if s not in stop]
         logprob_args = {k: getattr(args, k) for k in _LOGPROB_ARGS if getattr(args, k) is not None}
+        if self.is_tool_gen(expr):
+            self.tool_gen(expr, params, logprob_args)  # one request, not streamed
+            return
         prompt = self.prompt()
         self.inflight_rid = prompt.rid
         try:

@@ -98,6 +98,15 @@ class Gen(Expr):
     name: str | None
     args: SamplingArgs = field(default_factory=SamplingArgs)
     dtype: str | None = None  # int/float/bool/str: the regex came from it
+    tools: Any = None  # a tools.ToolSpec: the tools offered to this gen
+
+
+@dataclass(eq=False)
+class ToolResult(Expr):
+    """A ``tool`` message: the output of the call ``call_id`` (``api.tool_result``)."""
+
+    call_id: str
+    content: str
 
 
 @dataclass(eq=False)

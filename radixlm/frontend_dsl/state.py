@@ -18,6 +18,7 @@ from radixlm.frontend_dsl.ir import (
     VarScopeEnd,
     to_expr,
 )
+from radixlm.frontend_dsl.tools import ToolCall
 
 _DONE = object()
 
@@ -82,11 +83,16 @@ class ProgramState:
             ex.wait_for(event.is_set)
         return ex.meta_info.get(name)
 
+    def tool_calls(self, name: str) -> list[ToolCall]:
+        """The calls of the gen that set ``name`` (waits for it); [] when it made none."""
+        self.stream_executor.get_var(name)
+        return list(self.stream_executor.tool_calls_.get(name, []))
+
     def text(self) -> str:
         self.stream_executor.sync()
         return self.stream_executor.text_
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         self.stream_executor.sync()
         return list(self.stream_executor.messages_)
 

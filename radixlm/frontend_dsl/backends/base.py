@@ -17,6 +17,7 @@ from typing import Any
 from radixlm.frontend_dsl.chat_template import ChatTemplate
 from radixlm.frontend_dsl.choices import ChoicesDecision, ChoicesSamplingMethod, Entries
 from radixlm.frontend_dsl.global_config import global_config
+from radixlm.frontend_dsl.tools import ToolCall, ToolSpec, constrained_params, parse_output
 
 
 class BackendError(RuntimeError):
@@ -28,7 +29,7 @@ class Prompt:
     """What a backend sees of a program at a ``gen`` or ``select``."""
 
     text: str
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI shapes
     open_role: str | None = None  # role begun but not ended
     open_role_text: str = ""  # text since that role began
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -65,6 +66,22 @@ class Backend(ABC):
     def cache_prefix(self, prompt: Prompt) -> None:
         """Compute and cache the KV of ``prompt.text`` (no-op where unsupported)."""
         return None
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    add_generation_prompt: bool) -> str | None:
+        """The model's chat template applied to ``messages`` (OpenAI's shapes, calls and
+        tool results included) and ``tools``; None where the backend sends the messages
+        themselves (the OpenAI API)."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} backend cannot offer tools to gen()")
+
+    def generate_tools(self, prompt: Prompt, sampling_params: dict[str, Any],
+                       logprob_args: dict[str, Any], tools: ToolSpec | None
+                       ) -> tuple[str, list[ToolCall], dict[str, Any]]:
+        """(content, calls, meta_info) of one chat turn offered ``tools`` (None: a turn of
+        a conversation that holds calls, offered none)."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} backend cannot offer tools to gen()")
 
     def abort(self, rid: str) -> None:
         """Stop request ``rid`` early (best effort)."""
@@ -103,6 +120,26 @@ class NativeBackend(Backend):
         self, payload: dict[str, Any], timeout: float | None = None
     ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed ``/generate``; each chunk's ``text`` is the increment."""
+
+    def tool_call_parser(self) -> str | None:
+        """The ``--tool-call-parser`` name that reads ``tool_choice="auto"`` output."""
+        return None
+
+    def tool_special_tokens(self) -> frozenset[str]:
+        """The served tokenizer's special tokens (which no grammar can produce)."""
+        return frozenset()
+
+    def generate_tools(self, prompt, sampling_params, logprob_args, tools):
+        """As the chat route: the tools' grammar in the sampling params, the output read
+        by the plan's parser (``prompt.text`` is already the template's rendering)."""
+        if tools is None:
+            text, meta = self.generate(prompt, sampling_params, logprob_args)
+            return text, [], meta
+        plan = tools.plan(self.tool_call_parser())
+        params = constrained_params(plan, sampling_params, self.tool_special_tokens())
+        text, meta = self.generate(prompt, params, logprob_args)
+        content, calls = parse_output(plan, text)
+        return content, calls, meta
 
     def generate(self, prompt, sampling_params, logprob_args):
         payload = {

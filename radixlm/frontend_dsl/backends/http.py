@@ -16,6 +16,7 @@ import httpx
 
 from radixlm.frontend_dsl.backends.base import BackendError, NativeBackend
 from radixlm.frontend_dsl.chat_template import ChatTemplate, resolve_chat_template
+from radixlm.frontend_dsl.tools import check_parser_name, template_messages
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +33,13 @@ class RuntimeEndpoint(NativeBackend):
         verify: str | bool | None = None,
         chat_template_name: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
+        tool_call_parser: str | None = None,
     ) -> None:
         """SGLang's arguments: ``verify`` is TLS verification (a CA bundle path, or False);
         ``chat_template_name`` picks a named template (``chatml``, ``default``, ...)
-        instead of the model's own. ``timeout`` (radixlm's) bounds each HTTP call."""
+        instead of the model's own. ``timeout`` (radixlm's) bounds each HTTP call;
+        ``tool_call_parser`` (radixlm's) names the format ``gen(tool_choice="auto")``
+        reads, by default the server's ``--tool-call-parser`` (``/get_server_info``)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(
@@ -49,6 +53,7 @@ class RuntimeEndpoint(NativeBackend):
         self._chat_template_name = chat_template_name
         self._chat_template: ChatTemplate | None = None
         self._model_info: dict[str, Any] | None = None
+        self._tool_call_parser = check_parser_name(tool_call_parser)
 
     # --- plumbing ---------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
@@ -124,6 +129,33 @@ class RuntimeEndpoint(NativeBackend):
                 fallback=self._chat_template_name,
             )
         return self._chat_template
+
+    def tool_call_parser(self) -> str | None:
+        if self._tool_call_parser is None:
+            self._tool_call_parser = check_parser_name(
+                self.get_server_info().get("tool_call_parser"))
+        return self._tool_call_parser
+
+    def render_chat(self, messages, tools, add_generation_prompt):
+        """The served model's Jinja template (``/get_model_info``), rendered by
+        transformers' own renderer, as the server's chat route renders it."""
+        info = self.get_model_info()
+        source = info.get("chat_template")
+        if not source:
+            raise ValueError("gen(tools=...) needs the served model's own chat template; "
+                             "/get_model_info reports none")
+        # transformers is heavy and only this path needs it
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            rendered, _ = render_jinja_template(
+                [template_messages(messages)], tools=tools, chat_template=source,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=info.get("bos_token") or "", eos_token=info.get("eos_token") or "")
+        except Exception as e:  # noqa: BLE001 - a template error comes from the program
+            raise ValueError(f"the model's chat template failed on this conversation: {e}"
+                             ) from e
+        return rendered[0]
 
     def abort(self, rid: str) -> None:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from radixlm.frontend_dsl.backends.base import NativeBackend, Prompt
 from radixlm.frontend_dsl.chat_template import ChatTemplate, resolve_chat_template
 from radixlm.frontend_dsl.choices import Entries
+from radixlm.frontend_dsl.tools import check_parser_name, template_messages
 
 _REQUEST_KEYS = (
     "text",
@@ -35,16 +36,24 @@ class LocalBackend(NativeBackend):
         engine: Any = None,
         model_path: str | None = None,
         chat_template: str | None = None,
+        tool_call_parser: str | None = None,
         **engine_args: Any,
     ) -> None:
+        """``tool_call_parser``: the format ``gen(tool_choice="auto")`` reads (SGLang's
+        ``--tool-call-parser`` names); by default the Engine's own flag."""
         self.owns_engine = engine is None
         if engine is None:
+            if tool_call_parser is not None:
+                engine_args["tool_call_parser"] = tool_call_parser
             from radixlm.runtime.entrypoints.engine.engine import (
                 Engine,  # the one lazy import (docs/design.md)
             )
 
             engine = Engine(model_path=model_path, **engine_args)
         self.engine = engine
+        server_args = getattr(engine, "server_args", None)
+        self._tool_call_parser = check_parser_name(
+            tool_call_parser or getattr(server_args, "tool_call_parser", None))
         tok = engine.tokenizer
         self.chat_template = resolve_chat_template(
             None if chat_template else getattr(tok, "chat_template", None),
@@ -56,6 +65,29 @@ class LocalBackend(NativeBackend):
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
+
+    def tool_call_parser(self) -> str | None:
+        return self._tool_call_parser
+
+    def tool_special_tokens(self) -> frozenset[str]:
+        tok = self.engine.tokenizer
+        added = getattr(tok, "added_tokens_decoder", {}) or {}
+        return frozenset({*(getattr(tok, "all_special_tokens", []) or []),
+                          *(t.content for t in added.values() if getattr(t, "special", False))})
+
+    def render_chat(self, messages, tools, add_generation_prompt):
+        """The tokenizer's own template, as the server's chat route applies it."""
+        tok = self.engine.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ValueError("gen(tools=...) needs the model's own chat template; this "
+                             "tokenizer has none")
+        try:
+            return tok.apply_chat_template(template_messages(messages), tools=tools,
+                                           tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - a template error comes from the program
+            raise ValueError(f"the model's chat template failed on this conversation: {e}"
+                             ) from e
 
     def request(self, payload: dict[str, Any], timeout: float | None = None) -> Any:
         unknown = set(payload) - set(_REQUEST_KEYS)

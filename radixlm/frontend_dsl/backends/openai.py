@@ -22,6 +22,7 @@ import openai as openai_client
 from radixlm.frontend_dsl.backends.base import Backend, BackendError, Prompt
 from radixlm.frontend_dsl.chat_template import ChatTemplate, get_chat_template
 from radixlm.frontend_dsl.choices import ChoicesDecision, ChoicesSamplingMethod, Entries
+from radixlm.frontend_dsl.tools import ToolCall
 
 _OPENAI_FIELDS = {
     "max_new_tokens": "max_tokens",
@@ -127,6 +128,24 @@ class OpenAI(Backend):
                 yield piece, _meta(chunk, finish)
         except openai_client.OpenAIError as e:
             raise BackendError(f"the OpenAI stream failed: {e}") from e
+
+    def render_chat(self, messages, tools, add_generation_prompt):
+        return None  # the server's template renders the messages this backend sends
+
+    def generate_tools(self, prompt, sampling_params, logprob_args, tools):
+        """Tools and tool_choice go to ``/v1/chat/completions`` as they are; the calls
+        come back in ``message.tool_calls``."""
+        if not self.is_chat_model:
+            raise ValueError("gen(tools=...) needs a chat model: the completions API has "
+                             "no tools (OpenAI(..., is_chat_model=True))")
+        args = self._request_args(prompt, sampling_params, stream=False)
+        if tools is not None:
+            args.update(tools.openai_args())
+        resp = self._create(args)
+        choice = resp.choices[0]
+        calls = [ToolCall(c.id, c.function.name, c.function.arguments)
+                 for c in choice.message.tool_calls or []]
+        return choice.message.content or "", calls, _meta(resp, choice.finish_reason)
 
     def cache_prefix(self, prompt: Prompt) -> None:
         """Only completion models can send a bare prefix (``max_tokens: 0``)."""
