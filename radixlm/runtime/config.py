@@ -153,7 +153,12 @@ class ServerArgs:
                 "past it (the request is then a 400); 0 compiles in the scheduler unbounded"})
     grammar_cache_size: int = field(default=256, metadata={
         "help": "compiled grammars kept (LRU)"})
-    # chat: tool calls and reasoning (entrypoints/function_call/, reasoning_parser.py)
+    sampling_defaults: str = field(default="model", metadata={
+        "help": "model|openai (SGLang's flag): model: a request's unset temperature, top_p, "
+                "top_k, min_p and repetition_penalty take the checkpoint's "
+                "generation_config.json values (as SGLang and vLLM do); openai: the API's "
+                "defaults (temperature 1, top_p 1, ...)"})
+    # chat: tool calls and reasoning (entrypoints/openai/)
     tool_call_parser: str | None = field(default=None, metadata={
         "help": "how the model writes tool calls (SGLang's names): qwen25 (also qwen, "
                 "hermes: <tool_call>{json}</tool_call>), llama3, mistral, pythonic, gpt-oss. "

@@ -65,6 +65,9 @@ def check_server_args(args: Any) -> None:
          f"{args.priority_scheduling_preemption_threshold}")
     need(args.grammar_backend in GRAMMAR_BACKENDS,
          f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {args.grammar_backend!r}")
+    need(args.sampling_defaults in ("model", "openai"),
+         f"sampling_defaults (--sampling-defaults) must be model or openai, got "
+         f"{args.sampling_defaults!r}")
     need(args.tool_call_parser is None or args.tool_call_parser in TOOL_CALL_PARSERS,
          f"tool_call_parser (--tool-call-parser) must be one of {TOOL_CALL_PARSERS}, got "
          f"{args.tool_call_parser!r}")

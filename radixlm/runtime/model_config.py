@@ -282,6 +282,33 @@ def _context_length(max_pos: int, requested: int | None) -> int:
     return length
 
 
+# what a checkpoint's generation_config.json may set as a request's default (SGLang's and
+# vLLM's list)
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def model_sampling_defaults(model_dir: str | Path) -> dict[str, float]:
+    """The sampling defaults ``generation_config.json`` names (``SAMPLING_DEFAULT_KEYS``);
+    {} without the file. A value that is not a number is a ValueError naming the key."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out: dict[str, float] = {}
+    for key in SAMPLING_DEFAULT_KEYS:
+        value = data.get(key) if isinstance(data, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: {key} must be a number, got {value!r}")
+        if key == "top_k":  # transformers' 0 is "no top-k", ours -1
+            if value != int(value):
+                raise ValueError(f"{path}: top_k must be an integer, got {value!r}")
+            value = int(value) or -1
+        out[key] = value
+    return out
+
+
 def _eos_token_ids(hf: dict, model_dir: Path) -> tuple[int, ...]:
     """EOS ids of config.json, then any more from generation_config.json (chat models list
     their end-of-turn token there)."""

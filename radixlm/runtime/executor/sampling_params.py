@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,12 @@ from radixlm.runtime.executor.stop_regex import (
     check_stop_regex,
     stop_automaton,
 )
+from radixlm.runtime.model_config import model_sampling_defaults
 
 # Temperatures below this are treated as greedy (argmax), as in SGLang.
 GREEDY_TEMPERATURE_EPS = 1e-5
+logger = logging.getLogger(__name__)
+
 _ALIASES = {"sampling_seed": "seed"}
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")  # at most one per request
 
@@ -107,6 +111,14 @@ class SamplingParams:
                 raise ValueError(f"{key!r} conflicts with {name!r}: give only one of them")
             kwargs[name] = value
         return cls(**kwargs)
+
+    @classmethod
+    def with_defaults(cls, d: dict[str, Any] | None, defaults: dict[str, Any]
+                      ) -> SamplingParams:
+        """``from_dict(d)``, the fields ``d`` leaves unset taken from ``defaults`` (the
+        model's generation config, ``--sampling-defaults model``) rather than ours."""
+        given = {k: v for k, v in (d or {}).items() if v is not None}
+        return cls.from_dict({**{k: v for k, v in defaults.items() if k not in given}, **given})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -267,3 +279,20 @@ def _bias_value(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"logit_bias values must be numbers, got {value!r}")
     return float(value)
+
+
+def sampling_defaults(args: Any, model_path: str) -> dict[str, Any]:
+    """The request defaults ``--sampling-defaults`` picks: the checkpoint's generation
+    config (``model``, checked now: a bad value fails the start, naming it) or none
+    (``openai``: SamplingParams' own)."""
+    if args.sampling_defaults != "model":
+        return {}
+    defaults = model_sampling_defaults(model_path)
+    try:
+        SamplingParams.from_dict(defaults).verify(vocab_size=1)
+    except ValueError as e:
+        raise ValueError(f"generation_config.json of {model_path}: {e}") from None
+    if defaults:
+        logger.info("sampling defaults from the model's generation_config.json: %s "
+                    "(--sampling-defaults openai ignores them)", defaults)
+    return defaults

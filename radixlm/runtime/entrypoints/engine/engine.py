@@ -34,7 +34,7 @@ from radixlm.runtime.entrypoints.protocol import (
 )
 from radixlm.runtime.entrypoints.refused_fields import refuse_options
 from radixlm.runtime.entrypoints.validation_errors import describe
-from radixlm.runtime.executor.sampling_params import SamplingParams
+from radixlm.runtime.executor.sampling_params import SamplingParams, sampling_defaults
 from radixlm.runtime.managers.data_parallel.data_parallel_controller import (
     aggregate_infos,
     replica_args,
@@ -75,6 +75,7 @@ class Engine(EngineEncode):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path)
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
+        self.sampling_defaults = sampling_defaults(self.server_args, self.model_path)
         if self.server_args.dp_size > 1 and self.server_args.tp_size > 1:
             # each replica process would lead its own group, as in the server; not tried here
             raise ValueError("Engine: dp_size > 1 together with tp_size > 1 is not supported "
@@ -128,7 +129,7 @@ class Engine(EngineEncode):
             if not isinstance(prompt, str):
                 raise ValueError(f"text must be a string, got {type(prompt).__name__}")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        params = SamplingParams.from_dict(typed_sampling_params(sp))
+        params = SamplingParams.with_defaults(typed_sampling_params(sp), self.sampling_defaults)
         for name, value in (("top_logprobs_num", top_logprobs_num),
                             ("logprob_start_len", logprob_start_len)):
             if isinstance(value, bool) or not isinstance(value, int):

@@ -73,7 +73,7 @@ class Admission:
             raise ApiError(400, GENERATION_REFUSED)
         scoped = self.scoped_rid(rid, tenant)
         try:
-            params = SamplingParams.from_dict(sampling_params)
+            params = SamplingParams.with_defaults(sampling_params, self.sampling_defaults)
             validate_request(input_ids, params, self.limits, top_logprobs_num,
                              token_ids_logprob, build_stop_automata=False)  # in submit
             self.metrics.check_labels(custom_labels)

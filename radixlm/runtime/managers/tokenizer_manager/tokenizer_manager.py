@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.sampling_params import sampling_defaults
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.data_parallel.data_parallel_controller import DataParallelController
 from radixlm.runtime.managers.data_parallel.load_balancer import NoReplica
@@ -83,6 +84,7 @@ class TokenizerManager(Admission, ControlCalls):
         self.metrics = ServerMetrics(args.tokenizer_metrics_allowed_custom_labels or (),
                                      args.served_model_name or model_path)
         self.request_log = RequestLog.from_args(args)
+        self.sampling_defaults = sampling_defaults(args, model_path)
         # one scheduler per data-parallel replica; requests go where the dispatcher says
         self.dp = DataParallelController(
             args, [sched_addr] if isinstance(sched_addr, str) else sched_addr)
