@@ -42,6 +42,10 @@ import msgspec
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the device pool; radixlm's pool on a CPU says "CPU"
 MEDIUM_CPU = "CPU"
+# the storage tier under the tree (--enable-hierarchical-cache): pages on disk, shared by
+# every replica pointed at the same directory (LMCache and vLLM's offloading name their
+# media the same way: where the block lives)
+MEDIUM_DISK = "DISK"
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -137,15 +141,17 @@ class KVEventRecorder:
         self.lora_id = lora_id
         self._events: list[KVEvent] = []
 
-    def stored(self, hashes: list[int], parent: int | None, token_ids: list[int]) -> None:
+    def stored(self, hashes: list[int], parent: int | None, token_ids: list[int],
+               medium: str | None = None) -> None:
+        """Blocks stored in this recorder's medium, or ``medium`` (the storage tier's)."""
         assert len(token_ids) == len(hashes) * self.block_size, (
             f"{len(token_ids)} tokens for {len(hashes)} blocks of {self.block_size}"
         )
         self._events.append(BlockStored(hashes, parent, token_ids, self.block_size,
-                                        self.lora_id, self.medium))
+                                        self.lora_id, medium or self.medium))
 
-    def removed(self, hashes: list[int]) -> None:
-        self._events.append(BlockRemoved(hashes, self.medium))
+    def removed(self, hashes: list[int], medium: str | None = None) -> None:
+        self._events.append(BlockRemoved(hashes, medium or self.medium))
 
     def cleared(self) -> None:
         # everything recorded before a clear is moot for a consumer that applies in order,

@@ -5,6 +5,10 @@ how many leading tokens that replica has cached: the request's tokens are hashed
 block with the same chain as the tree (``kv_events.chain_hashes``) and each replica's match
 ends at the first block it does not hold. Events are applied in the order a replica
 published them; detecting lost batches (sequence numbers) is the subscriber's job.
+
+Blocks a replica wrote to the storage tier (``medium`` ``DISK``) are kept apart, in one set
+for all replicas: the tier's directory is shared, so a page one replica stored is a hit
+for every replica (``match_storage``); a replica's own flush does not remove them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixlm.radix_cache.kv_events import (
+    MEDIUM_DISK,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -31,6 +36,7 @@ class PrefixIndex:
         assert num_replicas > 0 and block_size > 0, (num_replicas, block_size)
         self.block_size = block_size
         self._blocks: list[set[int]] = [set() for _ in range(num_replicas)]
+        self._storage: set[int] = set()  # blocks in the shared storage tier
 
     @property
     def num_replicas(self) -> int:
@@ -38,8 +44,9 @@ class PrefixIndex:
 
     def apply(self, replica: int, batch: KVEventBatch) -> None:
         """Apply one replica's batch of events, in order."""
-        blocks = self._blocks[replica]
         for event in batch.events:
+            blocks = (self._storage if getattr(event, "medium", None) == MEDIUM_DISK
+                      else self._blocks[replica])
             if isinstance(event, BlockStored):
                 if event.block_size != self.block_size:
                     raise ValueError(f"replica {replica} stored blocks of {event.block_size} "
@@ -48,7 +55,7 @@ class PrefixIndex:
             elif isinstance(event, BlockRemoved):
                 blocks.difference_update(event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
-                blocks.clear()
+                self._blocks[replica].clear()
             else:
                 raise TypeError(f"unknown KV event {event!r}")
 
@@ -65,6 +72,19 @@ class PrefixIndex:
             live = [r for r in live if parent in self._blocks[r]]
             for r in live:
                 matched[r] = start + bs
+        return matched
+
+    def match_storage(self, token_ids: Sequence[int], namespace: str | None = None) -> int:
+        """Leading tokens of ``token_ids`` in the shared storage tier (a multiple of
+        ``block_size``), any replica's writes."""
+        bs, parent, matched = self.block_size, None, 0
+        for start in range(0, len(token_ids) - bs + 1, bs):
+            if not self._storage:
+                break
+            parent = block_hash(parent, token_ids[start : start + bs], namespace)
+            if parent not in self._storage:
+                break
+            matched = start + bs
         return matched
 
     def blocks(self, replica: int) -> set[int]:

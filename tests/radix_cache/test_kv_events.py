@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import (
+    MEDIUM_DISK,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -215,6 +216,21 @@ def test_prefix_index_match_per_replica() -> None:
     assert index.match([1]) == [0, 0, 0]
     index.drop_replica(0)
     assert index.match([1, 2, 3, 4]) == [0, 2, 0] and index.blocks(0) == set()
+
+
+def test_prefix_index_keeps_storage_blocks_for_every_replica() -> None:
+    """Blocks stored with medium DISK (the shared storage tier) match for any replica,
+    through match_storage; a replica's flush keeps them, a DISK removal drops them."""
+    index = PrefixIndex(2, 2)
+    hashes = chain_hashes([1, 2, 3, 4], 2, None)
+    disk = BlockStored(hashes, None, [1, 2, 3, 4], 2, None, MEDIUM_DISK)
+    index.apply(1, KVEventBatch(ts=0.0, events=[disk, AllBlocksCleared()]))
+    assert index.match([1, 2, 3, 4, 5]) == [0, 0]
+    assert index.match_storage([1, 2, 3, 4, 5]) == 4
+    assert index.match_storage([1, 2, 3, 4], "tenant") == 0
+    assert index.match_storage([1, 2, 7, 7]) == 2
+    index.apply(0, KVEventBatch(ts=0.0, events=[BlockRemoved(hashes[1:], MEDIUM_DISK)]))
+    assert index.match_storage([1, 2, 3, 4]) == 2
 
 
 def test_prefix_index_refuses_another_block_size() -> None:

@@ -311,6 +311,7 @@ class FakeIndex:
 
     def __init__(self, n: int) -> None:
         self.cached = [0] * n
+        self.stored = 0  # leading tokens in the shared storage tier
         self.dropped: list[int] = []
 
     def apply(self, replica: int, batch: object) -> None:
@@ -318,6 +319,9 @@ class FakeIndex:
 
     def match(self, token_ids: list[int], namespace: str | None) -> list[int]:
         return list(self.cached)
+
+    def match_storage(self, token_ids: list[int], namespace: str | None) -> int:
+        return self.stored
 
     def drop_replica(self, replica: int) -> None:
         self.dropped.append(replica)
@@ -373,6 +377,21 @@ def test_in_flight_prompts_count_as_cached() -> None:
     lb.finished("a")
     lb.finished("b")
     assert lb.cached_tokens(list(range(150)), None) == [0, 0]  # now the index's business
+
+
+def test_storage_hits_pick_no_replica_but_are_not_load() -> None:
+    """Pages in the shared storage tier are loaded wherever the request goes: the least
+    loaded replica takes it, and only its tokens past them count as its load."""
+    index = FakeIndex(2)
+    lb = LoadBalancer(2, "cache_aware", index=index)
+    _report(lb, 0, 500)
+    _report(lb, 1, 100)
+    index.stored = 80
+    assert _send(lb, _req("a", 100)) == 1
+    assert lb.load(1) == 100 + 20
+    index.cached = [0, 0]
+    index.stored = 0
+    assert _send(lb, _req("b", 100, start=500)) == 1 and lb.load(1) == 220
 
 
 def test_loads_count_requests_the_replica_has_not_reported() -> None:

@@ -12,6 +12,8 @@ import random
 
 import pytest
 
+from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_DISK, KVEventBatch, KVEventRecorder
+from radixlm.radix_cache.prefix_index import PrefixIndex
 from radixlm.radix_cache.storage import file_backend
 
 POOL = 640
@@ -164,3 +166,19 @@ def test_bad_flags_are_refused_naming_them(flags, field):
 
     with pytest.raises(ValueError, match=field):
         ServerArgs(**flags).validate()
+
+
+def test_pages_written_to_storage_are_kv_events_of_the_trees_chain(make_engine, tmp_path):
+    """Each page the tier writes is a BlockStored with medium DISK, hashed with the tree's
+    chain: a consumer's index matches the stored prefix of the prompt (for every replica)."""
+    eng = _tiered(make_engine, tmp_path, hicache_write_policy="write_through")
+    recorder = KVEventRecorder(1, MEDIUM_CPU)
+    eng.scheduler.cache.hicache.attach_events(recorder)
+    _run(eng, DOCS[0])
+    _written(eng)
+    disk = [e for e in recorder.take() if e.medium == MEDIUM_DISK]
+    assert sum(len(e.token_ids) for e in disk) == WHOLE_PAGES
+    index = PrefixIndex(2, 1)
+    index.apply(1, KVEventBatch(ts=0.0, events=disk))
+    assert index.match_storage(DOCS[0]) == WHOLE_PAGES
+    assert index.match_storage(DOCS[1]) == 0 and index.match(DOCS[0]) == [0, 0]

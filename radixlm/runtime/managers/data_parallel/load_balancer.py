@@ -25,7 +25,10 @@ Methods (``--load-balance-method``):
   ``cache_threshold`` of the prompt (sglang-router's ``cache_threshold``): then the least
   loaded. The cached prefix is exact: a per-replica token-level index fed by the
   replica's own KV events (``PrefixIndex``), plus the prompts it is computing now (sent,
-  not finished), which it will hold once their prefill ran.
+  not finished), which it will hold once their prefill ran. Pages in the shared storage
+  tier (``--enable-hierarchical-cache``: their KV events say ``medium: DISK``) do not pick
+  a replica, since every replica reads them, but count as cached in the load a request
+  adds wherever it goes: they are loaded, not computed.
 
 A request with a ``routing_key`` goes where the first request with that key went, while
 that replica lives. On a prefill server (``--disaggregation-mode prefill``) a request with
@@ -59,6 +62,8 @@ class CachedPrefixIndex(Protocol):
     def apply(self, replica: int, batch: Any) -> None: ...
 
     def match(self, token_ids: Sequence[int], namespace: str | None) -> list[int]: ...
+
+    def match_storage(self, token_ids: Sequence[int], namespace: str | None) -> int: ...
 
     def drop_replica(self, replica: int) -> None: ...
 
@@ -163,7 +168,11 @@ class LoadBalancer:
 
     def _cache_aware(self, msg: GenerateReqInput, live: list[int]) -> int:
         cached = self.cached_tokens(msg.input_ids, msg.namespace)
-        self._last_match = (msg.rid, cached)
+        # the shared storage tier serves every replica alike: it does not pick one, but
+        # what it holds is loaded, not computed, wherever the request goes
+        stored = (self.index.match_storage(msg.input_ids, msg.namespace)
+                  if self.index is not None else 0)
+        self._last_match = (msg.rid, [max(c, stored) for c in cached])
         least = self._least(live, self.load)
         best = max(live, key=lambda r: (cached[r], -self.load(r), r == least))
         if cached[best] <= self.cache_threshold * len(msg.input_ids):

@@ -44,6 +44,7 @@ class CacheManager:
         self.hicache = None if disable_radix_cache else hicache
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
+            self.hicache.attach_events(events)
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
         self.evicted_tokens = 0  # freed by eviction since start (a metric)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from radixlm.radix_cache.kv_events import MEDIUM_DISK, KVEventRecorder, chain_hashes
 from radixlm.radix_cache.radix_tree import TreeNode
 from radixlm.radix_cache.storage.file_backend import FileStorage
 from radixlm.radix_cache.storage.page_keys import model_identity, page_keys
@@ -70,6 +71,9 @@ class HiCache:
         self.identity = ""
         self.loads: OrderedDict[str, PageLoad] = OrderedDict()
         self.stats = {"storage_hit_tokens": 0, "storage_loaded_bytes": 0}
+        # the tree's KV events (None: none wanted): a page written to storage is recorded
+        # as BlockStored blocks of the tree's page size, medium DISK (attach_events)
+        self.events: KVEventRecorder | None = None
 
     def set_model(self, model_path: str, weight_version: str) -> None:
         """The model every key names; a new one (a weight update) makes other keys, so no
@@ -78,6 +82,26 @@ class HiCache:
         for load in self.loads.values():
             self.tier.release(load)
         self.loads.clear()
+
+    def attach_events(self, events: KVEventRecorder | None) -> None:
+        """Record the pages this replica writes in the tree's event stream (the tree's
+        block hashes, so a consumer matches storage hits with the chain it already uses)."""
+        assert events is None or self.block_tokens % events.block_size == 0, (
+            self.block_tokens, events.block_size)
+        self.events = events
+
+    def _record_stored(self, token_ids: Sequence[int], pages: list[int],
+                       namespace: str | None) -> None:
+        if self.events is None or not pages:
+            return
+        bs, b = self.events.block_size, self.block_tokens
+        per = b // bs
+        chain = chain_hashes(token_ids[:(pages[-1] + 1) * b], bs, namespace)
+        for i in pages:
+            hashes = chain[i * per:(i + 1) * per]
+            parent = chain[i * per - 1] if i else None
+            tokens = [int(t) for t in token_ids[i * b:(i + 1) * b]]
+            self.events.stored(hashes, parent, tokens, medium=MEDIUM_DISK)
 
     def keys(self, token_ids: Sequence[int], namespace: str | None) -> list[str]:
         return page_keys(self.identity, namespace, token_ids, self.block_tokens)
@@ -114,10 +138,13 @@ class HiCache:
             return
         index = torch.cat([slots[i * b:(i + 1) * b] for i in todo])
         frames = self.read_kv(index)
+        queued = []
         for j, i in enumerate(todo):
             kv = torch.stack([f[j * b:(j + 1) * b] for f in frames])
             tokens = [int(t) for t in token_ids[i * b:(i + 1) * b]]
-            self.tier.write(keys[i], tokens, kv)  # False: dropped (counted there)
+            if self.tier.write(keys[i], tokens, kv):  # False: dropped (counted there)
+                queued.append(i)
+        self._record_stored(token_ids, queued, namespace)
 
     # --- reads ----------------------------------------------------------------------------
     def prefetch(self, rid: str, token_ids: Sequence[int], namespace: str | None,
