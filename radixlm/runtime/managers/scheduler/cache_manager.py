@@ -161,11 +161,7 @@ class CacheManager:
             return
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         ids = req.fill_ids[: req.kv_len]
-        aligned = req.kv_len - req.kv_len % self.page_size
-        p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
-                             counted_len=self.inserted.get(req.rid, 0))
-        if self.hicache is not None:
-            self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
+        p, aligned = self._insert(req, row)
         self.inserted[req.rid] = aligned
         # our copies of what the tree already had are duplicates
         self._free_range(row, req.prefix_len, min(p, aligned))
@@ -176,16 +172,22 @@ class CacheManager:
         self.tree.dec_lock_ref(req.last_node)
         req.last_node, req.prefix_len = m.last_node, aligned
 
+    def _insert(self, req: Req, row: torch.Tensor) -> tuple[int, int]:
+        """Put ``req``'s computed tokens in the tree (and the storage tier's write-through);
+        (tokens the tree already had, the page-aligned length inserted)."""
+        ids = req.fill_ids[: req.kv_len]
+        aligned = req.kv_len - req.kv_len % self.page_size
+        p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
+                             counted_len=self.inserted.get(req.rid, 0))
+        if self.hicache is not None:
+            self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
+        return p, aligned
+
     def release(self, req: Req, cache: bool) -> None:
         """Return a request's slots: into the tree (``cache``) or to the allocator."""
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         if cache and req.kv_len > 0:
-            ids = req.fill_ids[: req.kv_len]
-            aligned = req.kv_len - req.kv_len % self.page_size
-            p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
-                                 counted_len=self.inserted.get(req.rid, 0))
-            if self.hicache is not None:
-                self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
+            p, aligned = self._insert(req, row)
             self._free_range(row, req.prefix_len, min(p, aligned))
             self._free_range(row, aligned, req.alloc_len)
         else:
