@@ -54,11 +54,18 @@ class SchedulePolicy:
         victim = max(queued, key=lambda r: (self.urgency(r), r.arrival_time))
         return victim if self.urgency(req) < self.urgency(victim) else None
 
-    def order(self, waiting: list[Req]) -> list[Req]:
+    def order(self, waiting: list[Req], ahead: list[Req] | None = None) -> list[Req]:
+        """``waiting`` in the order to admit them. ``ahead``: requests already computing
+        this step (a chunked prompt's next chunk); a waiting request about to compute the
+        same uncached tokens as one of them waits a step too."""
         ordered, prefix = self._order_by_policy(waiting)
         if self.priority_sign is not None:
             ordered.sort(key=self.urgency)  # stable: the policy's order among equals
-        return ordered if prefix is None else self._defer_in_batch_duplicates(ordered, prefix)
+        if prefix is None:
+            return ordered
+        ahead = ahead or []
+        prefix.update({r.rid: self.cache.match(r) for r in ahead})
+        return self._defer_in_batch_duplicates(ordered, prefix, ahead)
 
     def _order_by_policy(self, waiting: list[Req]) -> tuple[list[Req], dict[str, int] | None]:
         """The policy's order, and the cached prefix lengths when it looked them up."""
@@ -77,18 +84,22 @@ class SchedulePolicy:
         return self._dfs_weight(waiting), prefix
 
     @staticmethod
-    def _defer_in_batch_duplicates(ordered: list[Req], prefix: dict[str, int]) -> list[Req]:
+    def _defer_in_batch_duplicates(ordered: list[Req], prefix: dict[str, int],
+                                   ahead: list[Req]) -> list[Req]:
         """Drop, for this step, requests that would compute the same uncached tokens as a
-        request ahead of them; next step they find those tokens in the tree."""
-        seen: set[tuple] = set()
+        request ahead of them (in ``ordered``, or computing already: ``ahead``); next step
+        they find those tokens in the tree."""
+        def key(r: Req) -> tuple:
+            m = prefix[r.rid]
+            return r.namespace, m, tuple(r.fill_ids[m: m + IN_BATCH_PREFIX_TOKENS])
+
+        seen: set[tuple] = {key(r) for r in ahead}
         keep = []
         for r in ordered:
-            m = prefix[r.rid]
-            nxt = tuple(r.fill_ids[m: m + IN_BATCH_PREFIX_TOKENS])
-            key = (r.namespace, m, nxt)
-            if len(nxt) == IN_BATCH_PREFIX_TOKENS and key in seen:
+            k = key(r)
+            if len(k[2]) == IN_BATCH_PREFIX_TOKENS and k in seen:
                 continue
-            seen.add(key)
+            seen.add(k)
             keep.append(r)
         return keep
 

@@ -262,7 +262,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
 
     def _admit_waiting(self, adder: PrefillAdder) -> None:
         admitted: set[str] = set()
-        for req in self.policy.order(self.waiting):
+        for req in self.policy.order(self.waiting, ahead=adder.reqs):
             if not self._fits(req, adder) and not self._preempt_for(req, adder):
                 break
             admitted.add(req.rid)
