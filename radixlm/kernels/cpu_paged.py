@@ -106,9 +106,11 @@ def available() -> bool:
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,
-                    causal=False):
+                    causal=False, o_init=None, lse_init=None):
+    """(o, lse); with ``o_init`` / ``lse_init`` (an earlier pass's), continued from them."""
     return torch.ops.radixlm_cpu.paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr,
-                                                 kv_indices, float(sm_scale), bool(causal))
+                                                 kv_indices, float(sm_scale), bool(causal),
+                                                 o_init, lse_init)
 
 
 if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_paged`: build now (make install)

@@ -60,10 +60,12 @@ class _Segments:
     kv_indices: torch.Tensor
     causal: bool = False  # extend: the keys end with the segment's own new tokens
 
-    def attend(self, q, k_buf, v_buf, sm_scale):
+    def attend(self, q, k_buf, v_buf, sm_scale, init=None):
+        """(o, lse); ``init``: (o, lse) of an earlier pass these keys are merged into."""
+        o_init, lse_init = init if init is not None else (None, None)
         return cpu_paged.paged_attention(q, k_buf, v_buf, self.q_rows, self.q_indptr,
                                          self.kv_indptr, self.kv_indices, sm_scale,
-                                         self.causal)
+                                         self.causal, o_init, lse_init)
 
 
 # Extend segments of at most this many new tokens go through the kernel (their K/V read
@@ -261,13 +263,12 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
 
 
 def _paged_pass(paged, q, k_buf, v_buf, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """The groups over their shared prefixes, then every sequence's own keys continuing
+    from that state in the kernel (the merge by log-sum-exp happens there)."""
     own, groups = paged
-    o, lse = own.attend(q, k_buf, v_buf, sm_scale)
-    if groups is not None:
-        o_g, lse_g = groups.attend(q, k_buf, v_buf, sm_scale)
-        rows = groups.q_rows
-        o[rows], lse[rows] = _merge(o_g[rows], lse_g[rows], o[rows], lse[rows])
-    return o, lse
+    if groups is None:
+        return own.attend(q, k_buf, v_buf, sm_scale)
+    return own.attend(q, k_buf, v_buf, sm_scale, init=groups.attend(q, k_buf, v_buf, sm_scale))
 
 
 def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:

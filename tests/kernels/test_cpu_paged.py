@@ -132,6 +132,39 @@ def test_empty_segments_and_lse():
 
 
 @needs_kernel
+@pytest.mark.parametrize("d", [64, 40])  # the vector path and the scalar one
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_pass_continued_from_another_equals_one_pass_over_both(d, causal):
+    """o_init / lse_init: the second pass's softmax starts from the first's state, so two
+    passes over disjoint keys equal one pass over all of them (the shared-prefix merge);
+    a row in no segment of the second pass keeps the first's output; a row the first pass
+    never saw (lse -inf) starts empty."""
+    torch.manual_seed(3)
+    hq, hkv = 4, 2
+    kb, vb = torch.randn(64, hkv, d), torch.randn(64, hkv, d)
+    q = torch.randn(5, hq, d)
+    first, second = torch.randperm(64)[:20], torch.randperm(64)[:9]
+    rows = torch.tensor([0, 1, 2, 3])  # row 4: in no segment of the second pass
+
+    def attend(rows, keys, causal=False, init=(None, None)):
+        return cpu_paged.paged_attention(q, kb, vb, rows, torch.tensor([0, len(rows)]),
+                                         torch.tensor([0, len(keys)]), keys, 0.3, causal,
+                                         *init)
+
+    o1, l1 = attend(torch.arange(5), first)
+    o2, l2 = attend(rows, second, causal, (o1, l1))
+    want, want_lse = attend(rows, torch.cat((first, second)), causal)
+    torch.testing.assert_close(o2[:4], want[:4], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(l2[:4], want_lse[:4], rtol=1e-5, atol=1e-5)
+    assert torch.equal(o2[4], o1[4]) and torch.equal(l2[4], l1[4])
+    o1[3], l1[3] = 0.0, float("-inf")  # row 3: nothing before
+    o3, l3 = attend(rows, second, causal, (o1, l1))
+    alone, alone_lse = attend(rows, second, causal)
+    torch.testing.assert_close(o3[3], alone[3], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(l3[3], alone_lse[3], rtol=1e-6, atol=1e-6)
+
+
+@needs_kernel
 def test_queries_must_be_float32():
     q, kb, vb, kvp, kvi = _paged_batch(2, [3, 4], 1, 4, 2, 16)
     idx = torch.arange(2), torch.arange(3), kvp, kvi

@@ -12,6 +12,10 @@
 //   o      [N, Hq, D]  float32 (rows in no segment: 0)
 //   lse    [N, Hq]     float32 (rows in no segment, or over no keys: -inf)
 //
+// With o_init / lse_init (an earlier pass over other keys, e.g. a shared prefix's), each
+// row's softmax starts from that pass's state (m = lse, l = 1, acc = o): the result is the
+// attention over both key sets, merged exactly; rows in no segment keep the initial values.
+//
 // One task per (segment, KV head), or per segment when there are enough: its rows are
 // (query row, query head of that KV head), in tiles of up to 4 rows whose accumulators
 // stay in registers, so each key row is loaded once per tile of the GQA group. Keys go in
@@ -123,6 +127,9 @@ struct Task {
   int64_t n_rows, n_keys, hq, hkv, grp, d;
   float scale;
   bool causal;  // row i of n sees the first n_keys - n + i + 1 keys (its own is the last)
+  // where a row's softmax starts (o, lse of an earlier pass over other keys; null: empty)
+  const float* o_init = nullptr;
+  const float* lse_init = nullptr;
 
   // keys of the block starting at key b0 (nb of them) that row r (of a head) sees
   int64_t seen(int64_t r, int64_t b0, int64_t nb) const {
@@ -271,6 +278,17 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
       for (int64_t j = 0; j < t.grp; ++j)
         qr[h * r_count + i * t.grp + j] = t.q + (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
   std::vector<float> m(nh * r_count, kNegInf), l(nh * r_count, 0.f), acc(nh * r_count * d, 0.f);
+  if (t.lse_init != nullptr) {  // continue an earlier pass: its normalised o is the state
+    for (int64_t h = 0; h < nh; ++h)  // with m = its lse and l = 1
+      for (int64_t r = 0; r < r_count; ++r) {
+        const int64_t head = t.rows[r / t.grp] * t.hq + (h0 + h) * t.grp + r % t.grp;
+        const int64_t x = h * r_count + r;
+        if (t.lse_init[head] == kNegInf) continue;
+        m[x] = t.lse_init[head];
+        l[x] = 1.f;
+        std::memcpy(acc.data() + x * d, t.o_init + head * d, d * sizeof(float));
+      }
+  }
   for (int64_t j = 0; j < std::min(kBlock, t.n_keys); ++j) {
     prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h0) * d, d);
     prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h0) * d, d);
@@ -347,20 +365,22 @@ void dispatch_width(const Task<KV>& base, const int64_t* qi, const int64_t* ki, 
 template <class KV>
 void launch(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
             const at::Tensor& q_rows, const at::Tensor& kv_indices, const int64_t* qi,
-            const int64_t* ki, int64_t segs, float scale, bool causal, float* op, float* lp) {
+            const int64_t* ki, int64_t segs, float scale, bool causal, float* op, float* lp,
+            const float* o_init, const float* lse_init) {
   const int64_t hq = q.size(1), hkv = k_buf.size(1);
   const Task<KV> base{q.data_ptr<float>(),
                       static_cast<const typename KV::S*>(k_buf.data_ptr()),
                       static_cast<const typename KV::S*>(v_buf.data_ptr()),
                       q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
-                      hq / hkv, q.size(2), scale, causal};
+                      hq / hkv, q.size(2), scale, causal, o_init, lse_init};
   dispatch_width<KV>(base, qi, ki, segs, op, lp);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_attention(
     const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
     const at::Tensor& q_rows, const at::Tensor& q_indptr, const at::Tensor& kv_indptr,
-    const at::Tensor& kv_indices, double sm_scale, bool causal) {
+    const at::Tensor& kv_indices, double sm_scale, bool causal,
+    const c10::optional<at::Tensor>& o_init, const c10::optional<at::Tensor>& lse_init) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf: 3-D");
   TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32 only");
   TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "k_buf and v_buf: one dtype");
@@ -374,8 +394,18 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
               "k_buf/v_buf [S, Hkv, D] with Hq a multiple of Hkv");
   const int64_t segs = q_indptr.numel() - 1;
   TORCH_CHECK(segs >= 0 && kv_indptr.numel() == segs + 1, "q_indptr, kv_indptr: [G+1]");
-  at::Tensor o = at::zeros({n, hq, d}, q.options());
-  at::Tensor lse = at::full({n, hq}, kNegInf, q.options());
+  TORCH_CHECK(o_init.has_value() == lse_init.has_value(), "o_init and lse_init: both or none");
+  const bool init = o_init.has_value();
+  if (init)
+    TORCH_CHECK(o_init->scalar_type() == at::kFloat && lse_init->scalar_type() == at::kFloat &&
+                    o_init->is_contiguous() && lse_init->is_contiguous() &&
+                    o_init->sizes() == q.sizes() && lse_init->sizes() == at::IntArrayRef({n, hq}),
+                "o_init [N, Hq, D] and lse_init [N, Hq]: contiguous float32");
+  // rows in no segment keep the initial state (an earlier pass's o and lse), or 0 / -inf
+  at::Tensor o = init ? o_init->clone() : at::zeros({n, hq, d}, q.options());
+  at::Tensor lse = init ? lse_init->clone() : at::full({n, hq}, kNegInf, q.options());
+  const float* oi = init ? o_init->data_ptr<float>() : nullptr;
+  const float* li = init ? lse_init->data_ptr<float>() : nullptr;
   const int64_t* qi = q_indptr.data_ptr<int64_t>();
   const int64_t* ki = kv_indptr.data_ptr<int64_t>();
   float* op = o.data_ptr<float>();
@@ -383,7 +413,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   const float scale = static_cast<float>(sm_scale);
   const auto run = [&](auto kv) {  // kv: the pool dtype's loader (kv_load.h)
     launch<decltype(kv)>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op,
-                         lp);
+                         lp, oi, li);
   };
   switch (k_buf.scalar_type()) {
     case at::kFloat: run(F32{}); break;
@@ -401,7 +431,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
 
 TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor q_rows, Tensor q_indptr, "
-        "Tensor kv_indptr, Tensor kv_indices, float sm_scale, bool causal) -> (Tensor, Tensor)");
+        "Tensor kv_indptr, Tensor kv_indices, float sm_scale, bool causal, "
+        "Tensor? o_init=None, Tensor? lse_init=None) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
