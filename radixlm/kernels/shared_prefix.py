@@ -80,6 +80,9 @@ KERNEL_MAX_EXTEND_ROWS = 256
 # 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the
 # padded time at 4 new tokens, 0.92x at 16, 1.5x at 32, 2x at 64.
 KERNEL_MAX_EXTEND_ROWS_BF16 = 16
+# An extend with shared-prefix groups goes through the kernel (each group's pass, then each
+# sequence's own keys continuing from it) when no group has more new rows than this.
+KERNEL_MAX_GROUP_ROWS = 256
 
 
 @dataclass
@@ -116,11 +119,18 @@ class AttentionPlan:
             return cls(extend, None, [], _paged_decode(qo, kv, kv_indptr, kv_indices, groups))
         q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
         paged, rest = None, list(range(len(q_lens)))
-        if paged_kernel and extend and not groups and new_slots is not None:
+        if paged_kernel and extend and new_slots is not None:
             most = KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16
-            small = [b for b in rest if q_lens[b] <= most]
-            rest = [b for b in rest if q_lens[b] > most]
-            paged = (_paged_extend(small, qo, kv, kv_indices, new_slots), None) if small else None
+            group_rows = max((sum(q_lens[b] for b in m) for _, m in groups), default=0)
+            if groups and max(q_lens) <= most and group_rows <= KERNEL_MAX_GROUP_ROWS:
+                # every group's pass, then each sequence's own keys from its state
+                return cls(extend, None, [], _paged_extend_groups(groups, qo, kv, kv_indices,
+                                                                  new_slots))
+            if not groups:
+                small = [b for b in rest if q_lens[b] <= most]
+                rest = [b for b in rest if q_lens[b] > most]
+                if small:
+                    paged = (_paged_extend(small, qo, kv, kv_indices, new_slots), None)
         skip = [0] * (len(qo) - 1)
         rows, slots = [], []
         for length, members in groups:
@@ -184,14 +194,36 @@ def _paged_decode(qo, kv, kv_indptr, kv_indices, groups):
     return suffixes, _Segments(g_rows, g_qptr, g_kvptr, g_slots)
 
 
-def _paged_extend(seqs, qo, kv, kv_indices, new_slots) -> _Segments:
-    """Causal kernel segments: each sequence's rows over its prefix and new-token slots."""
+def _paged_extend(seqs, qo, kv, kv_indices, new_slots, skip=None) -> _Segments:
+    """Causal kernel segments: each sequence's rows over its prefix (past ``skip[b]`` shared
+    slots) and new-token slots."""
     dev = kv_indices.device
+    skip = skip or [0] * (len(qo) - 1)
     rows = torch.cat([torch.arange(qo[b], qo[b + 1], device=dev) for b in seqs])
     q_indptr = torch.tensor([0] + [qo[b + 1] - qo[b] for b in seqs], device=dev).cumsum(0)
-    keys = [torch.cat((kv_indices[kv[b]: kv[b + 1]], new_slots[qo[b]: qo[b + 1]])) for b in seqs]
+    keys = [torch.cat((kv_indices[kv[b] + skip[b]: kv[b + 1]], new_slots[qo[b]: qo[b + 1]]))
+            for b in seqs]
     kv_indptr = torch.tensor([0] + [len(x) for x in keys], device=dev).cumsum(0)
     return _Segments(rows, q_indptr, kv_indptr, torch.cat(keys), causal=True)
+
+
+def _paged_extend_groups(groups, qo, kv, kv_indices, new_slots
+                         ) -> tuple[_Segments, _Segments]:
+    """Extend with shared prefixes on the kernel: each group's new rows over its shared
+    slots (every row sees all of them), then each sequence's own keys causally, continued
+    from the group's state (``_paged_pass``)."""
+    dev = kv_indices.device
+    skip = [0] * (len(qo) - 1)
+    for length, members in groups:
+        for b in members:
+            skip[b] = length
+    own = _paged_extend(list(range(len(qo) - 1)), qo, kv, kv_indices, new_slots, skip)
+    g_rows = [torch.arange(qo[b], qo[b + 1], device=dev) for _, m in groups for b in m]
+    per_group = [sum(qo[b + 1] - qo[b] for b in m) for _, m in groups]
+    g_qptr = torch.tensor([0] + per_group, device=dev).cumsum(0)
+    g_kvptr = torch.tensor([0] + [length for length, _ in groups], device=dev).cumsum(0)
+    g_slots = torch.cat([kv_indices[kv[m[0]]: kv[m[0]] + length] for length, m in groups])
+    return own, _Segments(torch.cat(g_rows), g_qptr, g_kvptr, g_slots)
 
 
 def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:

@@ -242,11 +242,30 @@ def test_extend_matches_f64(heads, max_rows, monkeypatch):
 
 
 @needs_kernel
-def test_extend_with_groups_keeps_the_padded_passes():
-    q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(4, [8, 8], [2, 3], 4, 2, 16)
-    kvi[8:] = kvi[:8]
+@pytest.mark.parametrize("prefix_len", [8, 12])  # all of the members' prefix shared, or not
+def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
+    """Each group's new rows over its shared slots, then each sequence's own keys causally
+    from that state (o_init / lse_init): equal to the float64 reference; a member past the
+    kernel's row limit sends the whole batch to the padded passes."""
+    from radixlm.kernels import shared_prefix
+
+    q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(
+        4, [prefix_len, prefix_len, 5], [2, 3, 4], 4, 2, 16)
+    kvi[prefix_len:prefix_len + 8] = kvi[:8]  # sequences 0 and 1 share their first 8 slots
+    groups = [(8, [0, 1])]
     plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
-                               new_slots=new_slots, prefix_groups=[(8, [0, 1])])
+                               new_slots=new_slots, prefix_groups=groups)
+    assert plan.paged is not None and plan.paged[1] is not None and not plan.padded
+    out = torch.full_like(q, float("nan"))
+    kernels.extend_attention(q, k, v, kb, vb, qo, kvp, kvi, 0.25, backend="torch", out=out,
+                             plan=plan)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    ref = reference.extend_attention(q.double(), k.double(), v.double(), kb.double(),
+                                     vb.double(), qo, kvp, kvi, 0.25)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    monkeypatch.setattr(shared_prefix, "KERNEL_MAX_EXTEND_ROWS", 3)
+    plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
+                               new_slots=new_slots, prefix_groups=groups)
     assert plan.paged is None and plan.shared is not None
 
 
