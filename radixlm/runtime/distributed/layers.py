@@ -67,7 +67,7 @@ class Placement(NamedTuple):
     when None), from ``shard`` of the checkpoint tensor (all of it when None)."""
 
     param: str
-    rows: slice | None = None
+    rows: slice | int | tuple[int, slice] | None = None  # int / tuple: stacked experts
     shard: Shard | None = None
 
 
@@ -84,6 +84,10 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
                         "tp_size")
     if inter % tp_size:
         problems.append(f"intermediate_size ({inter}) is not divisible by tp_size")
+    experts = config.hf_config.get("num_local_experts") or config.hf_config.get("num_experts")
+    if tp_size > 1 and experts:
+        problems.append(f"its {experts} experts (mixture of experts) are not sharded across "
+                        "ranks yet: serve it with --tp-size 1")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 

@@ -1,0 +1,111 @@
+"""The mixture-of-experts layer (``layers/moe.py``) against transformers' own MoE blocks on
+random weights and hidden states: the routing rule of each family, the grouped experts, and
+one matmul pair per active expert."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from radixlm.runtime.distributed.layers import check_tp_split
+from radixlm.runtime.executor.layers import moe
+from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, route
+from radixlm.runtime.model_config import ModelConfig
+
+HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 32, 48, 8, 2, 50
+
+
+def _hf_block(family: str, norm_topk_prob: bool = True) -> torch.nn.Module:
+    sizes = {"hidden_size": HIDDEN, "num_experts_per_tok": TOP_K}
+    if family == "mixtral":
+        block = MixtralSparseMoeBlock(MixtralConfig(**sizes, intermediate_size=INTER,
+                                                    num_local_experts=EXPERTS))
+    else:
+        block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**sizes, moe_intermediate_size=INTER,
+                                                      num_experts=EXPERTS,
+                                                      norm_topk_prob=norm_topk_prob))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+    return block.eval()
+
+
+def _ours(hf: torch.nn.Module, renormalize: bool, weights_in_dtype: bool) -> SparseMoeBlock:
+    spec = MoESpec(EXPERTS, TOP_K, INTER, renormalize=renormalize,
+                   weights_in_dtype=weights_in_dtype)
+    block = SparseMoeBlock(HIDDEN, spec, "silu")
+    block.load_state_dict({"gate.weight": hf.gate.weight,
+                           "experts.gate_up_proj": hf.experts.gate_up_proj,
+                           "experts.down_proj": hf.experts.down_proj})
+    return block
+
+
+@pytest.mark.parametrize(("family", "norm"), [("mixtral", True), ("qwen3_moe", True),
+                                              ("qwen3_moe", False)])
+def test_block_matches_transformers(family, norm):
+    hf = _hf_block(family, norm)
+    ours = _ours(hf, renormalize=norm, weights_in_dtype=family == "qwen3_moe")
+    x = torch.randn(3, TOKENS // 3 + 1, HIDDEN, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(x).reshape(-1, HIDDEN)
+        got = ours(x.reshape(-1, HIDDEN))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_route_matches_transformers_router(norm):
+    """Our routing rule on random router logits equals transformers' router's (the router
+    computes its logits from hidden states: feed it the identity so they are the logits)."""
+    hf = _hf_block("qwen3_moe", norm).gate
+    logits = torch.randn(TOKENS, EXPERTS, generator=torch.Generator().manual_seed(2)) * 3
+    with torch.no_grad():
+        hf.weight.copy_(torch.eye(EXPERTS, HIDDEN))
+        padded = F.pad(logits, (0, HIDDEN - EXPERTS))
+        _, want_weights, want_ids = hf(padded)
+    weights, ids = route(logits, TOP_K, renormalize=norm)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=0)
+    if norm:  # renormalized softmax over all == softmax over the top k (gpt-oss's order)
+        weights2, ids2 = route(logits, TOP_K, scoring="topk_softmax")
+        assert torch.equal(ids2, ids)
+        torch.testing.assert_close(weights2, weights, atol=1e-6, rtol=0)
+
+
+def test_one_matmul_pair_per_active_expert(monkeypatch):
+    """Tokens are grouped by expert: 2 linears per active expert, however many tokens."""
+    hf = _hf_block("mixtral")
+    ours = _ours(hf, renormalize=True, weights_in_dtype=False)
+    calls = []
+    real_linear = F.linear
+
+    def counting(x, w, b=None):
+        calls.append(x.shape[0])
+        return real_linear(x, w, b)
+
+    x = torch.randn(200, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, ids = route(ours.gate(x), TOP_K)
+        monkeypatch.setattr(moe.F, "linear", counting)  # torch's: the router's call too
+        ours(x)
+    active = ids.unique().numel()
+    assert calls[0] == 200  # the router
+    assert len(calls[1:]) == 2 * active and sum(calls[1:]) == 2 * 200 * TOP_K
+
+
+def test_spec_and_tp_refusal(tmp_path):
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        MoESpec(4, 5, 8)
+    with pytest.raises(ValueError, match="scoring"):
+        MoESpec(4, 2, 8, scoring="sigmoid")
+    config = MixtralConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, num_local_experts=4, vocab_size=100)
+    config.save_pretrained(tmp_path)
+    model_config = ModelConfig.from_hf(tmp_path)
+    check_tp_split(model_config, 1)
+    with pytest.raises(ValueError, match=r"4 experts .* --tp-size 1"):
+        check_tp_split(model_config, 2)
