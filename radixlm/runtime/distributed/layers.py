@@ -84,10 +84,9 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
                         "tp_size")
     if inter % tp_size:
         problems.append(f"intermediate_size ({inter}) is not divisible by tp_size")
-    experts = config.hf_config.get("num_local_experts") or config.hf_config.get("num_experts")
-    if tp_size > 1 and experts:
-        problems.append(f"its {experts} experts (mixture of experts) are not sharded across "
-                        "ranks yet: serve it with --tp-size 1")
+    moe_inter = config.hf_config.get("moe_intermediate_size")  # Qwen3-MoE's experts
+    if moe_inter and moe_inter % tp_size:
+        problems.append(f"moe_intermediate_size ({moe_inter}) is not divisible by tp_size")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 

@@ -1,19 +1,22 @@
 """The mixture-of-experts layer (``layers/moe.py``) against transformers' own MoE blocks on
-random weights and hidden states: the routing rule of each family, the grouped experts, and
-one matmul pair per active expert."""
+random weights and hidden states: the routing rule of each family, the grouped experts,
+one matmul pair per active expert, and the experts' split over tensor-parallel ranks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from transformers import MixtralConfig, Qwen3MoeConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from radixlm.runtime.distributed.layers import check_tp_split
+from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers import moe
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, route
+from radixlm.runtime.executor.models import load_model
 from radixlm.runtime.model_config import ModelConfig
 
 HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 32, 48, 8, 2, 50
@@ -97,15 +100,49 @@ def test_one_matmul_pair_per_active_expert(monkeypatch):
     assert len(calls[1:]) == 2 * active and sum(calls[1:]) == 2 * 200 * TOP_K
 
 
-def test_spec_and_tp_refusal(tmp_path):
+def test_spec_checks():
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         MoESpec(4, 5, 8)
     with pytest.raises(ValueError, match="scoring"):
         MoESpec(4, 2, 8, scoring="sigmoid")
-    config = MixtralConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4,
-                           num_key_value_heads=2, num_local_experts=4, vocab_size=100)
-    config.save_pretrained(tmp_path)
-    model_config = ModelConfig.from_hf(tmp_path)
-    check_tp_split(model_config, 1)
-    with pytest.raises(ValueError, match=r"4 experts .* --tp-size 1"):
-        check_tp_split(model_config, 2)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_experts_split_over_ranks(family_dirs, arch):
+    """Built for each rank of tp 2 (no process group needed to build and load): every
+    expert's gate / up rows and down columns are the rank's slice of the checkpoint's
+    per-expert tensors, the router is whole, and the ranks' partial outputs (what the
+    all-reduce sums) add up to the one-rank output."""
+    path = family_dirs[arch]
+    cfg = ModelConfig.from_hf(path)
+    full = load_file(str(path / "model.safetensors"))
+    block, (gate, up, down) = (("block_sparse_moe", ("w1", "w3", "w2")) if arch == "mixtral"
+                               else ("mlp", ("gate_proj", "up_proj", "down_proj")))
+    expert = f"model.layers.2.{block}.experts.5"
+    whole = load_model(cfg, path, "cpu").model.layers[2].mlp
+    x = torch.randn(30, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        weights, ids = route(whole.gate(x), whole.spec.top_k, whole.spec.renormalize)
+        want = whole(x)
+    parts, rows = [], []
+    for rank in range(2):
+        mlp = load_model(cfg, path, "cpu", TpGroup(rank, 2)).model.layers[2].mlp
+        assert torch.equal(mlp.gate.weight, full[f"model.layers.2.{block}.gate.weight"])
+        rows.append(mlp.experts)
+        with torch.no_grad():
+            parts.append(mlp.experts(x, ids, weights.to(x.dtype) if mlp.spec.weights_in_dtype
+                                     else weights))
+    half = rows[0].gate_up_proj.shape[1] // 2
+    for name, pick in ((gate, slice(0, half)), (up, slice(half, 2 * half))):
+        assert torch.equal(torch.cat([r.gate_up_proj[5, pick] for r in rows]),
+                           full[f"{expert}.{name}.weight"])
+    assert torch.equal(torch.cat([r.down_proj[5] for r in rows], dim=1),
+                       full[f"{expert}.{down}.weight"])
+    torch.testing.assert_close(parts[0] + parts[1], want, atol=1e-5, rtol=0)
+
+
+def test_uneven_expert_split_names_the_size(family_dirs):
+    cfg = ModelConfig.from_hf(family_dirs["qwen3_moe"])  # moe_intermediate_size 32
+    check_tp_split(cfg, 2)
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(32\) is not divisible"):
+        check_tp_split(cfg, 3)

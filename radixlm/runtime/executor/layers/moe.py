@@ -11,8 +11,11 @@ transformers 5 holds them); checkpoints keep one tensor per expert and projectio
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``), which ``checkpoint_layout`` places into
 their expert's rows. A step groups the (token, expert) pairs by expert (one stable sort), so
 each active expert runs one matmul over all its tokens; outputs are weighted and added back
-with one ``index_add_``. Experts are not sharded under tensor parallelism
-(``check_tp_split`` refuses ``--tp-size`` > 1 for these models).
+with one ``index_add_``.
+
+Under tensor parallelism every rank holds every expert's share of the intermediate rows
+(``I / tp_size`` of gate, up and down, like the dense MLP) and the whole router; the
+weighted partial outputs end in one all-reduce.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.distributed.layers import Placement
+from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.layers.activation import act_and_mul
 
 SCORINGS = ("softmax_topk", "topk_softmax")
@@ -113,26 +117,34 @@ class FusedExperts(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Router (``gate``) and experts: the MLP of a sparse layer, ``forward(x, backend)``
-    like the dense ``MLP``."""
+    like the dense ``MLP``. Under tensor parallelism: this rank's rows of every expert."""
 
     def __init__(self, hidden: int, spec: MoESpec, activation: str) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec, self.tp = spec, get_tp_group()
+        inter = spec.intermediate_size
+        if inter % self.tp.size:
+            raise ValueError(f"the experts' intermediate size ({inter}) is not divisible by "
+                             f"tp_size ({self.tp.size})")
+        local = inter // self.tp.size
+        self.shard = Shard(0, self.tp.rank * local, (self.tp.rank + 1) * local, inter)
         self.gate = nn.Linear(hidden, spec.num_experts, bias=spec.router_bias)
-        self.experts = FusedExperts(spec.num_experts, hidden, spec.intermediate_size,
-                                    activation)
+        self.experts = FusedExperts(spec.num_experts, hidden, local, activation)
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         spec = self.spec
         weights, ids = route(self.gate(x), spec.top_k, spec.renormalize, spec.scoring)
         if spec.weights_in_dtype:
             weights = weights.to(x.dtype)
-        return self.experts(x, ids, weights, backend)
+        out = self.experts(x, ids, weights, backend)
+        return out if self.tp.size == 1 else self.tp.all_reduce(out)
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         """Each expert's gate / up rows of ``gate_up_proj[e]`` and its ``down_proj[e]``,
-        from the checkpoint's per-expert tensors; the router as ``{block}.gate``."""
-        spec, inter = self.spec, self.spec.intermediate_size
+        from this rank's slice of the checkpoint's per-expert tensors; the router (whole,
+        on every rank) as ``{block}.gate``."""
+        spec, rows = self.spec, self.shard
+        inter, cols = rows.size, Shard(1, rows.start, rows.stop, rows.full)
         block = f"{prefix.rpartition('.')[0]}.{spec.block_name}"
         gate, up, down = spec.expert_names
         out = {f"{block}.gate.weight": Placement(f"{prefix}.gate.weight")}
@@ -141,7 +153,7 @@ class SparseMoeBlock(nn.Module):
         gate_up, down_param = f"{prefix}.experts.gate_up_proj", f"{prefix}.experts.down_proj"
         for e in range(spec.num_experts):
             name = f"{block}.experts.{e}"
-            out[f"{name}.{gate}.weight"] = Placement(gate_up, (e, slice(0, inter)))
-            out[f"{name}.{up}.weight"] = Placement(gate_up, (e, slice(inter, 2 * inter)))
-            out[f"{name}.{down}.weight"] = Placement(down_param, e)
+            out[f"{name}.{gate}.weight"] = Placement(gate_up, (e, slice(0, inter)), rows)
+            out[f"{name}.{up}.weight"] = Placement(gate_up, (e, slice(inter, 2 * inter)), rows)
+            out[f"{name}.{down}.weight"] = Placement(down_param, e, cols)
         return out
