@@ -50,14 +50,22 @@ def _ours(hf: torch.nn.Module, renormalize: bool, weights_in_dtype: bool) -> Spa
 
 @pytest.mark.parametrize(("family", "norm"), [("mixtral", True), ("qwen3_moe", True),
                                               ("qwen3_moe", False)])
-def test_block_matches_transformers(family, norm):
-    hf = _hf_block(family, norm)
-    ours = _ours(hf, renormalize=norm, weights_in_dtype=family == "qwen3_moe")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_matches_transformers(family, norm, dtype):
+    """float32 within 1e-5; bfloat16 (the same routing from the same bf16 router logits,
+    Mixtral's float32 weights vs Qwen3-MoE's rounded ones) within bf16 rounding."""
+    hf = _hf_block(family, norm).to(dtype)
+    ours = _ours(hf, renormalize=norm, weights_in_dtype=family == "qwen3_moe").to(dtype)
     x = torch.randn(3, TOKENS // 3 + 1, HIDDEN, generator=torch.Generator().manual_seed(1))
+    x = x.to(dtype)
     with torch.no_grad():
         want = hf(x).reshape(-1, HIDDEN)
         got = ours(x.reshape(-1, HIDDEN))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert torch.equal(route(ours.gate(x.reshape(-1, HIDDEN)), TOP_K, norm)[1],
+                           hf.gate(x)[2])
+    assert got.dtype == dtype
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("norm", [True, False])
