@@ -6,7 +6,8 @@ what transformers writes for that family, plus the built-in tokenizer.
 Each family's config turns on what is special about it at a size a test can afford
 (hidden 64, 3 layers, windows of 24 tokens): Qwen3's yarn RoPE, Gemma 2's soft-caps, Gemma
 3's interleaved sliding layers with their own RoPE base, Phi-3's fused projections with longrope and
-partial rotary, SmolLM3's NoPE layer, Granite's multipliers. Weights are re-drawn from one
+partial rotary, SmolLM3's NoPE layer, Granite's multipliers, Mixtral's and Qwen3-MoE's
+experts (decisive router logits: no top-k choice is a near-tie). Weights are re-drawn from one
 seeded generator at the built-in models' scales (decisive logits: greedy decoding never
 hinges on a near-tie), norm weights around their identity (``1`` or Gemma's ``0``).
 """
@@ -79,6 +80,13 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                               "layer_types": ["sliding_attention", "sliding_attention",
                                               "full_attention"]}),
     "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0, 1]}),
+    # 8 experts, 2 per token; Qwen3-MoE's layer 1 dense (mlp_only_layers), weights not
+    # renormalized (norm_topk_prob false: Mixtral covers the renormalized rule)
+    "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2,
+                                  "intermediate_size": 64}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 32, "mlp_only_layers": [1],
+                                     "norm_topk_prob": False}),
     "granite": ("GraniteConfig", {"embedding_multiplier": 2.0, "attention_multiplier": 0.2,
                                   "residual_multiplier": 0.5, "logits_scaling": 2.0}),
 }
@@ -120,8 +128,10 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(noise * embed_std)
             elif name == "lm_head.weight":
                 p.copy_(noise * LM_HEAD_STD)
-            else:  # projections (scaled by fan-in) and their biases
-                fan_in = p.shape[1] if p.dim() == 2 else 128
+            elif name.endswith("mlp.gate.weight"):  # MoE router: logits of std ~2, so
+                p.copy_(noise * 2.0 / hidden**0.5)  # no top-k choice hinges on a near-tie
+            else:  # projections (scaled by fan-in; stacked experts' too) and their biases
+                fan_in = p.shape[-1] if p.dim() >= 2 else 128
                 p.copy_(noise * PROJ_STD * (128 / fan_in) ** 0.5)
 
 

@@ -67,7 +67,7 @@ class Placement(NamedTuple):
     when None), from ``shard`` of the checkpoint tensor (all of it when None)."""
 
     param: str
-    rows: slice | None = None
+    rows: slice | int | tuple[int, slice] | None = None  # int / tuple: stacked experts
     shard: Shard | None = None
 
 
@@ -84,6 +84,9 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
                         "tp_size")
     if inter % tp_size:
         problems.append(f"intermediate_size ({inter}) is not divisible by tp_size")
+    moe_inter = config.hf_config.get("moe_intermediate_size")  # Qwen3-MoE's experts
+    if moe_inter and moe_inter % tp_size:
+        problems.append(f"moe_intermediate_size ({moe_inter}) is not divisible by tp_size")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 

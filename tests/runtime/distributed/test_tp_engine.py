@@ -70,12 +70,13 @@ def test_greedy_tp2_matches_tp1_and_transformers(arch_case, make_engine):
     assert _ids(tp1.generate(input_ids=prompts, sampling_params=_greedy())) == first
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "phi3", "olmo2"])
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "olmo2", "mixtral", "qwen3_moe"])
 def test_families_tp2_match_transformers(family_dirs, make_engine, arch):
     """Per-head q/k norms, (1 + w) sandwich norms, soft-caps, sliding windows, Phi-3's
-    fused checkpoint tensors (each rank reading its rows of them) and OLMo 2's q/k norms
-    over every head (squares all-reduced), split by head over two ranks (tiny_families
-    checkpoints; prompts past the 24-token windows)."""
+    fused checkpoint tensors (each rank reading its rows of them), OLMo 2's q/k norms
+    over every head (squares all-reduced) and the MoE families' experts (each rank its
+    share of every expert's rows), split over two ranks (tiny_families checkpoints;
+    prompts past the 24-token windows)."""
     path = str(family_dirs[arch])
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok.encode(TEXTS[1], add_special_tokens=False)

@@ -115,6 +115,14 @@ def test_graphs_only_where_they_apply(tiny_llama_dir):
                                        graph_factory=EagerGraph) is None
 
 
+def test_moe_models_decode_without_graphs(family_dirs):
+    """layers/moe.py reads each expert's token count on the host: no graphs for MoE."""
+    runner = _runner(family_dirs["mixtral"], cuda_graph_max_bs=2)
+    assert runner.graph_runner is None
+    assert runner._capture_cuda_graphs(ServerArgs(cuda_graph_max_bs=2),
+                                       graph_factory=EagerGraph) is None
+
+
 @pytest.mark.skipif(not CUDA and pytest.importorskip("triton") is None, reason="no triton")
 @pytest.mark.parametrize("arch", ["mistral", "gemma2"])
 def test_windowed_and_soft_capped_layers_replay_like_eager(family_dirs, monkeypatch, arch):

@@ -6,6 +6,8 @@
 - ``attention``: ``RadixAttention`` over the paged pool, with sliding windows, logit
   soft-capping and the score scale per layer;
 - ``logits``: the lm_head with logits scaling and final soft-capping.
+- ``moe``: mixture of experts (router, each family's routing rule, stacked experts run one
+  matmul pair per active expert).
 
 The tensor-parallel linear layers and embeddings live in ``runtime/distributed/layers.py``.
 """

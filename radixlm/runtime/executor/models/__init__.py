@@ -26,10 +26,12 @@ from radixlm.runtime.executor.models.gemma import (
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
+from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
+from radixlm.runtime.executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
@@ -45,6 +47,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "MinistralForCausalLM": MinistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,

@@ -14,7 +14,8 @@ of each layer type and each layer's sliding window. Norm layouts, with ``+`` the
 
 Layers return ``(out, residual)`` and the next norm adds them (``rms_norm`` fuses the add).
 Parameter names match Hugging Face's, except that q/k/v and gate/up are each one matmul
-(``checkpoint_layout`` says which checkpoint tensor fills which rows). Under tensor
+(``checkpoint_layout`` says which checkpoint tensor fills which rows); a sparse layer's
+MLP is ``layers/moe.py``'s router and stacked experts (``DecoderSpec.moe``). Under tensor
 parallelism (``radixlm/runtime/distributed/layers.py``) each rank holds its attention
 heads, KV heads and share of the MLP; o_proj and down_proj end in one all-reduce each.
 """
@@ -41,6 +42,7 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.logits import LogitsProcessor
+from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock
 from radixlm.runtime.executor.layers.norm import RMSNorm, ShardedRMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
 from radixlm.runtime.model_config import ModelConfig, rope_scaling_of, rope_theta_of
@@ -63,6 +65,7 @@ class DecoderSpec:
     logits_scaling: float | None = None  # Granite: logits / logits_scaling
     final_logit_cap: float | None = None  # Gemma 2
     rope_layers: tuple[bool, ...] | None = None  # None: RoPE in every layer (SmolLM3: NoPE)
+    moe: MoESpec | None = None  # mixture of experts in its sparse layers (Mixtral, Qwen3-MoE)
 
     def __post_init__(self) -> None:
         assert self.norms in NORM_LAYOUTS, self.norms
@@ -139,7 +142,10 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(hidden, eps, offset)
         if spec.norms != "pre":
             self.post_feedforward_layernorm = RMSNorm(hidden, eps, offset)
-        self.mlp = MLP(config, spec)
+        if spec.moe is not None and spec.moe.is_sparse(layer_id):
+            self.mlp: nn.Module = SparseMoeBlock(hidden, spec.moe, spec.activation)
+        else:
+            self.mlp = MLP(config, spec)
 
     def forward(self, x, residual, fb: ForwardBatch, rotary: RotaryEmbedding | None):
         """Returns ``(out, residual)``; the next norm adds them."""

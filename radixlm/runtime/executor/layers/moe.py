@@ -1,0 +1,159 @@
+"""Mixture of experts: a router picks ``top_k`` of ``num_experts`` gated MLPs per token, and
+the token's output is their weighted sum.
+
+    logits = x @ gate.T                          [N, E]
+    weights, ids = route(logits)                 [N, K] each (the family's rule: ``route``)
+    out[t] = sum_k weights[t, k] * expert[ids[t, k]](x[t])
+
+Experts are stacked per layer (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I], as
+transformers 5 holds them); checkpoints keep one tensor per expert and projection
+(Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2``, Qwen3-MoE's
+``mlp.experts.{e}.gate_proj/up_proj/down_proj``), which ``checkpoint_layout`` places into
+their expert's rows. A step groups the (token, expert) pairs by expert (one stable sort), so
+each active expert runs one matmul over all its tokens; outputs are weighted and added back
+with one ``index_add_``.
+
+Under tensor parallelism every rank holds every expert's share of the intermediate rows
+(``I / tp_size`` of gate, up and down, like the dense MLP) and the whole router; the
+weighted partial outputs end in one all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm.runtime.distributed.parallel_state import get_tp_group
+from radixlm.runtime.executor.layers.activation import act_and_mul
+
+SCORINGS = ("softmax_topk", "topk_softmax")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A family's experts: sizes, routing rule and checkpoint names."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool = True  # softmax_topk: divide the chosen k weights by their sum
+    scoring: str = "softmax_topk"  # SCORINGS; topk_softmax: softmax over the k logits
+    weights_in_dtype: bool = False  # Qwen3-MoE: weights rounded to the model dtype first
+    router_bias: bool = False
+    sparse_layers: tuple[bool, ...] | None = None  # None: every layer (Qwen3-MoE mixes)
+    block_name: str = "mlp"  # the checkpoint's module name (Mixtral: block_sparse_moe)
+    # the checkpoint's names of each expert's gate, up and down projections
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"MoE scoring must be one of {SCORINGS}, got {self.scoring!r}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be in "
+                             f"[1, num_experts ({self.num_experts})]")
+
+    def is_sparse(self, layer_id: int) -> bool:
+        return self.sparse_layers is None or self.sparse_layers[layer_id]
+
+
+def num_experts_of(hf: dict) -> int:
+    """config.json's expert count: ``num_local_experts`` (Mixtral; what transformers 5 writes
+    for every family) or ``num_experts`` (Qwen3-MoE checkpoints on the Hub); 0: dense."""
+    return int(hf.get("num_local_experts") or hf.get("num_experts") or 0)
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
+          scoring: str = "softmax_topk") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights float32 [N, K], expert ids int64 [N, K])`` from router logits ``[N, E]``.
+
+    softmax_topk: softmax over all experts (in float32), the k largest, divided by their
+    sum when ``renormalize`` (Mixtral; Qwen3-MoE's ``norm_topk_prob``). topk_softmax: the k
+    largest logits, softmax over them (gpt-oss)."""
+    if scoring == "topk_softmax":
+        top, ids = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top.float(), dim=-1), ids
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class FusedExperts(nn.Module):
+    """``num_experts`` gated MLPs in two stacked parameters."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, activation: str) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.act_and_mul = act_and_mul(activation)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                backend: str | None = None) -> torch.Tensor:
+        """``x`` [N, H], ``ids`` / ``weights`` [N, K] -> [N, H]: each token's experts'
+        outputs times their weights, summed. One matmul pair per active expert."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
+        tokens = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync
+        rows = x.index_select(0, tokens)  # [N * K, H], expert by expert
+        outs = torch.empty_like(rows)
+        start = 0
+        for expert, count in enumerate(counts):  # over experts, never tokens
+            if count:
+                part = rows[start:start + count]
+                h = self.act_and_mul(F.linear(part, self.gate_up_proj[expert]), backend=backend)
+                outs[start:start + count] = F.linear(h, self.down_proj[expert])
+                start += count
+        scaled = (outs * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, scaled)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (``gate``) and experts: the MLP of a sparse layer, ``forward(x, backend)``
+    like the dense ``MLP``. Under tensor parallelism: this rank's rows of every expert."""
+
+    def __init__(self, hidden: int, spec: MoESpec, activation: str) -> None:
+        super().__init__()
+        self.spec, self.tp = spec, get_tp_group()
+        inter = spec.intermediate_size
+        if inter % self.tp.size:
+            raise ValueError(f"the experts' intermediate size ({inter}) is not divisible by "
+                             f"tp_size ({self.tp.size})")
+        local = inter // self.tp.size
+        self.shard = Shard(0, self.tp.rank * local, (self.tp.rank + 1) * local, inter)
+        self.gate = nn.Linear(hidden, spec.num_experts, bias=spec.router_bias)
+        self.experts = FusedExperts(spec.num_experts, hidden, local, activation)
+
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        spec = self.spec
+        weights, ids = route(self.gate(x), spec.top_k, spec.renormalize, spec.scoring)
+        if spec.weights_in_dtype:
+            weights = weights.to(x.dtype)
+        out = self.experts(x, ids, weights, backend)
+        return out if self.tp.size == 1 else self.tp.all_reduce(out)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        """Each expert's gate / up rows of ``gate_up_proj[e]`` and its ``down_proj[e]``,
+        from this rank's slice of the checkpoint's per-expert tensors; the router (whole,
+        on every rank) as ``{block}.gate``."""
+        spec, rows = self.spec, self.shard
+        inter, cols = rows.size, Shard(1, rows.start, rows.stop, rows.full)
+        block = f"{prefix.rpartition('.')[0]}.{spec.block_name}"
+        gate, up, down = spec.expert_names
+        out = {f"{block}.gate.weight": Placement(f"{prefix}.gate.weight")}
+        if spec.router_bias:
+            out[f"{block}.gate.bias"] = Placement(f"{prefix}.gate.bias")
+        gate_up, down_param = f"{prefix}.experts.gate_up_proj", f"{prefix}.experts.down_proj"
+        for e in range(spec.num_experts):
+            name = f"{block}.experts.{e}"
+            out[f"{name}.{gate}.weight"] = Placement(gate_up, (e, slice(0, inter)), rows)
+            out[f"{name}.{up}.weight"] = Placement(gate_up, (e, slice(inter, 2 * inter)), rows)
+            out[f"{name}.{down}.weight"] = Placement(down_param, e, cols)
+        return out
