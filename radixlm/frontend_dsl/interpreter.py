@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from radixlm.frontend_dsl.backends.base import Backend, Prompt
+from radixlm.frontend_dsl.backends.base import Backend, Prompt, merge_stream_meta
 from radixlm.frontend_dsl.chat_template import ChatTemplate
 from radixlm.frontend_dsl.ir import (
     CommitLazy,
@@ -48,26 +48,6 @@ _LOGPROB_ARGS = (
     "top_logprobs_num",
     "return_text_in_logprobs",
 )
-
-
-# keys of a streamed chunk's meta_info that hold only that chunk's part (SGLang 0.5)
-INCREMENTAL_META_KEYS = (
-    "output_token_logprobs",
-    "output_top_logprobs",
-    "output_token_ids_logprobs",
-)
-
-
-def merge_stream_meta(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
-    """``later`` with the incremental lists of ``earlier`` in front: the meta_info of two
-    consecutive streamed chunks as if they were one."""
-    if not earlier:
-        return later
-    merged = dict(later)
-    for key in INCREMENTAL_META_KEYS:
-        if key in earlier or key in later:
-            merged[key] = list(earlier.get(key) or []) + list(later.get(key) or [])
-    return merged
 
 
 class StreamExecutor(ToolTurns):

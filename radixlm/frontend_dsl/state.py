@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from radixlm.frontend_dsl.interpreter import StreamExecutor, merge_stream_meta
+from radixlm.frontend_dsl.backends.base import merge_stream_meta
+from radixlm.frontend_dsl.interpreter import StreamExecutor
 from radixlm.frontend_dsl.ir import (
     ConcatenateAndAppend,
     Expr,

@@ -232,3 +232,23 @@ class NativeBackend(Backend):
                 ents = ents[1:]
             result.append([e for e in ents if e[0] is not None])
         return result
+
+
+# keys of a streamed chunk's meta_info that hold only that chunk's part (SGLang 0.5)
+INCREMENTAL_META_KEYS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)
+
+
+def merge_stream_meta(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
+    """``later`` with the incremental lists of ``earlier`` in front: the meta_info of two
+    consecutive streamed chunks as if they were one."""
+    if not earlier:
+        return later
+    merged = dict(later)
+    for key in INCREMENTAL_META_KEYS:
+        if key in earlier or key in later:
+            merged[key] = list(earlier.get(key) or []) + list(later.get(key) or [])
+    return merged

@@ -34,15 +34,11 @@ from radixlm.runtime.entrypoints.lifecycle import (
     scheduler_watchdog,
 )
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
-from radixlm.runtime.entrypoints.openai.embedding_protocol import EMBEDDING_ROUTE_MODELS
 from radixlm.runtime.entrypoints.openai.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.openai.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.openai.responses_api import ResponsesRoutes
-from radixlm.runtime.entrypoints.openai.responses_protocol import ResponsesRequest
 from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
-from radixlm.runtime.entrypoints.protocol import (
-    openapi_schema,
-)
+from radixlm.runtime.entrypoints.openapi import openapi_schema
 from radixlm.runtime.managers.detokenizer import run_detokenizer_process
 from radixlm.runtime.managers.scheduler.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.scheduler.tp_ranks import serve_node
@@ -70,8 +66,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi_schema(
-                get_openapi(title=app.title, version=app.version, routes=app.routes),
-                {"/v1/responses": ResponsesRequest, **EMBEDDING_ROUTE_MODELS})
+                get_openapi(title=app.title, version=app.version, routes=app.routes))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

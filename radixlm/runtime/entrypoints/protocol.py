@@ -373,34 +373,3 @@ class ChatCompletionRequest(OpenAISampling):
             if value is not None:
                 return field, f"{field} is not supported: radixlm serves text generation only"
         return None
-
-
-ROUTE_MODELS: dict[str, type[BaseModel]] = {
-    "/generate": GenerateRequest,
-    "/abort_request": AbortRequest,
-    "/update_weights_from_disk": UpdateWeightFromDiskRequest,
-    "/tokenize": TokenizeRequest,
-    "/detokenize": DetokenizeRequest,
-    "/v1/completions": CompletionRequest,
-    "/v1/chat/completions": ChatCompletionRequest,
-}
-
-
-# --- OpenAPI -------------------------------------------------------------------------------------
-def openapi_schema(base: dict[str, Any], more: dict[str, type[BaseModel]] | None = None
-                   ) -> dict[str, Any]:
-    """FastAPI's generated document, with each route's request body taken from its model
-    (``ROUTE_MODELS`` and ``more``: routes whose models live in other modules)."""
-    components = base.setdefault("components", {}).setdefault("schemas", {})
-    for path, model in {**ROUTE_MODELS, **(more or {})}.items():
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(schema.pop("$defs", {}))
-        components[model.__name__] = schema
-        op = base.get("paths", {}).get(path, {}).get("post")
-        if op is not None:
-            op["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
-            }
-    return base

@@ -165,8 +165,3 @@ def openai_embeddings(outs: list[Any], encoding_format: str, model: str) -> dict
             "model": model, "data": data,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
-
-EMBEDDING_ROUTE_MODELS: dict[str, type[BaseModel]] = {
-    "/v1/embeddings": EmbeddingRequest,
-    "/encode": EncodeRequest,
-}

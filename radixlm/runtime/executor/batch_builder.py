@@ -1,0 +1,116 @@
+"""ForwardBatchBuilder (a ModelRunner mixin): a ModelWorkerBatch as the packed tensors of
+one forward (``ForwardBatch``), with this forward's attention plan (torch path) and, for
+windowed layers, each sequence's last ``window`` slots."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels.reference import Layout
+from radixlm.kernels.shared_prefix import AttentionPlan
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
+from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
+
+
+class ForwardBatchBuilder:
+    """Needs of the runner: ``device``, ``kv_pool``, ``attention_backend``, ``dtype``,
+    ``decode_windows``, ``uses_torch_attention`` and ``paged_kernel``."""
+
+    def build_forward_batch(self, batch: ModelWorkerBatch,
+                            req_to_token: torch.Tensor) -> ForwardBatch:
+        """Packed tensors for ``batch``; see ForwardBatch for the layout."""
+        if batch.is_decode:
+            return self._decode_batch(batch, req_to_token)
+        return self._extend_batch(batch, req_to_token)
+
+    def _decode_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """One new token per sequence, built with a few vectorised ops."""
+        dev = self.device
+        rows = torch.tensor(batch.req_pool_indices, device=dev)
+        pos = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev)
+        lens = pos + 1  # the new token's KV is stored before attention reads it
+        width = max(batch.prefix_lens) + 1  # from the host: no device sync
+        table = req_to_token[rows, :width]  # [B, width]
+        kv_indices = table[torch.arange(width, device=dev) < lens[:, None]]
+        kv_indptr = torch.zeros(len(batch) + 1, dtype=torch.int64, device=dev)
+        kv_indptr[1:] = lens.cumsum(0)
+        qo_indptr = torch.arange(len(batch) + 1, device=dev)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+            positions=pos,
+            out_cache_loc=table.gather(1, pos[:, None])[:, 0],
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            logits_indices=torch.arange(len(batch), device=dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+            attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
+                                      batch.prefix_groups),
+            layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
+            window_views={w: self._window_view(table, lens, w, qo_indptr)
+                          for w in self.decode_windows},
+        )
+
+    def _window_view(self, table: torch.Tensor, lens: torch.Tensor, window: int,
+                     qo_indptr: torch.Tensor) -> WindowView:
+        """Each sequence's last ``window`` slots of ``table`` [B, width] (lens: its KV
+        length, new token included)."""
+        width = table.shape[1]
+        w = min(window, width)
+        kept = lens.clamp(max=window)  # [B]
+        cols = (lens - kept)[:, None] + torch.arange(w, device=table.device)  # [B, w]
+        ok = torch.arange(w, device=table.device) < kept[:, None]
+        kv_indices = table.gather(1, cols.clamp(max=width - 1))[ok]
+        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64, device=table.device)
+        kv_indptr[1:] = kept.cumsum(0)
+        # no shared-prefix groups: a window's first slot differs by sequence length
+        return WindowView(kv_indptr, kv_indices,
+                          self._plan(qo_indptr, kv_indptr, kv_indices, False, None),
+                          Layout(len(lens), 1, w))
+
+    def _plan(self, qo_indptr, kv_indptr, kv_indices, extend, groups,
+              new_slots=None) -> AttentionPlan | None:
+        if not self.uses_torch_attention:
+            return None
+        per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
+        return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
+                                   prefix_groups=groups, paged_kernel=self.paged_kernel,
+                                   new_slots=new_slots, dtype=self.dtype)
+
+    def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
+        """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each
+        sequence in kv_indices, its new tokens packed."""
+        positions: list[torch.Tensor] = []
+        locs, kv_slices, logits_rows = [], [], []
+        qo_indptr, kv_indptr = [0], [0]
+        for idx, start, n, (a, b) in zip(batch.req_pool_indices, batch.prefix_lens,
+                                         batch.extend_lens, batch.logit_ranges):
+            row = req_to_token[idx]
+            positions.append(torch.arange(start, start + n))
+            locs.append(row[start: start + n])
+            kv_slices.append(row[:start])
+            logits_rows.append(torch.arange(qo_indptr[-1] + a, qo_indptr[-1] + b))
+            qo_indptr.append(qo_indptr[-1] + n)
+            kv_indptr.append(kv_indptr[-1] + start)
+        dev = self.device
+        qo_t = torch.tensor(qo_indptr, dtype=torch.int64, device=dev)
+        kv_t = torch.tensor(kv_indptr, dtype=torch.int64, device=dev)
+        kv_indices = torch.cat(kv_slices)
+        out_cache_loc = torch.cat(locs)
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.cat(positions).to(dev),
+            out_cache_loc=out_cache_loc,
+            qo_indptr=qo_t,
+            kv_indptr=kv_t,
+            kv_indices=kv_indices,
+            logits_indices=torch.cat(logits_rows).to(dev),
+            kv_pool=self.kv_pool,
+            attention_backend=self.attention_backend,
+            attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups,
+                                      out_cache_loc),
+            layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
+        )
