@@ -61,31 +61,33 @@ class PrefixIndex:
 
     def match(self, token_ids: Sequence[int], namespace: str | None = None) -> list[int]:
         """Cached prefix length in tokens (a multiple of ``block_size``) on each replica."""
+        return self.match_tiers(token_ids, namespace)[0]
+
+    def match_storage(self, token_ids: Sequence[int], namespace: str | None = None) -> int:
+        """Leading tokens of ``token_ids`` in the shared storage tier (a multiple of
+        ``block_size``), any replica's writes."""
+        return self.match_tiers(token_ids, namespace)[1]
+
+    def match_tiers(self, token_ids: Sequence[int], namespace: str | None = None
+                    ) -> tuple[list[int], int]:
+        """``match`` and ``match_storage`` in one walk: each block hashed once, the walk
+        ending where neither a replica nor the storage tier holds the next block."""
         bs = self.block_size
-        matched = [0] * len(self._blocks)
+        matched, stored = [0] * len(self._blocks), 0
         live = [r for r, blocks in enumerate(self._blocks) if blocks]
+        in_storage = bool(self._storage)
         parent: int | None = None
         for start in range(0, len(token_ids) - bs + 1, bs):
-            if not live:
+            if not live and not in_storage:
                 break
             parent = block_hash(parent, token_ids[start : start + bs], namespace)
             live = [r for r in live if parent in self._blocks[r]]
             for r in live:
                 matched[r] = start + bs
-        return matched
-
-    def match_storage(self, token_ids: Sequence[int], namespace: str | None = None) -> int:
-        """Leading tokens of ``token_ids`` in the shared storage tier (a multiple of
-        ``block_size``), any replica's writes."""
-        bs, parent, matched = self.block_size, None, 0
-        for start in range(0, len(token_ids) - bs + 1, bs):
-            if not self._storage:
-                break
-            parent = block_hash(parent, token_ids[start : start + bs], namespace)
-            if parent not in self._storage:
-                break
-            matched = start + bs
-        return matched
+            in_storage = in_storage and parent in self._storage
+            if in_storage:
+                stored = start + bs
+        return matched, stored
 
     def blocks(self, replica: int) -> set[int]:
         """A copy of the block hashes ``replica`` caches."""

@@ -317,11 +317,9 @@ class FakeIndex:
     def apply(self, replica: int, batch: object) -> None:
         raise AssertionError("not used")
 
-    def match(self, token_ids: list[int], namespace: str | None) -> list[int]:
-        return list(self.cached)
-
-    def match_storage(self, token_ids: list[int], namespace: str | None) -> int:
-        return self.stored
+    def match_tiers(self, token_ids: list[int], namespace: str | None
+                    ) -> tuple[list[int], int]:
+        return list(self.cached), self.stored
 
     def drop_replica(self, replica: int) -> None:
         self.dropped.append(replica)

@@ -61,9 +61,9 @@ class CachedPrefixIndex(Protocol):
 
     def apply(self, replica: int, batch: Any) -> None: ...
 
-    def match(self, token_ids: Sequence[int], namespace: str | None) -> list[int]: ...
-
-    def match_storage(self, token_ids: Sequence[int], namespace: str | None) -> int: ...
+    def match_tiers(self, token_ids: Sequence[int], namespace: str | None
+                    ) -> tuple[list[int], int]:
+        """(cached prefix tokens per replica, prefix tokens in the shared storage tier)."""
 
     def drop_replica(self, replica: int) -> None: ...
 
@@ -167,11 +167,9 @@ class LoadBalancer:
         return min(live, key=lambda r: (load(r), (r - start) % len(self.replicas)))
 
     def _cache_aware(self, msg: GenerateReqInput, live: list[int]) -> int:
-        cached = self.cached_tokens(msg.input_ids, msg.namespace)
         # the shared storage tier serves every replica alike: it does not pick one, but
         # what it holds is loaded, not computed, wherever the request goes
-        stored = (self.index.match_storage(msg.input_ids, msg.namespace)
-                  if self.index is not None else 0)
+        cached, stored = self._prefixes(msg.input_ids, msg.namespace)
         self._last_match = (msg.rid, [max(c, stored) for c in cached])
         least = self._least(live, self.load)
         best = max(live, key=lambda r: (cached[r], -self.load(r), r == least))
@@ -191,14 +189,20 @@ class LoadBalancer:
 
     def cached_tokens(self, token_ids: Sequence[int], namespace: str | None) -> list[int]:
         """Per replica: prompt tokens it holds (its index) or is computing (in flight)."""
-        cached = (list(self.index.match(token_ids, namespace)) if self.index is not None
-                  else [0] * len(self.replicas))
+        return self._prefixes(token_ids, namespace)[0]
+
+    def _prefixes(self, token_ids: Sequence[int], namespace: str | None
+                  ) -> tuple[list[int], int]:
+        """(``cached_tokens``, the prompt's tokens in the shared storage tier)."""
+        cached, stored = (self.index.match_tiers(token_ids, namespace)
+                          if self.index is not None else ([0] * len(self.replicas), 0))
+        cached = list(cached)
         for rep in self.replicas:
             for m in rep.inflight.values():
                 if m.namespace == namespace and cached[rep.rank] < len(token_ids):
                     cached[rep.rank] = max(cached[rep.rank],
                                            common_prefix_len(m.input_ids, token_ids))
-        return cached
+        return cached, stored
 
     def load(self, rank: int) -> int:
         return self.replicas[rank].load_tokens()
