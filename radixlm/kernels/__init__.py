@@ -7,7 +7,10 @@ bfloat16 only);
 Attention with a sliding window or logit soft-capping (``sliding_window`` /
 ``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
 when set) and in ``masked_attention`` on the torch path (the planned CPU passes and the
-compiled CPU kernel have neither).
+compiled CPU kernel have neither). Attention sinks (``sinks``, gpt-oss) run everywhere:
+in the Triton kernels, in ``masked_attention``, and along a plan (planned passes and the
+compiled CPU kernel) from each row's log-sum-exp; only the plain reference without a
+plan sends them to ``masked_attention``.
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -63,6 +66,7 @@ def decode_attention(
     layout: Layout | None = None,  # Triton path: host-side extents (no device read-back)
     sliding_window: int | None = None,  # keys within this many positions of the query
     logit_cap: float | None = None,  # scores soft-capped to cap * tanh(s / cap)
+    sinks: torch.Tensor | None = None,  # [Hq]: a logit per head in the softmax, no value
 ) -> torch.Tensor:  # [B, Hq, D]
     """One query token per sequence attends to its whole KV, gathered via ``kv_indices``.
 
@@ -73,16 +77,18 @@ def decode_attention(
     masked = sliding_window is not None or logit_cap is not None
     if masked:
         masked_attention.check_options(sliding_window, logit_cap)
+    masked_attention.check_sinks(sinks, q.shape[1])
     if _use_triton(backend, q):
         return _triton("decode_attention").decode_attention_triton(
             q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout,
-            sliding_window=sliding_window, logit_cap=logit_cap,
+            sliding_window=sliding_window, logit_cap=logit_cap, sinks=sinks,
         )
-    if masked:
+    if masked or (sinks is not None and plan is None):
         return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
-                                                 sm_scale, sliding_window, logit_cap, out)
+                                                 sm_scale, sliding_window, logit_cap, out,
+                                                 sinks)
     if plan is not None:
-        return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out)
+        return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out, sinks)
     return reference.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out)
 
 
@@ -102,22 +108,24 @@ def extend_attention(
     layout: Layout | None = None,  # Triton path: see decode_attention
     sliding_window: int | None = None,  # see decode_attention
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,  # see decode_attention
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens attend to their cached prefix and, causally, to each other."""
     masked = sliding_window is not None or logit_cap is not None
     if masked:
         masked_attention.check_options(sliding_window, logit_cap)
+    masked_attention.check_sinks(sinks, q.shape[1])
     if _use_triton(backend, q):
         return _triton("extend_attention").extend_attention_triton(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,
-            layout=layout, sliding_window=sliding_window, logit_cap=logit_cap,
+            layout=layout, sliding_window=sliding_window, logit_cap=logit_cap, sinks=sinks,
         )
-    if masked:
+    if masked or (sinks is not None and plan is None):
         return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
                                                  kv_indices, sm_scale, sliding_window,
-                                                 logit_cap, out)
+                                                 logit_cap, out, sinks)
     if plan is not None:
-        return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out)
+        return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out, sinks)
     return reference.extend_attention(
         q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out
     )

@@ -14,7 +14,9 @@ and converted to the dots' dtype: float32 when q or the pool is float32, else q'
 
 Options (compiled in only when set): ``sliding_window`` W splits only each sequence's last W
 keys (the query is at the last position, so those are exactly the keys it sees);
-``logit_cap`` soft-caps the scores to ``cap * tanh(s / cap)`` before the softmax.
+``logit_cap`` soft-caps the scores to ``cap * tanh(s / cap)`` before the softmax;
+``sinks`` [Hq] (gpt-oss's attention sinks: a learned logit per head with no value) joins
+stage 2's merge as one more split whose output is zero.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def _decode_stage2(
     mid_o_ptr,
     mid_lse_ptr,
     o_ptr,
+    sinks_ptr,  # HAS_SINKS: [Hq] float32, natural-log logits
     stride_mb,
     stride_mh,
     stride_ms,
@@ -152,6 +155,7 @@ def _decode_stage2(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -162,13 +166,20 @@ def _decode_stage2(
     lse = tl.load(
         mid_lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf")
     )  # [BLOCK_S]; -inf for an empty split
-    w = tl.exp2(lse - tl.max(lse, 0))
+    top = tl.max(lse, 0)
+    if HAS_SINKS:  # base 2, as the splits' lse
+        sink2 = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(top, sink2)
+    w = tl.exp2(lse - top)
     part = tl.load(
         mid_o_ptr + b * stride_mb + h * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_S, BLOCK_D]
-    out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
+    total = tl.sum(w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink2 - top)
+    out = tl.sum(w[:, None] * part, 0) / total
     tl.store(
         o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=mask_d
     )
@@ -210,6 +221,7 @@ def decode_attention_triton(
     layout: Layout | None = None,  # host-side extents: no device read-back
     sliding_window: int | None = None,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq]
 ) -> torch.Tensor:  # [B, Hq, D]
     """Launcher of the two stages; see the module docstring."""
     layout = check_decode_layout(q, k_buf, v_buf, kv_indptr, kv_indices, layout)
@@ -221,6 +233,9 @@ def decode_attention_triton(
         return out
     q = q if q.stride(2) == 1 else q.contiguous()
     assert out.shape == q.shape and out.stride(2) == 1, f"bad out {out.shape} {out.stride()}"
+    if sinks is not None:
+        assert sinks.shape == (hq,), f"sinks {tuple(sinks.shape)} for {hq} heads"
+        sinks = sinks.float().contiguous()
     splits = num_splits or num_kv_splits(batch, hkv, layout.max_kv_len, q.device)
     block_d = max(16, triton.next_power_of_2(d))
     group = hq // hkv
@@ -268,6 +283,7 @@ def decode_attention_triton(
         mid_o,
         mid_lse,
         out,
+        sinks if sinks is not None else out,  # a placeholder pointer when unused
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -279,5 +295,6 @@ def decode_attention_triton(
         NUM_SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits),
         BLOCK_D=block_d,
+        HAS_SINKS=sinks is not None,
     )
     return out

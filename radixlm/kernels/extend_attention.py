@@ -12,7 +12,8 @@ them, so a token attends alike whether its prefix was cached or computed in this
 Options (compiled in only when set): ``sliding_window`` W masks keys at W or more positions
 before the query (query i of a sequence is at position prefix_len + i) and starts both
 loops at the block's first visible key; ``logit_cap`` soft-caps the scores
-(``decode_attention.soft_cap``).
+(``decode_attention.soft_cap``); ``sinks`` [Hq] (gpt-oss) adds a learned logit per head to
+each row's softmax denominator and nothing to its numerator.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _extend_kernel(
     qk_scale,
     window,  # HAS_WINDOW: keys within this many positions of the query
     cap2,  # HAS_CAP: logit_cap * log2(e)
+    sinks_ptr,  # HAS_SINKS: [Hq] float32, natural-log logits
     stride_qn,
     stride_qh,
     stride_kn,
@@ -89,6 +91,7 @@ def _extend_kernel(
     DOT_FP32: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -170,6 +173,9 @@ def _extend_kernel(
         m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, cap2,
                                       DOT_PRECISION, HAS_CAP)
 
+    if HAS_SINKS:  # the sink's exp joins the denominator (every live row saw a key: m_i finite)
+        sink2 = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + tl.exp2(sink2 - tl.where(m_i == float("-inf"), sink2, m_i))
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
         o_ptr + q_rows[:, None] * stride_on + head * stride_oh + offs_d[None, :],
@@ -201,6 +207,7 @@ def extend_attention_triton(
     layout: Layout | None = None,  # host-side extents: no device read-back
     sliding_window: int | None = None,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq]
 ) -> torch.Tensor:  # [N, Hq, D]
     """Launcher; see the module docstring."""
     layout = check_extend_layout(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
@@ -214,6 +221,9 @@ def extend_attention_triton(
     k, v = k.to(k_buf.dtype), v.to(v_buf.dtype)  # no copy when the pool has k's dtype
     q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
     assert out.shape == q.shape and out.stride(2) == 1, f"bad out {out.shape} {out.stride()}"
+    if sinks is not None:
+        assert sinks.shape == (hq,), f"sinks {tuple(sinks.shape)} for {hq} heads"
+        sinks = sinks.float().contiguous()
     block_m, block_n, stages = _launch_config(d, k_buf.dtype, q.is_cuda)
     precision, dot_fp32 = dot_settings(q, k_buf)
     grid = (layout.batch_size, hq, triton.cdiv(layout.max_q_len, block_m))
@@ -230,6 +240,7 @@ def extend_attention_triton(
         sm_scale * _LOG2E,
         sliding_window or 0,
         (logit_cap or 0.0) * _LOG2E,
+        sinks if sinks is not None else q,  # a placeholder pointer when unused
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -251,5 +262,6 @@ def extend_attention_triton(
         DOT_FP32=dot_fp32,
         HAS_WINDOW=sliding_window is not None,
         HAS_CAP=logit_cap is not None,
+        HAS_SINKS=sinks is not None,
     )
     return out

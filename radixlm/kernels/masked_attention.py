@@ -1,4 +1,5 @@
-"""Attention with a sliding window and/or logit soft-capping, in torch, on any device.
+"""Attention with a sliding window, logit soft-capping and/or attention sinks, in torch, on
+any device.
 
 The attention of layers that have either feature (Mistral, Phi-3 and Qwen's sliding layers,
 Gemma 2's soft-capped scores, Gemma 3's local layers): the planned CPU passes, the
@@ -11,9 +12,12 @@ fact the runner guarantees: a sequence's keys in ``kv_indices`` are its position
 the prefix), so key ``j`` is at position ``j`` and a query's position is its index among
 the keys. Query at ``p`` sees key ``j`` iff ``j <= p`` and ``p - j < sliding_window``
 (transformers' ``sliding_window_overlay``); scores are ``cap * tanh(s / cap)`` before the
-softmax when ``logit_cap`` is set (Gemma 2's ``attn_logit_softcapping``). Arithmetic in
-float32 (a window alone: torch's fused attention in q's dtype); one sequence at a time
-(the index work of a windowed batch is per sequence).
+softmax when ``logit_cap`` is set (Gemma 2's ``attn_logit_softcapping``); ``sinks`` [Hq]
+(gpt-oss) is one more logit per head in each row's softmax, with no value (its share of
+the probability is dropped). Arithmetic in float32 (a window alone: torch's fused
+attention in q's dtype); one sequence at a time (the index work of a windowed batch is
+per sequence). The planned path has no window or cap; without a plan, sinks also come
+here (the reference kernels return no log-sum-exp to apply them with).
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ def decode_attention(
     sliding_window: int | None = None,
     logit_cap: float | None = None,
     out: torch.Tensor | None = None,  # [B, Hq, D]
+    sinks: torch.Tensor | None = None,  # [Hq]
 ) -> torch.Tensor:  # [B, Hq, D]
     """One query per sequence, at the position of its last key."""
     check_options(sliding_window, logit_cap)
     check_decode_layout(q, k_buf, v_buf, kv_indptr, kv_indices)
+    check_sinks(sinks, q.shape[1])
     qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
     return _attention(q, None, None, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                      sliding_window, logit_cap, out)
+                      (sliding_window, logit_cap, sinks), out)
 
 
 def extend_attention(
@@ -69,16 +75,25 @@ def extend_attention(
     sliding_window: int | None = None,
     logit_cap: float | None = None,
     out: torch.Tensor | None = None,  # [N, Hq, D]
+    sinks: torch.Tensor | None = None,  # [Hq]
 ) -> torch.Tensor:  # [N, Hq, D]
     """New tokens over their cached prefix and, causally, each other."""
     check_options(sliding_window, logit_cap)
     check_extend_layout(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices)
+    check_sinks(sinks, q.shape[1])
     return _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                      sliding_window, logit_cap, out)
+                      (sliding_window, logit_cap, sinks), out)
 
 
-def _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale,
-               window, cap, out):
+def check_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    """ValueError unless ``sinks`` is None or one float logit per query head."""
+    if sinks is not None and (sinks.shape != (num_heads,) or not sinks.is_floating_point()):
+        raise ValueError(f"sinks must be a float tensor of shape ({num_heads},) (one logit per "
+                         f"query head), got {sinks.dtype} {tuple(sinks.shape)}")
+
+
+def _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, options,
+               out):
     if out is None:
         out = torch.empty_like(q)
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
@@ -93,19 +108,19 @@ def _attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale
             keys = torch.cat((keys, k[qo[b]: qo[b + 1]].to(k_buf.dtype)))
             values = torch.cat((values, v[qo[b]: qo[b + 1]].to(v_buf.dtype)))
         out[qo[b]: qo[b + 1]] = _one_sequence(q[qo[b]: qo[b + 1]], keys, values, group,
-                                              sm_scale, window, cap).to(out.dtype)
+                                              sm_scale, *options).to(out.dtype)
     return out
 
 
-def _one_sequence(q, keys, values, group, sm_scale, window, cap) -> torch.Tensor:
+def _one_sequence(q, keys, values, group, sm_scale, window, cap, sinks) -> torch.Tensor:
     """q [n, Hq, D] at the last n of the L key positions; keys/values [L, Hkv, D]. Queries
     go in blocks of QUERY_BLOCK over only the keys the block can see (its window), so the
     scores stay [Hq, QUERY_BLOCK, <= QUERY_BLOCK + window] however long the prompt. A window
     alone is a mask for torch's fused attention (in q's dtype, as the reference path runs);
-    soft-capped scores are computed here, in float32."""
+    soft-capped scores and sinks are computed here, in float32."""
     n, length = q.shape[0], keys.shape[0]
-    out = torch.empty(q.shape, dtype=torch.float32 if cap is not None else q.dtype,
-                      device=q.device)
+    explicit = cap is not None or sinks is not None
+    out = torch.empty(q.shape, dtype=torch.float32 if explicit else q.dtype, device=q.device)
     for i0 in range(0, n, QUERY_BLOCK):
         i1 = min(i0 + QUERY_BLOCK, n)
         first, last = length - n + i0, length - n + i1 - 1  # the block's query positions
@@ -116,7 +131,7 @@ def _one_sequence(q, keys, values, group, sm_scale, window, cap) -> torch.Tensor
         if window is not None:
             seen &= k_pos > q_pos - window
         kk, vv = keys[k0: last + 1], values[k0: last + 1]  # [Lb, Hkv, D]
-        if cap is None:
+        if not explicit:
             out[i0:i1] = F.scaled_dot_product_attention(
                 q[i0:i1].transpose(0, 1), kk.transpose(0, 1).to(q.dtype),
                 vv.transpose(0, 1).to(q.dtype), attn_mask=seen, scale=sm_scale,
@@ -125,6 +140,13 @@ def _one_sequence(q, keys, values, group, sm_scale, window, cap) -> torch.Tensor
         kk = kk.float().repeat_interleave(group, dim=1)  # [Lb, Hq, D]
         vv = vv.float().repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[i0:i1].float(), kk) * sm_scale  # [Hq, nb, Lb]
-        s = (torch.tanh(s / cap) * cap).masked_fill(~seen, float("-inf"))
-        out[i0:i1] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
+        if cap is not None:
+            s = torch.tanh(s / cap) * cap
+        s = s.masked_fill(~seen, float("-inf"))
+        if sinks is not None:  # one more column per head: in the softmax, then dropped
+            sink = sinks.float()[:, None, None].expand(-1, s.shape[1], 1)
+            p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(s, dim=-1)
+        out[i0:i1] = torch.einsum("hqk,khd->qhd", p, vv)
     return out

@@ -15,6 +15,11 @@ passes, and the two partial softmaxes are merged by their log-sum-exp, exactly.
 
 Same results as ``reference.decode_attention`` / ``extend_attention`` (the tests check
 both against a float64 oracle); only the order of summation differs.
+
+Attention sinks (gpt-oss: a learned logit ``s`` per head in the softmax, with no value)
+need no pass of their own: a row whose keys' log-sum-exp is ``lse`` loses the share
+``exp(s) / (exp(lse) + exp(s))`` of its probability to the sink, so its output is the
+plain one times ``sigmoid(lse - s)``. With sinks every pass keeps its log-sum-exp.
 """
 
 from __future__ import annotations
@@ -259,8 +264,10 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
                    valid.nonzero()[:, 0])
 
 
-def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None):
-    """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend.
+def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None,
+                      sinks=None):
+    """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend;
+    ``sinks`` [Hq] (see the module doc).
 
     The compiled kernel takes q in float32: a bfloat16 / float16 q is widened for it (its
     output is float32, as every pass's is; narrowed to q's dtype at the end). The padded
@@ -276,7 +283,7 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
     for p in plan.padded:
         kn, vn = (k, v) if plan.extend else (None, None)
-        if p.needs_lse:
+        if p.needs_lse or sinks is not None:
             _padded_pass(p, q, kn, vn, k_buf, v_buf, sm_scale, o, lse)
         else:
             _padded_sdpa(p, q, kn, vn, k_buf, v_buf, sm_scale, o)
@@ -286,7 +293,9 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         lse_s = torch.empty((n, hq), dtype=torch.float32, device=q.device)
         _padded_pass(sh, q, None, None, k_buf, v_buf, sm_scale, o_s, lse_s)
         rows = sh.out_rows
-        o[rows], _ = _merge(o_s[rows], lse_s[rows], o[rows], lse[rows])
+        o[rows], lse[rows] = _merge(o_s[rows], lse_s[rows], o[rows], lse[rows])
+    if sinks is not None:  # [N, Hq]: each row's share of the probability left to its keys
+        o = o * torch.sigmoid(lse - sinks.float())[..., None]
     o = o.to(q.dtype)
     if out is None:
         return o
