@@ -7,7 +7,9 @@ Each family's config turns on what is special about it at a size a test can affo
 (hidden 64, 3 layers, windows of 24 tokens): Qwen3's yarn RoPE, Gemma 2's soft-caps, Gemma
 3's interleaved sliding layers with their own RoPE base, Phi-3's fused projections with longrope and
 partial rotary, SmolLM3's NoPE layer, Granite's multipliers, Mixtral's and Qwen3-MoE's
-experts (decisive router logits: no top-k choice is a near-tie). Weights are re-drawn from one
+experts (decisive router logits: no top-k choice is a near-tie), gpt-oss's attention sinks
+(drawn large enough that switching them off changes the tokens), biased experts with a
+SwiGLU clamp low enough to bite, alternating windows and yarn RoPE. Weights are re-drawn from one
 seeded generator at the built-in models' scales (decisive logits: greedy decoding never
 hinges on a near-tie), norm weights around their identity (``1`` or Gemma's ``0``).
 """
@@ -87,6 +89,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2,
                                      "moe_intermediate_size": 32, "mlp_only_layers": [1],
                                      "norm_topk_prob": False}),
+    # hidden 128 (whole MXFP4 blocks of 32 along H and, at tp 2, along I), 4 layers
+    # alternating sliding / full, 8 experts of 64, top-2
+    "gpt_oss": ("GptOssConfig", {
+        "hidden_size": 128, "head_dim": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+        "sliding_window": WINDOW, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "swiglu_limit": 1.5,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 1024,
+                            "rope_theta": 150000.0}}),
     "granite": ("GraniteConfig", {"embedding_multiplier": 2.0, "attention_multiplier": 0.2,
                                   "residual_multiplier": 0.5, "logits_scaling": 2.0}),
 }
@@ -128,8 +140,10 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(noise * embed_std)
             elif name == "lm_head.weight":
                 p.copy_(noise * LM_HEAD_STD)
-            elif name.endswith("mlp.gate.weight"):  # MoE router: logits of std ~2, so
-                p.copy_(noise * 2.0 / hidden**0.5)  # no top-k choice hinges on a near-tie
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # MoE router:
+                p.copy_(noise * 2.0 / hidden**0.5)  # logits of std ~2, no near-tie in top-k
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: about a row's log-sum-exp
+                p.copy_(3.0 + noise)
             else:  # projections (scaled by fan-in; stacked experts' too) and their biases
                 fan_in = p.shape[-1] if p.dim() >= 2 else 128
                 p.copy_(noise * PROJ_STD * (128 / fan_in) ** 0.5)

@@ -264,7 +264,7 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     if "sliding_window_pattern" in hf:
         pattern = hf["sliding_window_pattern"]
         return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
-    if hf.get("model_type") == "gemma2":
+    if hf.get("model_type") in ("gemma2", "gpt_oss"):  # sliding first, then alternating
         return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
     if hf.get("model_type") == "olmo3":  # three sliding layers, then a full one
         return tuple(SLIDING if (i + 1) % 4 else FULL for i in range(n))

@@ -69,6 +69,9 @@ class Placement(NamedTuple):
     param: str
     rows: slice | int | tuple[int, slice] | None = None  # int / tuple: stacked experts
     shard: Shard | None = None
+    # the checkpoint holds the parameter's last two dims swapped (gpt-oss's stacked experts,
+    # [E, in, out]); ``shard`` indexes the checkpoint's dims
+    transposed: bool = False
 
 
 # --- the split of a model ----------------------------------------------------------------

@@ -8,7 +8,10 @@ plus, causally, the new tokens. Per-layer options:
   Granite: ``attention_multiplier``);
 - ``sliding_window``: keys within this many positions of the query (Mistral, Phi-3, the
   sliding layers of Gemma, Qwen);
-- ``logit_cap``: scores soft-capped to ``cap * tanh(s / cap)`` (Gemma 2).
+- ``logit_cap``: scores soft-capped to ``cap * tanh(s / cap)`` (Gemma 2);
+- ``sinks``: a learned logit per query head in the softmax, with no value (gpt-oss); the
+  layer owns the parameter (``self_attn.sinks`` in the checkpoint, this rank's heads).
+  Setting ``sinks`` to None switches them off (a test does).
 
 A layer with a window or a cap runs, on the torch path, in ``kernels.masked_attention``
 (the planned CPU passes and the compiled CPU kernel have neither feature), except in
@@ -26,13 +29,16 @@ from torch import nn
 
 from radixlm import kernels
 from radixlm.kernels.masked_attention import check_options
+from radixlm.runtime.distributed.layers import Placement, Shard
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
 
 class RadixAttention(nn.Module):
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  sm_scale: float, sliding_window: int | None = None,
-                 logit_cap: float | None = None) -> None:
+                 logit_cap: float | None = None, sinks: Shard | None = None) -> None:
+        """``sinks``: this rank's heads of the checkpoint's per-head sink logits (None: the
+        layer has none)."""
         super().__init__()
         check_options(sliding_window, logit_cap)
         self.layer_id = layer_id
@@ -40,6 +46,15 @@ class RadixAttention(nn.Module):
         self.sm_scale = sm_scale
         self.sliding_window = sliding_window
         self.logit_cap = logit_cap
+        self.sinks_shard = sinks
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks is not None else None
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        """The sinks are the attention module's in the checkpoint (``self_attn.sinks``)."""
+        if self.sinks_shard is None:
+            return {}
+        return {f"{prefix.rpartition('.')[0]}.sinks": Placement(f"{prefix}.sinks", None,
+                                                                self.sinks_shard)}
 
     @property
     def masked(self) -> bool:
@@ -57,9 +72,11 @@ class RadixAttention(nn.Module):
             o = kernels.decode_attention(
                 q, k_buf, v_buf, view.kv_indptr, view.kv_indices, self.sm_scale,
                 backend=backend, plan=view.attention_plan, layout=view.layout,
+                sinks=self.sinks,
             )
             return o.reshape(n, self.num_heads * self.head_dim)
-        options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap}
+        options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap,
+                   "sinks": self.sinks}
         # the masked path reads the raw indices; the plan and layout are the fast paths'
         plan = None if self.masked else fb.attention_plan
         if fb.mode.is_decode:  # kv_indices already include the new token's slot

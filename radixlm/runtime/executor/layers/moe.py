@@ -13,6 +13,11 @@ their expert's rows. A step groups the (token, expert) pairs by expert (one stab
 each active expert runs one matmul over all its tokens; outputs are weighted and added back
 with one ``index_add_``.
 
+gpt-oss's experts have biases (``expert_bias``: gate_up's per expert row, down's per
+output, which rank 0 alone adds under tensor parallelism), gate and up interleaved and its
+own clamped SwiGLU (``activation`` / ``activation_params``); its family file places its
+checkpoint's stacked tensors.
+
 Under tensor parallelism every rank holds every expert's share of the intermediate rows
 (``I / tp_size`` of gate, up and down, like the dense MLP) and the whole router; the
 weighted partial outputs end in one all-reduce.
@@ -48,6 +53,9 @@ class MoESpec:
     block_name: str = "mlp"  # the checkpoint's module name (Mixtral: block_sparse_moe)
     # the checkpoint's names of each expert's gate, up and down projections
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    activation: str | None = None  # the experts' own (gpt-oss); None: the decoder's
+    activation_params: tuple[tuple[str, float], ...] = ()  # gpt-oss: alpha, limit
+    expert_bias: bool = False  # gpt-oss: gate_up_proj_bias [E, 2I], down_proj_bias [E, H]
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -86,12 +94,18 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
 class FusedExperts(nn.Module):
     """``num_experts`` gated MLPs in two stacked parameters."""
 
-    def __init__(self, num_experts: int, hidden: int, inter: int, activation: str) -> None:
+    def __init__(self, num_experts: int, hidden: int, inter: int, activation: str,
+                 bias: bool = False, adds_down_bias: bool = True,
+                 activation_params: tuple[tuple[str, float], ...] = ()) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
-        self.act_and_mul = act_and_mul(activation)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
+        # under tensor parallelism one rank adds down's bias to the summed partial outputs
+        self.adds_down_bias = adds_down_bias
+        self.act_and_mul = act_and_mul(activation, **dict(activation_params))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 backend: str | None = None) -> torch.Tensor:
@@ -108,11 +122,18 @@ class FusedExperts(nn.Module):
         for expert, count in enumerate(counts):  # over experts, never tokens
             if count:
                 part = rows[start:start + count]
-                h = self.act_and_mul(F.linear(part, self.gate_up_proj[expert]), backend=backend)
-                outs[start:start + count] = F.linear(h, self.down_proj[expert])
+                h = self.act_and_mul(F.linear(part, self.gate_up_proj[expert],
+                                              self._bias(self.gate_up_proj_bias, expert)),
+                                     backend=backend)
+                down_bias = self._bias(self.down_proj_bias, expert) if self.adds_down_bias else None
+                outs[start:start + count] = F.linear(h, self.down_proj[expert], down_bias)
                 start += count
         scaled = (outs * weights.reshape(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, scaled)
+
+    @staticmethod
+    def _bias(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+        return None if bias is None else bias[expert]
 
 
 class SparseMoeBlock(nn.Module):
@@ -129,7 +150,8 @@ class SparseMoeBlock(nn.Module):
         local = inter // self.tp.size
         self.shard = Shard(0, self.tp.rank * local, (self.tp.rank + 1) * local, inter)
         self.gate = nn.Linear(hidden, spec.num_experts, bias=spec.router_bias)
-        self.experts = FusedExperts(spec.num_experts, hidden, local, activation)
+        self.experts = FusedExperts(spec.num_experts, hidden, local, spec.activation or activation,
+                                    spec.expert_bias, self.tp.rank == 0, spec.activation_params)
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         spec = self.spec

@@ -23,6 +23,7 @@ from radixlm.runtime.executor.models.gemma import (
     Gemma3ForConditionalGeneration,
     GemmaForCausalLM,
 )
+from radixlm.runtime.executor.models.gpt_oss import GptOssForCausalLM
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
@@ -59,6 +60,7 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,

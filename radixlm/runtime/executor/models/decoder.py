@@ -22,6 +22,7 @@ heads, KV heads and share of the MLP; o_proj and down_proj end in one all-reduce
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from radixlm.runtime.distributed.layers import (
     ParallelLMHead,
     Placement,
     RowParallelLinear,
+    Shard,
     VocabParallelEmbedding,
     gate_up_shards,
     local_kv_heads,
@@ -66,6 +68,10 @@ class DecoderSpec:
     final_logit_cap: float | None = None  # Gemma 2
     rope_layers: tuple[bool, ...] | None = None  # None: RoPE in every layer (SmolLM3: NoPE)
     moe: MoESpec | None = None  # mixture of experts in its sparse layers (Mixtral, Qwen3-MoE)
+    # the sparse layers' block, built as (hidden, moe, activation); None: SparseMoeBlock
+    # (gpt-oss: its checkpoint's stacked expert tensors)
+    moe_block: Callable[[int, MoESpec, str], nn.Module] | None = None
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head in every softmax
 
     def __post_init__(self) -> None:
         assert self.norms in NORM_LAYOUTS, self.norms
@@ -94,9 +100,11 @@ class Attention(nn.Module):
             shards = qkv_shards(config, tp)
             self.q_norm = ShardedRMSNorm(config.q_size, shards["q_proj"], eps, tp)
             self.k_norm = ShardedRMSNorm(config.kv_size, shards["k_proj"], eps, tp)
+        sinks = (Shard(0, tp.rank * self.num_heads, (tp.rank + 1) * self.num_heads,
+                       config.num_attention_heads) if spec.attn_sinks else None)
         self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, d,
                                    spec.sm_scale or config.sm_scale,
-                                   config.layer_window(layer_id), spec.attn_logit_cap)
+                                   config.layer_window(layer_id), spec.attn_logit_cap, sinks)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch,
                 rotary: RotaryEmbedding | None) -> torch.Tensor:
@@ -143,7 +151,8 @@ class DecoderLayer(nn.Module):
         if spec.norms != "pre":
             self.post_feedforward_layernorm = RMSNorm(hidden, eps, offset)
         if spec.moe is not None and spec.moe.is_sparse(layer_id):
-            self.mlp: nn.Module = SparseMoeBlock(hidden, spec.moe, spec.activation)
+            block = spec.moe_block or SparseMoeBlock
+            self.mlp: nn.Module = block(hidden, spec.moe, spec.activation)
         else:
             self.mlp = MLP(config, spec)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,6 +22,7 @@ from safetensors import safe_open
 from torch import nn
 
 from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm.runtime.executor.models import mxfp4
 from radixlm.runtime.model_config import SLIDING, ModelConfig, rope_scaling_of, rope_theta_of
 
 logger = logging.getLogger(__name__)
@@ -55,22 +57,26 @@ class LoadTarget(NamedTuple):
     shard: Shard | None = None
 
 
-def _read(f: Any, name: str, shard: Shard | None) -> torch.Tensor:
-    """The tensor ``name`` of an open safetensors file, or only ``shard`` of it."""
-    if shard is None:
-        return f.get_tensor(name)
-    index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
-    return f.get_slice(name)[index]
+def _read(files: dict[str, Any], name: str, shard: Shard | None) -> torch.Tensor:
+    """The tensor ``name`` (in the open safetensors file ``files[name]``), or only ``shard``
+    of it; an MXFP4 pair (``X_blocks`` / ``X_scales``) dequantized (``mxfp4.py``)."""
+    index = () if shard is None else (slice(None),) * shard.dim + (slice(shard.start,
+                                                                         shard.stop),)
+    scales = name.removesuffix(mxfp4.BLOCKS) + mxfp4.SCALES
+    if name.endswith(mxfp4.BLOCKS) and scales in files:
+        return mxfp4.read(files[name], files[scales], name, index)
+    return files[name].get_tensor(name) if shard is None else files[name].get_slice(name)[index]
 
 
 def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every checkpoint tensor, read from the safetensors headers only."""
+    """name -> shape of every checkpoint tensor, read from the safetensors headers only;
+    an MXFP4 pair as one ``X_blocks`` of the dequantized shape (``mxfp4.logical_shapes``)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
+    return mxfp4.logical_shapes(shapes)
 
 
 def plan_load(model: nn.Module, model_dir: str | Path,
@@ -127,8 +133,9 @@ def plan_load(model: nn.Module, model_dir: str | Path,
 
 
 def _target(params: dict[str, nn.Parameter], place: Placement) -> LoadTarget:
-    param_name, rows, shard = place
-    return LoadTarget(params[param_name] if rows is None else params[param_name][rows], shard)
+    param_name, rows, shard, transposed = place
+    tensor = params[param_name] if rows is None else params[param_name][rows]
+    return LoadTarget(tensor.transpose(-1, -2) if transposed else tensor, shard)
 
 
 def _expected_shape(name: str, target: LoadTarget) -> tuple[int, ...]:
@@ -146,12 +153,14 @@ def copy_weights(targets: dict[str, tuple[LoadTarget, ...]], model_dir: str | Pa
     """Stream the checkpoint into ``targets`` (from ``plan_load``), one tensor (or this
     rank's slice of one) at a time, casting to each parameter's dtype and device: peak
     extra memory is one slice."""
-    with torch.no_grad():
+    with torch.no_grad(), ExitStack() as stack:
+        files: dict[str, Any] = {}  # name -> its open file (an MXFP4 pair may be split)
         for path in safetensors_files(model_dir):
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    for target in targets.get(name, ()):
-                        target.tensor.copy_(_read(f, name, target.shard))
+            f = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            files.update(dict.fromkeys(f.keys(), f))
+        for name, place in targets.items():
+            for target in place:
+                target.tensor.copy_(_read(files, name, target.shard))
     logger.info("loaded %d tensors from %s", len(targets), model_dir)
 
 
