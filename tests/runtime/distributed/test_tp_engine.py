@@ -70,12 +70,13 @@ def test_greedy_tp2_matches_tp1_and_transformers(arch_case, make_engine):
     assert _ids(tp1.generate(input_ids=prompts, sampling_params=_greedy())) == first
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "phi3", "olmo2", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "olmo2", "mixtral", "qwen3_moe", "gpt_oss"])
 def test_families_tp2_match_transformers(family_dirs, make_engine, arch):
     """Per-head q/k norms, (1 + w) sandwich norms, soft-caps, sliding windows, Phi-3's
     fused checkpoint tensors (each rank reading its rows of them), OLMo 2's q/k norms
-    over every head (squares all-reduced) and the MoE families' experts (each rank its
-    share of every expert's rows), split over two ranks (tiny_families checkpoints;
+    over every head (squares all-reduced), the MoE families' experts (each rank its
+    share of every expert's rows) and gpt-oss's sinks (each rank its heads'), split over
+    two ranks (tiny_families checkpoints;
     prompts past the 24-token windows)."""
     path = str(family_dirs[arch])
     tok = AutoTokenizer.from_pretrained(path)

@@ -181,10 +181,11 @@ def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monke
     assert got == expected
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])
 def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
     """--attention-backend triton (interpreted without CUDA): every layer in the Triton
-    kernels, sliding windows included (never the masked torch path); tokens as transformers'."""
+    kernels, sliding windows and gpt-oss's sinks included (never the masked torch path);
+    tokens as transformers'."""
     path = family_dirs[arch]
     ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
     prompts = [ids, (ids * 2)[:40]]
