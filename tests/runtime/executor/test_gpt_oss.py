@@ -15,8 +15,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers.moe import MoESpec, route
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.models import load_model, mxfp4
 from radixlm.runtime.executor.models.gpt_oss import GptOssMoeBlock
 from radixlm.runtime.model_config import ModelConfig
@@ -201,3 +203,15 @@ def test_switching_sinks_off_changes_the_tokens(family_dirs, make_engine):
                      for o in eng.generate(input_ids=prompts, sampling_params=GREEDY)])
         eng.shutdown()
     assert runs[0] != runs[1]
+
+
+def test_weight_update_checks_the_format(family_dirs, tmp_path):
+    """/update_weights_from_disk: the same gpt-oss checkpoint passes (its options compare
+    equal); an MXFP4 one in place of the bf16 one is refused by name."""
+    src = family_dirs["gpt_oss"]
+    runner = ModelRunner(ServerArgs(model_path=str(src), max_total_tokens=256, device="cpu"),
+                         str(src))
+    assert runner.check_weights(str(src))
+    mx, _ = _mxfp4_checkpoint(src, tmp_path)
+    with pytest.raises(ValueError, match="GptOssMxfp4MoeBlock"):
+        runner.check_weights(str(mx))

@@ -19,8 +19,6 @@ range of the checkpoint's columns.
 
 from __future__ import annotations
 
-import functools
-
 from radixlm.runtime.distributed.layers import Placement, Shard
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.models.decoder import DecoderForCausalLM, DecoderSpec
@@ -28,12 +26,9 @@ from radixlm.runtime.model_config import ModelConfig
 
 
 class GptOssMoeBlock(SparseMoeBlock):
-    """The sparse MLP, placed from gpt-oss's stacked checkpoint tensors (bf16 or MXFP4)."""
+    """The sparse MLP, placed from gpt-oss's stacked checkpoint tensors (bf16)."""
 
-    def __init__(self, hidden: int, spec: MoESpec, activation: str, mxfp4: bool = False
-                 ) -> None:
-        super().__init__(hidden, spec, activation)
-        self.mxfp4 = mxfp4
+    mxfp4 = False  # a class per format: specs compare equal (weight updates check them)
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         rows = self.shard  # this rank's intermediate rows of every expert
@@ -56,6 +51,12 @@ class GptOssMoeBlock(SparseMoeBlock):
                                                Shard(1, rows.start, rows.stop, rows.full),
                                                transposed=True)
         return out
+
+
+class GptOssMxfp4MoeBlock(GptOssMoeBlock):
+    """The sparse MLP of an MXFP4 checkpoint (experts dequantized at load)."""
+
+    mxfp4 = True
 
 
 def is_mxfp4(hf: dict) -> bool:
@@ -82,4 +83,4 @@ class GptOssForCausalLM(DecoderForCausalLM):
                                          ("limit", float(hf.get("swiglu_limit", 7.0)))),
                       expert_bias=True)
         return DecoderSpec(moe=moe, attn_sinks=True,
-                           moe_block=functools.partial(GptOssMoeBlock, mxfp4=is_mxfp4(hf)))
+                           moe_block=GptOssMxfp4MoeBlock if is_mxfp4(hf) else GptOssMoeBlock)
