@@ -7,12 +7,14 @@ tiny model.
 
 Computed: without the SWA pool every layer keeps all ``--context`` tokens; with it, full
 layers keep them all and sliding layers at most ``window + 4 pages + chunk`` (what a
-request holds while a prefill chunk runs: ``swa_pool.py``). Shapes: Gemma 3 12B (48 layers,
+request holds while a prefill chunk runs: ``swa_pool.py``; its lock on the tree's window
+of its cached prefix adds up to one window more, briefly). Shapes: Gemma 3 12B (48 layers,
 5 sliding : 1 full, window 1024, 8 KV heads of 256) and Mistral 7B v0.1 (32 sliding layers,
 window 4096, 8 KV heads of 128), built with transformers' config classes (no download), in
 bfloat16; ``--config`` adds one. ``--measure``: a tiny Gemma 3 (window 24) runs one request
-of 600 tokens with the SWA pool on, and the most sliding slots in use before any forward
-is printed beside the pool sizes.
+of 600 tokens with the SWA pool on, and the most sliding slots held before any forward
+(by the request and its lock on the cached prefix, not the tree's evictable pages) is
+printed beside the pool sizes.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def measure(prompt_len: int = 600, new: int = 40) -> dict[str, int]:
             forward = runner.forward
 
             def watched(batch, req_to_token):
-                most[0] = max(most[0], cache.swa.size - cache.allocator.swa_available_size())
+                most[0] = max(most[0], cache.swa.size - cache.allocator.swa_available_size()
+                              - cache.tree.swa_evictable_size())
                 return forward(batch, req_to_token)
 
             runner.forward = watched

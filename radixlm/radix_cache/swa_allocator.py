@@ -88,6 +88,16 @@ class SWAAllocator(PagedAllocator):
         if slots.numel() > 0:
             self._drop_swa(self._whole_pages(slots), strict=True)
 
+    def move_swa(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Give full slots ``dst`` (none with a sliding slot) the sliding slots of ``src``
+        (all with one), position by position; ``src`` keeps none (whole pages)."""
+        src, dst = src.to(self.full_to_swa.device), dst.to(self.full_to_swa.device)
+        swa = self.full_to_swa[src]
+        assert bool((swa != self.swa_sentinel).all()) and not bool(self.has_swa(dst).any()), (
+            f"move_swa from {src.tolist()} to {dst.tolist()}")
+        self.full_to_swa[dst] = swa
+        self.full_to_swa[src] = self.swa_sentinel
+
     def has_swa(self, slots: torch.Tensor) -> torch.Tensor:
         """Per slot: whether it still has an SWA slot."""
         return self.full_to_swa[slots] != self.swa_sentinel

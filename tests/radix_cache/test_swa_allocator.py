@@ -129,3 +129,23 @@ class SWACacheMachinePaged(SWACacheMachine):
 
 SWACacheMachinePaged.TestCase.settings = SWACacheMachine.TestCase.settings
 TestSWACachePaged = SWACacheMachinePaged.TestCase
+
+
+class SWACacheMachineRadix(SWACacheMachine):
+    """With the radix cache: tombstones, sliding locks, revived nodes, sliding eviction."""
+
+    radix = True
+
+    @rule(n=st.integers(1, 32))
+    def evict_swa(self, n: int) -> None:
+        self.cache.tree.evict_swa(n)
+
+
+class SWACacheMachineRadixPaged(SWACacheMachineRadix):
+    page = 4
+
+
+for _m in (SWACacheMachineRadix, SWACacheMachineRadixPaged):
+    _m.TestCase.settings = SWACacheMachine.TestCase.settings
+TestSWACacheRadix = SWACacheMachineRadix.TestCase
+TestSWACacheRadixPaged = SWACacheMachineRadixPaged.TestCase

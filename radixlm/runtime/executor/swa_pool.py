@@ -6,8 +6,10 @@ Full-attention layers need every token of a sequence; sliding layers only its la
 ``S = r * F`` sliding slots, so one full slot costs ``full_bytes + r * swa_bytes`` (per
 token: K and V of the full layers, and of the sliding layers), against
 ``full_bytes + swa_bytes`` with one pool. A request holds at most ``window + 3 pages`` of
-sliding slots besides the tokens of its current forward (``CacheManager.trim_windows``),
-so ``S`` must leave room for a page more than that (``min_swa_pool``).
+its own sliding slots besides the tokens of its current forward
+(``CacheManager.trim_windows``) and, until its window has passed its cached prefix, the
+sliding lock on that prefix's last window (``radix_cache/swa_tree.py``), so ``S`` must
+leave room for both and a page (``min_swa_pool``).
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ class SWALayout:
 
 
 def min_swa_pool(window: int, page_size: int) -> int:
-    """The smallest sliding pool one request can run in (one page per forward)."""
-    return window + 5 * page_size
+    """The smallest sliding pool one request can run in: its own window + 3 pages, the
+    tree's window it locks until its own passes it (``swa_tree.py``), a page to grow."""
+    return 2 * (-(-window // page_size) * page_size) + 5 * page_size
 
 
 def swa_pool_size(full_size: int, ratio: float, window: int, page_size: int) -> int:
@@ -65,6 +68,6 @@ def swa_pool_size(full_size: int, ratio: float, window: int, page_size: int) -> 
     if size < need:
         raise ValueError(
             f"--swa-full-tokens-ratio {ratio} gives the sliding-window pool {size} slots for "
-            f"{full_size} full slots; it needs at least {need} (window {window} + 5 pages of "
-            f"{page_size}): raise the ratio or the pool size")
+            f"{full_size} full slots; it needs at least {need} (two windows of {window} and 5 "
+            f"pages of {page_size}): raise the ratio or the pool size")
     return size

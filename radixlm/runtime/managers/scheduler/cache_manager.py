@@ -49,14 +49,11 @@ class CacheManager:
         else:
             self.allocator = SWAAllocator(pool_size, swa.size, swa.full_to_swa, page_size,
                                           device=device)
-            if not disable_radix_cache:
-                # a cached prefix's sliding K/V may be freed: tombstones are not written yet
-                logger.info("--enable-hybrid-swa-memory: the radix cache is off")
-                disable_radix_cache = True
         self.req_to_token_pool = ReqToTokenPool(
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
-                               eviction_policy=eviction_policy, events=events)
+                               eviction_policy=eviction_policy, events=events,
+                               swa_window=None if swa is None else swa.window)
         self.hicache = None if disable_radix_cache else hicache
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
@@ -96,6 +93,7 @@ class CacheManager:
         n = len(m.slots)
         self.req_to_token_pool.req_to_token[row, :n] = m.slots
         self.tree.inc_lock_ref(m.last_node)
+        req.swa_uuid = self.tree.inc_swa_lock(m.last_node)
         req.req_pool_idx, req.last_node = row, m.last_node
         req.prefix_len = req.kv_len = req.alloc_len = n
         if not req.admitted_once:
@@ -172,6 +170,9 @@ class CacheManager:
         if self.swa is None:
             return self.allocator.available_size() >= num_tokens
         self.trim_windows()
+        short = num_tokens - self.allocator.swa_available_size()
+        if short > 0:
+            self.tree.evict_swa(short)
         return (self.allocator.available_size() >= num_tokens
                 and self.allocator.swa_available_size() >= num_tokens)
 
@@ -193,11 +194,15 @@ class CacheManager:
 
     def trim_windows(self) -> None:
         """Free the sliding slots every running request's window has left behind (only
-        its own slots: the tree's, ``[0, prefix_len)``, stay)."""
+        its own slots: the tree's, ``[0, prefix_len)``, stay, and are unlocked once the
+        window has passed them all)."""
         assert isinstance(self.allocator, SWAAllocator)
         table = self.req_to_token_pool.req_to_token
         for r in self.running.values():
             start, keep = max(r.prefix_len, r.swa_released), self.swa_keep_from(r)
+            if r.swa_uuid and keep >= r.prefix_len:
+                self.tree.dec_swa_lock(r.last_node, r.swa_uuid)
+                r.swa_uuid = 0
             if keep > start:
                 self.allocator.free_swa(table[r.req_pool_idx, start:keep])
                 r.swa_released = keep
@@ -218,8 +223,10 @@ class CacheManager:
         assert len(m.slots) == aligned, f"re-match gave {len(m.slots)}, expected {aligned}"
         row[:aligned] = m.slots
         self.tree.inc_lock_ref(m.last_node)
+        uuid = self.tree.inc_swa_lock(m.last_node)
+        self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
-        req.last_node, req.prefix_len = m.last_node, aligned
+        req.last_node, req.prefix_len, req.swa_uuid = m.last_node, aligned, uuid
 
     def _insert(self, req: Req, row: torch.Tensor) -> tuple[int, int]:
         """Put ``req``'s computed tokens in the tree (and the storage tier's write-through);
@@ -227,7 +234,8 @@ class CacheManager:
         ids = req.fill_ids[: req.kv_len]
         aligned = req.kv_len - req.kv_len % self.page_size
         p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
-                             counted_len=self.inserted.get(req.rid, 0))
+                             counted_len=self.inserted.get(req.rid, 0),
+                             swa_from=max(req.prefix_len, req.swa_released))
         if self.hicache is not None:
             self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
         return p, aligned
@@ -241,12 +249,13 @@ class CacheManager:
             self._free_range(row, aligned, req.alloc_len)
         else:
             self._free_range(row, req.prefix_len, req.alloc_len)
+        self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         del self.running[req.rid]
         self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
-        req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = 0
+        req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = req.swa_uuid = 0
 
     def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
         if end > start:
@@ -311,11 +320,12 @@ class CacheManager:
     def _check_swa_accounting(self, deep: bool) -> None:
         assert self.swa is not None and isinstance(self.allocator, SWAAllocator)
         free = self.allocator.swa_available_size()
+        ev, prot = self.tree.swa_evictable_size(), self.tree.swa_protected_size()
         owned = self.swa_request_owned()
-        total = free + owned
+        total = free + ev + prot + owned
         assert total == self.swa.size, (
-            f"SWA accounting broken: free {free} + request-owned {owned} = {total} != "
-            f"SWA pool size {self.swa.size}")
+            f"SWA accounting broken: free {free} + evictable {ev} + protected {prot} + "
+            f"request-owned {owned} = {total} != SWA pool size {self.swa.size}")
         if not deep:
             return
         self.allocator.check_mapping()
