@@ -116,6 +116,44 @@ class KVPool:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
 
+class SWAKVPool:
+    """The KV pool of a model with sliding layers under ``--enable-hybrid-swa-memory``:
+    full-attention layers keep ``size`` slots each (``full``), sliding layers ``swa_size``
+    slots each (``swa``), and ``full_to_swa[full slot]`` names a token's row in the
+    sliding layers (``radix_cache/swa_allocator.py`` writes it). The last slot of each
+    buffer set is padding: the full pool's is mapped to the SWA pool's, which no token
+    owns, so a translated index always reads a finite row.
+
+    ``get_kv_buffer(layer)`` returns that layer's buffers from the pool it lives in.
+    """
+
+    def __init__(self, size: int, swa_size: int, swa_layers: list[int], num_layers: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        self.size, self.swa_size = size, swa_size
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.swa_layers = frozenset(swa_layers)
+        full_layers = [i for i in range(num_layers) if i not in self.swa_layers]
+        # layer id -> (pool, index of the layer in it)
+        self._where = {i: (self.swa_layers.__contains__(i),
+                           (sorted(self.swa_layers) if i in self.swa_layers else full_layers
+                            ).index(i)) for i in range(num_layers)}
+        self.full = KVPool(size + 1, len(full_layers), num_kv_heads, head_dim, dtype, device)
+        self.swa = KVPool(swa_size + 1, len(self.swa_layers), num_kv_heads, head_dim, dtype,
+                          device)
+        self.full_to_swa = torch.full((size + 1,), swa_size, dtype=torch.int64,
+                                      device=self.device)
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return layer_id in self.swa_layers
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        in_swa, i = self._where[layer_id]
+        return (self.swa if in_swa else self.full).get_kv_buffer(i)
+
+
 class ReqToTokenPool:
     """``req_to_token[req_pool_idx, pos]`` = KV slot of token ``pos`` of that request.
 

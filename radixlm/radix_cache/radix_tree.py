@@ -30,6 +30,7 @@ import torch
 
 from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import KVEventRecorder, chain_hashes
+from radixlm.radix_cache.swa_tree import SWATree
 from radixlm.radix_cache.tree_checks import TreeChecks
 
 
@@ -47,6 +48,10 @@ class TreeNode:
     last_access: int = 0
     hit_count: int = 0
     block_hashes: list[int] = field(default_factory=list)  # one per page, with events only
+    # the SWA pool (swa_tree.py): sliding slots freed, sliding locks, unlock-walk stop
+    swa_tombstone: bool = False
+    swa_lock_ref: int = 0
+    swa_uuid: int = 0
 
     def __repr__(self) -> str:
         return (
@@ -90,18 +95,20 @@ def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
     return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
 
 
-class RadixCache(TreeChecks):
+class RadixCache(TreeChecks, SWATree):
     """Prefix cache over KV slots from ``allocator``; only whole pages are cached.
 
     Requests in different ``namespace`` s never share a node: the root's children are keyed
     by ``(namespace, first page)``, every other child by its first page (the first token
     when ``page_size == 1``). ``disable=True`` caches nothing. ``eviction_policy``: one
     of ``EVICTION_POLICIES`` (see the module docstring). ``events``: where inserts,
-    evictions and resets are recorded (None: nowhere).
+    evictions and resets are recorded (None: nowhere). ``swa_window``: with an
+    ``SWAAllocator``, the sliding window (tombstones and sliding locks: ``swa_tree.py``).
     """
 
     def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False,
-                 eviction_policy: str = "lru", events: KVEventRecorder | None = None):
+                 eviction_policy: str = "lru", events: KVEventRecorder | None = None,
+                 swa_window: int | None = None):
         assert page_size == allocator.page_size, (
             f"page_size={page_size} but allocator.page_size={allocator.page_size}"
         )
@@ -115,6 +122,7 @@ class RadixCache(TreeChecks):
         self.eviction_policy = eviction_policy
         self._priority = _PRIORITY[eviction_policy]
         self.allocator = allocator
+        self.swa_window = swa_window
         self.page_size = page_size
         self.disable = disable
         self.device = allocator.device
@@ -132,6 +140,8 @@ class RadixCache(TreeChecks):
         self.root = self._new_node([], self._empty(), None)
         self._evictable_size = 0
         self._protected_size = 0
+        self._swa_evictable_size = 0
+        self._swa_protected_size = 0
 
     def reset(self) -> None:
         """Drop every node and free all its slots through the allocator. Nothing may be locked."""
@@ -171,12 +181,15 @@ class RadixCache(TreeChecks):
             return MatchResult(self._empty(), self.root)
         key = self._aligned_key(token_ids)
         node, pos, values = self._walk(key, namespace)
+        if self.swa_window is not None:  # only as far as the sliding K/V is there
+            node = self._swa_cut(node)
+            return MatchResult(self._path_slots(node), node)
         slots = torch.cat(values) if values else self._empty()
         return MatchResult(slots, node)
 
     def insert(
         self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None,
-        counted_len: int = 0,
+        counted_len: int = 0, swa_from: int = 0,
     ) -> int:
         """Cache the whole pages of ``token_ids`` with KV ``slots``; return ``prefix_len``.
 
@@ -186,6 +199,9 @@ class RadixCache(TreeChecks):
         page are not taken. With ``disable=True`` nothing is taken and ``len(token_ids)``
         is returned. Every node on the path that ends past ``counted_len`` (the tokens
         this request already inserted, so already counted) gets one more hit.
+        With the SWA pool, ``slots`` have sliding slots from ``swa_from`` on (before it the
+        caller freed them, or they are the tree's): new nodes before it are tombstones,
+        tombstoned nodes after it take the caller's.
         """
         if self.disable:
             return len(token_ids)
@@ -193,16 +209,29 @@ class RadixCache(TreeChecks):
         assert slots.numel() >= len(key), f"{slots.numel()} slots for {len(key)} tokens"
         node, pos, _ = self._walk(key, namespace)
         self._count_hits(node, pos, counted_len)
-        if pos < len(key):
-            value = slots[pos : len(key)].to(device=self.device, dtype=torch.int64).clone()
-            leaf = self._new_node(key[pos:], value, namespace)
-            leaf.last_access = self._clock
-            leaf.hit_count = 1
-            self._attach(node, leaf)
-            self._evictable_size += len(leaf.key)
-            if self.events is not None:
-                self._record_stored(leaf)
+        if self.swa_window is not None:
+            self._revive(node, pos, slots, swa_from)
+        cut = pos if self.swa_window is None else min(max(swa_from, pos), len(key))
+        if pos < cut:  # the caller's sliding slots are gone: a tombstone
+            node = self._add_leaf(node, key[pos:cut], slots[pos:cut], namespace, True)
+        if cut < len(key):
+            self._add_leaf(node, key[cut:], slots[cut:len(key)], namespace, False)
         return pos
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], slots: torch.Tensor,
+                  namespace: str | None, tombstone: bool) -> TreeNode:
+        value = slots.to(device=self.device, dtype=torch.int64).clone()
+        leaf = self._new_node(key, value, namespace)
+        leaf.last_access = self._clock
+        leaf.hit_count = 1
+        leaf.swa_tombstone = tombstone
+        self._attach(parent, leaf)
+        self._evictable_size += len(leaf.key)
+        if self.swa_window is not None and not tombstone:
+            self._swa_evictable_size += len(leaf.key)
+        if self.events is not None:
+            self._record_stored(leaf)
+        return leaf
 
     def _record_stored(self, leaf: TreeNode) -> None:
         assert self.events is not None and leaf.parent is not None
@@ -253,6 +282,8 @@ class RadixCache(TreeChecks):
         upper = self._new_node(child.key[:m], child.value[:m], child.namespace)
         upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
         upper.hit_count = child.hit_count
+        upper.swa_tombstone, upper.swa_lock_ref = child.swa_tombstone, child.swa_lock_ref
+        upper.swa_uuid, child.swa_uuid = child.swa_uuid, 0  # the unlock walk stops higher
         pages = m // self.page_size
         upper.block_hashes = child.block_hashes[:pages]
         child.block_hashes = child.block_hashes[pages:]
@@ -297,21 +328,33 @@ class RadixCache(TreeChecks):
         while num_freed < num_tokens and heap:
             _, leaf = heapq.heappop(heap)
             parent = leaf.parent
-            assert parent is not None
-            if self.on_evict is not None:
-                self.on_evict(leaf)
-            del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
-            freed.append(leaf.value)
-            removed.extend(leaf.block_hashes)
+            self._remove_leaf(leaf, freed, removed)
             num_freed += len(leaf.key)
-            self._evictable_size -= len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), parent))
+        self._free_removed(freed, removed)
+        return num_freed
+
+    def _remove_leaf(self, leaf: TreeNode, freed: list[torch.Tensor],
+                     removed: list[int]) -> None:
+        """Detach an unlocked leaf; its slots (full, and sliding if it is live) and block
+        hashes go to ``freed`` / ``removed`` for ``_free_removed``."""
+        parent = leaf.parent
+        assert parent is not None and not leaf.children and leaf.lock_ref == 0, leaf
+        if self.on_evict is not None:
+            self.on_evict(leaf)
+        del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
+        freed.append(leaf.value)
+        removed.extend(leaf.block_hashes)
+        self._evictable_size -= len(leaf.key)
+        if self.swa_window is not None and not leaf.swa_tombstone:
+            self._swa_evictable_size -= len(leaf.key)
+
+    def _free_removed(self, freed: list[torch.Tensor], removed: list[int]) -> None:
         if freed:
             self.allocator.free(torch.cat(freed))
         if removed and self.events is not None:
             self.events.removed(removed)
-        return num_freed
 
     def _evictable_leaves(self) -> Iterator[TreeNode]:
         for n in self._nodes():

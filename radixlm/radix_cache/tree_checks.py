@@ -38,6 +38,27 @@ class TreeChecks:
             f"{[self._evictable_size, self._protected_size]}"
         )
         self._check_slots(torch.cat(values) if values else self._empty())
+        if self.swa_window is not None:
+            self._check_swa()
+
+    def _check_swa(self) -> None:
+        """Live nodes have every sliding slot, tombstones none and no sliding lock; a
+        sliding lock only under a full one; the sliding counters equal a recount."""
+        sizes = [0, 0]  # [swa evictable, swa protected]
+        for node in self._nodes():
+            if node is self.root:
+                continue
+            assert 0 <= node.swa_lock_ref <= node.lock_ref, (
+                f"{node}: sliding lock {node.swa_lock_ref}")
+            has = self.allocator.has_swa(node.value)
+            if node.swa_tombstone:
+                assert node.swa_lock_ref == 0 and not bool(has.any()), f"tombstone {node} {has}"
+            else:
+                assert bool(has.all()), f"live {node} lacks sliding slots: {has.tolist()}"
+                sizes[node.swa_lock_ref > 0] += len(node.key)
+        assert sizes == [self._swa_evictable_size, self._swa_protected_size], (
+            f"recomputed sliding evictable/protected {sizes} != counters "
+            f"{[self._swa_evictable_size, self._swa_protected_size]}")
 
     def _check_edge(self, parent: Any, child_key: Hashable, child: Any) -> None:
         ps = self.page_size

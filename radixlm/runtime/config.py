@@ -66,6 +66,16 @@ class ServerArgs:
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "share of free GPU memory for the KV pool (CUDA)"})
     disable_radix_cache: bool = False
+    enable_hybrid_swa_memory: bool = field(default=False, metadata={
+        "help": "models with sliding-window layers (Mistral, Gemma 2/3, ...): their K/V in "
+                "a second, smaller pool from which each request's tokens older than its "
+                "window are freed as it runs (SGLang's SWA memory pool, on by default "
+                "there; opt-in here). Off: one pool for every layer"})
+    disable_hybrid_swa_memory: bool = field(default=False, metadata={
+        "help": "SGLang's flag: one pool for every layer (radixlm's default)"})
+    swa_full_tokens_ratio: float = field(default=0.8, metadata={
+        "help": "with --enable-hybrid-swa-memory: sliding-layer pool slots per full-layer "
+                "pool slot, in (0, 1] (SGLang's flag and default)"})
     radix_eviction_policy: str = field(default="lru", metadata={
         "help": "lru|lfu: which radix-cache leaves are evicted first: least recently used, "
                 "or fewest hits (ties: least recently used)"})

@@ -57,6 +57,7 @@ def check_server_args(args: Any) -> None:
          f"device must be auto|cpu|cuda, got {args.device!r}")
     _check_quantization(args, need)
     _check_hicache(args, need)
+    _check_hybrid_swa(args, need)
     need(args.radix_eviction_policy in RADIX_EVICTION_POLICIES,
          f"radix_eviction_policy must be one of {RADIX_EVICTION_POLICIES} (SGLang's slru, "
          f"priority and tlru are not supported), got {args.radix_eviction_policy!r}")
@@ -243,3 +244,19 @@ def _check_hicache(args: Any, need: Any) -> None:
          "(radixlm's tier below the pool is storage; it has no host-memory tier)")
     need(not args.disable_radix_cache,
          "enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
+
+
+def _check_hybrid_swa(args: Any, need: Any) -> None:
+    """--enable-hybrid-swa-memory: the settings the SWA pool does not support yet are
+    refused by name (their KV copies read or write every layer at one slot)."""
+    need(0 < args.swa_full_tokens_ratio <= 1,
+         f"swa_full_tokens_ratio must be in (0, 1], got {args.swa_full_tokens_ratio}")
+    if not args.enable_hybrid_swa_memory:
+        return
+    need(not args.disable_hybrid_swa_memory,
+         "enable_hybrid_swa_memory and disable_hybrid_swa_memory are both set")
+    for name, on in (("enable_hierarchical_cache", args.enable_hierarchical_cache),
+                     ("disaggregation_mode", args.disaggregation_mode != "null"),
+                     ("tp_size", args.tp_size > 1)):
+        need(not on, f"enable_hybrid_swa_memory does not support {name} yet (the SWA pool "
+             "is per process and its K/V copies are not written); drop one of them")

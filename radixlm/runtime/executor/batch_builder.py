@@ -1,6 +1,7 @@
 """ForwardBatchBuilder (a ModelRunner mixin): a ModelWorkerBatch as the packed tensors of
-one forward (``ForwardBatch``), with this forward's attention plan (torch path) and, for
-windowed layers, each sequence's last ``window`` slots."""
+one forward (``ForwardBatch``), with this forward's attention plan (torch path), for
+windowed layers each sequence's last ``window`` slots, and with the SWA pool the sliding
+layers' translation of it all (``ForwardBatch.swa``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import torch
 
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, WindowView
+from radixlm.runtime.executor.forward_batch import (
+    ForwardBatch,
+    ForwardMode,
+    SWAIndices,
+    WindowView,
+)
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 
 
@@ -35,11 +41,17 @@ class ForwardBatchBuilder:
         kv_indptr = torch.zeros(len(batch) + 1, dtype=torch.int64, device=dev)
         kv_indptr[1:] = lens.cumsum(0)
         qo_indptr = torch.arange(len(batch) + 1, device=dev)
+        out_cache_loc = table.gather(1, pos[:, None])[:, 0]
+        swa_map = self.swa_map
+
+        def views(t: torch.Tensor) -> dict[int, WindowView]:
+            return {w: self._window_view(t, lens, w, qo_indptr) for w in self.decode_windows}
+
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
             positions=pos,
-            out_cache_loc=table.gather(1, pos[:, None])[:, 0],
+            out_cache_loc=out_cache_loc,
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,
@@ -49,8 +61,9 @@ class ForwardBatchBuilder:
             attention_plan=self._plan(qo_indptr, kv_indptr, kv_indices, False,
                                       batch.prefix_groups),
             layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
-            window_views={w: self._window_view(table, lens, w, qo_indptr)
-                          for w in self.decode_windows},
+            window_views={} if swa_map is not None else views(table),
+            swa=None if swa_map is None else SWAIndices(
+                swa_map[out_cache_loc], swa_map[kv_indices], views(swa_map[table])),
         )
 
     def _window_view(self, table: torch.Tensor, lens: torch.Tensor, window: int,
@@ -113,4 +126,11 @@ class ForwardBatchBuilder:
             attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups,
                                       out_cache_loc),
             layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
+            swa=None if self.swa_map is None else SWAIndices(
+                self.swa_map[out_cache_loc], self.swa_map[kv_indices]),
         )
+
+    @property
+    def swa_map(self) -> torch.Tensor | None:
+        """``full_to_swa`` of the SWA pool (None: one pool for every layer)."""
+        return getattr(self.kv_pool, "full_to_swa", None)

@@ -20,7 +20,7 @@ import torch
 
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
-from radixlm.radix_cache.kv_pool import KVPool
+from radixlm.radix_cache.kv_pool import KVPool, SWAKVPool
 
 
 @dataclass
@@ -33,6 +33,17 @@ class WindowView:
     kv_indices: torch.Tensor  # [nnz]
     attention_plan: AttentionPlan | None = None
     layout: Layout | None = None
+
+
+@dataclass
+class SWAIndices:
+    """The sliding layers' view of a forward under the SWA pool (``SWAKVPool``): the same
+    layout with every slot translated through ``full_to_swa``. Slots that fell out of
+    every window read the pool's padding row, which the window masks."""
+
+    out_cache_loc: torch.Tensor  # [N]
+    kv_indices: torch.Tensor  # [nnz]
+    window_views: dict[int, WindowView] = field(default_factory=dict)
 
 
 class ForwardMode(enum.Enum):
@@ -56,7 +67,7 @@ class ForwardBatch:
     kv_indptr: torch.Tensor  # [B+1] int64, ranges into kv_indices (see module doc)
     kv_indices: torch.Tensor  # [nnz] int64, KV slot indices
     logits_indices: torch.Tensor  # [M] int64, rows of the packed hidden states to project
-    kv_pool: KVPool
+    kv_pool: KVPool | SWAKVPool
     attention_backend: str | None = None  # None | "torch" | "triton"
     # torch attention path: index work of this layout done once for every layer, and
     # KV shared by several sequences read once per group (kernels/shared_prefix.py)
@@ -66,6 +77,13 @@ class ForwardBatch:
     layout: Layout | None = None
     # decode: window -> the layout truncated to it, for the model's sliding layers
     window_views: dict[int, WindowView] = field(default_factory=dict)
+    # with the SWA pool: what the sliding layers read and write instead (their window
+    # views live there, translated)
+    swa: SWAIndices | None = None
+
+    def for_layer(self, sliding: bool) -> ForwardBatch | SWAIndices:
+        """Where a layer's ``out_cache_loc``, ``kv_indices`` and ``window_views`` are."""
+        return self.swa if sliding and self.swa is not None else self
 
     @property
     def batch_size(self) -> int:

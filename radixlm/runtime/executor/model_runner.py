@@ -13,7 +13,13 @@ import torch
 from safetensors import SafetensorError
 
 from radixlm.kernels import cpu_paged
-from radixlm.radix_cache.kv_pool import KVPool, kv_cache_dtype_name, kv_cache_torch_dtype
+from radixlm.radix_cache.kv_pool import (
+    KVPool,
+    SWAKVPool,
+    kv_cache_dtype_name,
+    kv_cache_torch_dtype,
+)
+from radixlm.radix_cache.swa_allocator import SWASpec
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import (
     check_tp_split,
@@ -39,6 +45,7 @@ from radixlm.runtime.executor.models.weights import (
     copy_weights,
     plan_load,
 )
+from radixlm.runtime.executor.swa_pool import SWALayout, swa_pool_size
 from radixlm.runtime.executor.tp_worker import (
     ShutdownStep,
     UpdateWeightsStep,
@@ -97,21 +104,45 @@ class ModelRunner(ForwardBatchBuilder):
                         / (1 << 30), dense_weight_bytes(self.model) / (1 << 30))
         self.prepack = not args.disable_cpu_weight_prepack
         prepack_weights(self.model, self.prepack)
+        # --enable-hybrid-swa-memory: the sliding layers' K/V in a pool of their own
+        self.swa = SWALayout.of(self.model) if args.enable_hybrid_swa_memory else None
+        self.swa_ratio = args.swa_full_tokens_ratio
+        if args.enable_hybrid_swa_memory and self.swa is None:
+            logger.info("--enable-hybrid-swa-memory: the model has no sliding layers; one pool")
         self.pool_size = self._pool_size(args)
-        cfg = self.model_config
-        # one slot more than the allocator hands out: padding rows of CUDA-graph replays
-        # write and read only that one (cuda_graph_runner.py)
-        self.kv_pool = KVPool(self.pool_size + 1, cfg.num_layers,
-                              local_kv_heads(cfg, self.tp.size), cfg.head_dim, self.kv_dtype,
-                              self.device)
+        self.swa_pool_size = (0 if self.swa is None else swa_pool_size(
+            self.pool_size, self.swa_ratio, self.swa.window, args.page_size))
+        self.kv_pool = self._make_pool()
         logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))
+        if self.swa is not None:
+            logger.info("SWA pool: layers %s (window %d) in %d slots, the other %d layers in "
+                        "%d", list(self.swa.swa_layers), self.swa.window, self.swa_pool_size,
+                        self.swa.num_layers - len(self.swa.swa_layers), self.pool_size)
         if self.prepacked_layers:
             logger.info("%d linear layers multiply by oneDNN-prepacked weights, %.2f GiB "
                         "besides the dense ones (--disable-cpu-weight-prepack: dense only)",
                         self.prepacked_layers, self.prepacked_weight_bytes / (1 << 30))
         self.graph_runner = self._capture_cuda_graphs(args)
+
+    def _make_pool(self) -> KVPool | SWAKVPool:
+        """One slot more than the allocator hands out: padding rows of CUDA-graph replays
+        write and read only that one (cuda_graph_runner.py)."""
+        cfg = self.model_config
+        heads = local_kv_heads(cfg, self.tp.size)
+        if self.swa is None:
+            return KVPool(self.pool_size + 1, cfg.num_layers, heads, cfg.head_dim,
+                          self.kv_dtype, self.device)
+        return SWAKVPool(self.pool_size, self.swa_pool_size, list(self.swa.swa_layers),
+                         cfg.num_layers, heads, cfg.head_dim, self.kv_dtype, self.device)
+
+    def swa_spec(self) -> SWASpec | None:
+        """The SWA pool as the cache manager's allocator needs it (None: one pool)."""
+        if self.swa is None:
+            return None
+        assert isinstance(self.kv_pool, SWAKVPool)
+        return SWASpec(self.swa_pool_size, self.swa.window, self.kv_pool.full_to_swa)
 
     def _init_tp(self, args: ServerArgs, tp_rank: int) -> TpGroup:
         """Join this replica's tensor-parallel group (rank ``tp_rank`` of ``args.tp_size``;
@@ -136,10 +167,14 @@ class ModelRunner(ForwardBatchBuilder):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of one token over every layer, in the pool's dtype (this rank's heads)."""
+        """K and V of one token over every layer, in the pool's dtype (this rank's heads);
+        with the SWA pool, what one full slot costs with its share of sliding slots."""
         cfg = self.model_config
-        return KVPool.bytes_per_token(cfg.num_layers, local_kv_heads(cfg, self.tp.size),
-                                      cfg.head_dim, self.kv_dtype)
+        heads = local_kv_heads(cfg, self.tp.size)
+        if self.swa is None:
+            return KVPool.bytes_per_token(cfg.num_layers, heads, cfg.head_dim, self.kv_dtype)
+        full, swa = self.swa.bytes_per_token(heads, cfg.head_dim, self.kv_dtype)
+        return full + int(swa * self.swa_ratio)
 
     @property
     def prepacked_layers(self) -> int:
@@ -154,7 +189,12 @@ class ModelRunner(ForwardBatchBuilder):
 
     @property
     def kv_pool_bytes(self) -> int:
-        return self.pool_size * self.kv_bytes_per_token
+        if self.swa is None:
+            return self.pool_size * self.kv_bytes_per_token
+        cfg = self.model_config
+        full, swa = self.swa.bytes_per_token(local_kv_heads(cfg, self.tp.size), cfg.head_dim,
+                                             self.kv_dtype)
+        return self.pool_size * full + self.swa_pool_size * swa
 
     @property
     def weight_bytes(self) -> int:
@@ -251,6 +291,11 @@ class ModelRunner(ForwardBatchBuilder):
     def _capture_cuda_graphs(self, args: ServerArgs,
                              graph_factory=None) -> CudaGraphRunner | None:
         """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
+        if self.swa is not None and self.device.type == "cuda":
+            # the graphs' index buffers hold full slots; the sliding layers' translation
+            # is not captured yet
+            logger.info("decode CUDA graphs off with --enable-hybrid-swa-memory")
+            return None
         if (args.disable_cuda_graph or self.uses_torch_attention or self.tp.size > 1
                 or (self.device.type != "cuda" and graph_factory is None)):
             return None

@@ -18,8 +18,12 @@ A layer with a window or a cap runs, on the torch path, in ``kernels.masked_atte
 decode, where a window is only a shorter layout: when the runner built that view
 (``ForwardBatch.window_views``: each sequence's last ``window`` slots), an uncapped sliding
 layer decodes through the plain kernels. The Triton kernels take both options themselves
-(and so decode CUDA graphs capture such layers too). The pool keeps every token of every
-layer (no SWA pool yet).
+(and so decode CUDA graphs capture such layers too).
+
+With the SWA pool (``--enable-hybrid-swa-memory``, ``SWAKVPool``) a sliding layer's K/V
+live in the smaller pool: it writes and reads through ``ForwardBatch.swa`` (the same
+layout, slots translated through ``full_to_swa``; tokens out of every window read a
+padding row that the window masks).
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ class RadixAttention(nn.Module):
         """q [N, Hq, D], k/v [N, Hkv, D] (rotated) -> [N, Hq * D]."""
         n, backend = q.shape[0], fb.attention_backend
         k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
-        kernels.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v, backend=backend)
-        view = fb.window_views.get(self.sliding_window) if self.logit_cap is None else None
+        idx = fb.for_layer(self.sliding_window is not None)  # fb, or its SWA translation
+        kernels.store_kv(k_buf, v_buf, idx.out_cache_loc, k, v, backend=backend)
+        view = idx.window_views.get(self.sliding_window) if self.logit_cap is None else None
         if fb.mode.is_decode and view is not None:  # the window's slots, plain kernels
             o = kernels.decode_attention(
                 q, k_buf, v_buf, view.kv_indptr, view.kv_indices, self.sm_scale,
@@ -81,11 +86,11 @@ class RadixAttention(nn.Module):
         plan = None if self.masked else fb.attention_plan
         if fb.mode.is_decode:  # kv_indices already include the new token's slot
             o = kernels.decode_attention(
-                q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, self.sm_scale, backend=backend,
+                q, k_buf, v_buf, fb.kv_indptr, idx.kv_indices, self.sm_scale, backend=backend,
                 plan=plan, layout=fb.layout, **options,
             )
         else:  # cached prefix from the pool, new tokens causally from k/v
-            ragged = (fb.qo_indptr, fb.kv_indptr, fb.kv_indices)
+            ragged = (fb.qo_indptr, fb.kv_indptr, idx.kv_indices)
             o = kernels.extend_attention(
                 q, k, v, k_buf, v_buf, *ragged, self.sm_scale, backend=backend,
                 plan=plan, layout=fb.layout, **options,

@@ -10,14 +10,19 @@ can be checked here (``check_accounting``).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import KVEventRecorder
 from radixlm.radix_cache.kv_pool import ReqToTokenPool
 from radixlm.radix_cache.radix_tree import MatchResult, RadixCache
+from radixlm.radix_cache.swa_allocator import SWAAllocator, SWASpec
 from radixlm.runtime.managers.scheduler.hicache import HiCache
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
+
+logger = logging.getLogger(__name__)
 
 # a shared prefix shorter than this is not worth a separate attention pass
 MIN_SHARED_PREFIX = 64
@@ -31,16 +36,24 @@ class CacheManager:
     def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
                  disable_radix_cache: bool, device: torch.device,
                  eviction_policy: str = "lru", events: KVEventRecorder | None = None,
-                 hicache: HiCache | None = None) -> None:
+                 hicache: HiCache | None = None, swa: SWASpec | None = None) -> None:
         """``hicache``: the storage tier under the tree (``--enable-hierarchical-cache``):
-        evicted pages are written to it, admissions load from it what the tree lacks."""
+        evicted pages are written to it, admissions load from it what the tree lacks.
+        ``swa``: the sliding layers' pool (``--enable-hybrid-swa-memory``); each running
+        request's sliding slots older than its window are freed as it runs."""
         self.page_size = page_size
         self.pool_size = pool_size
-        self.allocator = PagedAllocator(pool_size, page_size, device=device)
+        self.swa = swa
+        if swa is None:
+            self.allocator = PagedAllocator(pool_size, page_size, device=device)
+        else:
+            self.allocator = SWAAllocator(pool_size, swa.size, swa.full_to_swa, page_size,
+                                          device=device)
         self.req_to_token_pool = ReqToTokenPool(
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
-                               eviction_policy=eviction_policy, events=events)
+                               eviction_policy=eviction_policy, events=events,
+                               swa_window=None if swa is None else swa.window)
         self.hicache = None if disable_radix_cache else hicache
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
@@ -80,6 +93,7 @@ class CacheManager:
         n = len(m.slots)
         self.req_to_token_pool.req_to_token[row, :n] = m.slots
         self.tree.inc_lock_ref(m.last_node)
+        req.swa_uuid = self.tree.inc_swa_lock(m.last_node)
         req.req_pool_idx, req.last_node = row, m.last_node
         req.prefix_len = req.kv_len = req.alloc_len = n
         if not req.admitted_once:
@@ -148,10 +162,50 @@ class CacheManager:
         return True
 
     def ensure_free(self, num_tokens: int) -> bool:
+        """Whether ``num_tokens`` slots (and, with the SWA pool, as many sliding slots) can
+        be allocated now, after evicting from the tree what is short."""
         short = num_tokens - self.allocator.available_size()
         if short > 0:
             self.evicted_tokens += self.tree.evict(short)
-        return self.allocator.available_size() >= num_tokens
+        if self.swa is None:
+            return self.allocator.available_size() >= num_tokens
+        self.trim_windows()
+        short = num_tokens - self.allocator.swa_available_size()
+        if short > 0:
+            self.tree.evict_swa(short)
+        return (self.allocator.available_size() >= num_tokens
+                and self.allocator.swa_available_size() >= num_tokens)
+
+    # --- the SWA pool -------------------------------------------------------------------
+    @property
+    def max_extend(self) -> int | None:
+        """Most tokens one request may compute in one forward (None: no limit): with the
+        SWA pool, what a lone request's sliding slots leave room for (``swa_pool.py``)."""
+        if self.swa is None:
+            return None
+        return self.swa.size - self.swa.window - 4 * self.page_size
+
+    def swa_keep_from(self, req: Req) -> int:
+        """The first position whose sliding K/V ``req`` still needs: its next query (at
+        ``kv_len``) sees keys after ``kv_len - window``; one page more, page-aligned."""
+        assert self.swa is not None
+        keep = req.kv_len - self.swa.window - self.page_size
+        return max(keep - keep % self.page_size, 0)
+
+    def trim_windows(self) -> None:
+        """Free the sliding slots every running request's window has left behind (only
+        its own slots: the tree's, ``[0, prefix_len)``, stay, and are unlocked once the
+        window has passed them all)."""
+        assert isinstance(self.allocator, SWAAllocator)
+        table = self.req_to_token_pool.req_to_token
+        for r in self.running.values():
+            start, keep = max(r.prefix_len, r.swa_released), self.swa_keep_from(r)
+            if r.swa_uuid and keep >= r.prefix_len:
+                self.tree.dec_swa_lock(r.last_node, r.swa_uuid)
+                r.swa_uuid = 0
+            if keep > start:
+                self.allocator.free_swa(table[r.req_pool_idx, start:keep])
+                r.swa_released = keep
 
     # --- release ----------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
@@ -169,8 +223,10 @@ class CacheManager:
         assert len(m.slots) == aligned, f"re-match gave {len(m.slots)}, expected {aligned}"
         row[:aligned] = m.slots
         self.tree.inc_lock_ref(m.last_node)
+        uuid = self.tree.inc_swa_lock(m.last_node)
+        self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
-        req.last_node, req.prefix_len = m.last_node, aligned
+        req.last_node, req.prefix_len, req.swa_uuid = m.last_node, aligned, uuid
 
     def _insert(self, req: Req, row: torch.Tensor) -> tuple[int, int]:
         """Put ``req``'s computed tokens in the tree (and the storage tier's write-through);
@@ -178,7 +234,8 @@ class CacheManager:
         ids = req.fill_ids[: req.kv_len]
         aligned = req.kv_len - req.kv_len % self.page_size
         p = self.tree.insert(ids, row[: req.kv_len].clone(), namespace=req.namespace,
-                             counted_len=self.inserted.get(req.rid, 0))
+                             counted_len=self.inserted.get(req.rid, 0),
+                             swa_from=max(req.prefix_len, req.swa_released))
         if self.hicache is not None:
             self.hicache.after_insert(ids[:aligned], row[:aligned], req.namespace)
         return p, aligned
@@ -192,12 +249,13 @@ class CacheManager:
             self._free_range(row, aligned, req.alloc_len)
         else:
             self._free_range(row, req.prefix_len, req.alloc_len)
+        self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         del self.running[req.rid]
         self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
-        req.prefix_len = req.kv_len = req.alloc_len = 0
+        req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = req.swa_uuid = 0
 
     def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
         if end > start:
@@ -238,9 +296,15 @@ class CacheManager:
     def request_owned(self) -> int:
         return sum(r.alloc_len - r.prefix_len for r in self.running.values())
 
+    def swa_request_owned(self) -> int:
+        """Sliding slots of running requests: their own tokens not yet trimmed."""
+        return sum(r.alloc_len - max(r.prefix_len, r.swa_released)
+                   for r in self.running.values())
+
     def check_accounting(self, deep: bool = True) -> None:
-        """free + evictable + protected + request-owned == pool size; with ``deep``, also
-        the tree's own integrity check (walks every node)."""
+        """free + evictable + protected + request-owned == pool size, for each pool; with
+        ``deep``, also the tree's own integrity check (walks every node) and, with the SWA
+        pool, its mapping and every request's trimmed range."""
         free = self.allocator.available_size()
         ev, prot = self.tree.evictable_size(), self.tree.protected_size()
         owned = self.request_owned()
@@ -248,5 +312,28 @@ class CacheManager:
         assert total == self.pool_size, (
             f"KV accounting broken: free {free} + evictable {ev} + protected {prot} + "
             f"request-owned {owned} = {total} != pool size {self.pool_size}")
+        if self.swa is not None:
+            self._check_swa_accounting(deep)
         if deep:
             self.tree.check_integrity()
+
+    def _check_swa_accounting(self, deep: bool) -> None:
+        assert self.swa is not None and isinstance(self.allocator, SWAAllocator)
+        free = self.allocator.swa_available_size()
+        ev, prot = self.tree.swa_evictable_size(), self.tree.swa_protected_size()
+        owned = self.swa_request_owned()
+        total = free + ev + prot + owned
+        assert total == self.swa.size, (
+            f"SWA accounting broken: free {free} + evictable {ev} + protected {prot} + "
+            f"request-owned {owned} = {total} != SWA pool size {self.swa.size}")
+        if not deep:
+            return
+        self.allocator.check_mapping()
+        table = self.req_to_token_pool.req_to_token
+        for r in self.running.values():
+            kept = max(r.prefix_len, r.swa_released)
+            row = table[r.req_pool_idx]
+            assert not bool(self.allocator.has_swa(row[r.prefix_len:kept]).any()), (
+                f"{r}: trimmed slots [{r.prefix_len}, {kept}) still have sliding slots")
+            assert bool(self.allocator.has_swa(row[kept:r.alloc_len]).all()), (
+                f"{r}: slots [{kept}, {r.alloc_len}) lack sliding slots")

@@ -59,6 +59,9 @@ class Req:
         self.prefix_len = 0
         self.kv_len = 0
         self.alloc_len = 0
+        # with the SWA pool: positions [prefix_len, swa_released) have no sliding K/V
+        self.swa_released = 0
+        self.swa_uuid = 0  # its sliding lock in the tree (0: none)
         self.cached_tokens = 0
         self.storage_cached_tokens = 0  # of cached_tokens, loaded from the storage tier
         self.admitted_once = False

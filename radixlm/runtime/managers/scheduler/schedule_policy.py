@@ -190,6 +190,8 @@ class PrefillAdder:
             n = min(n, self.rem_chunk)
         if self.reqs or admitted:
             n = min(n, self.rem_input)
+        if self.cache.max_extend is not None:  # the SWA pool: one forward's sliding slots
+            n = min(n, self.cache.max_extend)
         if n <= 0 or not self.cache.alloc(req, n):
             if not admitted:
                 self.cache.release(req, cache=False)

@@ -91,7 +91,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
                                   self.model_runner.device, args.radix_eviction_policy,
                                   self.kv_events, build_hicache(args, self.model_runner,
                                                                 model_path,
-                                                                DEFAULT_WEIGHT_VERSION))
+                                                                DEFAULT_WEIGHT_VERSION),
+                                  swa=self.model_runner.swa_spec())
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling
