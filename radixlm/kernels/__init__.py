@@ -1,9 +1,9 @@
 """Attention and layer kernels over the paged KV pool, dispatched by device.
 
 ``backend=None`` picks Triton for CUDA tensors and the torch reference otherwise, except
-that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) take the fused C++
-kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built (RMSNorm:
-bfloat16 only);
+that the layer kernels (``rms_norm``, ``apply_rotary``, ``silu_and_mul``) and the KV pool's
+write (``store_kv``) take the C++ kernels of ``cpu_fused`` for float32 / bfloat16 CPU
+tensors when they are built (RMSNorm: bfloat16 only);
 Attention with a sliding window or logit soft-capping (``sliding_window`` /
 ``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
 when set) and in ``masked_attention`` on the torch path (the planned CPU passes and the
@@ -142,6 +142,9 @@ def store_kv(
     """Write the new tokens' K/V rows into their slots ``loc`` of the pool."""
     if _use_triton(backend, k):
         _triton("store_kv").store_kv_triton(k_buf, v_buf, loc, k, v)
+        return
+    if _use_fused(backend, k_buf, k, v) and cpu_fused.stores(k_buf, k, v):
+        cpu_fused.store_kv(k_buf, v_buf, loc, k, v)
         return
     reference.store_kv(k_buf, v_buf, loc, k, v)
 

@@ -1,6 +1,8 @@
 """Fused CPU layer kernels (``csrc/fused_layers.cpp``): RMSNorm with the residual add,
 neox rotary on q and k, and SiLU-and-mul, each one pass over its rows instead of torch's
-4-8 elementwise passes (and, in bfloat16, their dtype conversions).
+4-8 elementwise passes (and, in bfloat16, their dtype conversions); and the KV pool's write
+(``csrc/kv_store.cpp``): K and V rows copied into their slots in one call, where torch's
+``k_buf[loc] = k`` runs an element-wise ``index_put`` per buffer.
 
 Built into the same library as the paged-attention kernel (``cpu_paged``: compiled and
 cached once per machine; ``cpu_paged.available()`` says whether it loaded, and
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.kernels import cpu_paged
+from radixlm.kernels.reference import check_store_layout
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -52,3 +55,21 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``reference.silu_and_mul``: ``silu(x[:, :I]) * x[:, I:]`` for ``x`` [N, 2I]."""
     return torch.ops.radixlm_cpu.silu_and_mul(_rows(x))
+
+
+def stores(k_buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``store_kv`` takes these: K/V in the pool's dtype, or float32 into bfloat16,
+    and each token's [Hkv, D] block contiguous (rows may be strided)."""
+    same = k.dtype == v.dtype and (k.dtype == k_buf.dtype or (
+        k.dtype == torch.float32 and k_buf.dtype == torch.bfloat16))
+    return same and all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
+                        for t in (k_buf, k, v))
+
+
+def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """``reference.store_kv``: row ``i`` of ``k``/``v`` into slot ``loc[i]`` of the pool (the
+    same ``ValueError`` for a bad layout; a slot outside the pool is a RuntimeError before
+    anything is written)."""
+    check_store_layout(k_buf, v_buf, loc, k, v)
+    torch.ops.radixlm_cpu.store_kv(k_buf, v_buf, loc.long().contiguous(), k, v)

@@ -1,8 +1,9 @@
 """The fused CPU layer kernels (``kernels/cpu_fused``, compiled C++) against float64
 formulas: RMSNorm with and without the residual add, neox rotary on strided q/k views, and
 SiLU-and-mul, in float32 and bfloat16, over widths on and off the 16-lane vector path and
-empty batches; plus the dispatch (backend None on CPU takes them, "torch" does not;
-float32 RMSNorm keeps the reference, see ``kernels.rms_norm``)."""
+empty batches; the KV pool's write against torch's indexed assignment; plus the dispatch
+(backend None on CPU takes them, "torch" does not; float32 RMSNorm keeps the reference, see
+``kernels.rms_norm``)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def test_silu_and_mul(dtype, inter, rows) -> None:
 
 def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
     calls = []
-    for name in ("rms_norm", "apply_rotary", "silu_and_mul"):
+    for name in ("rms_norm", "apply_rotary", "silu_and_mul", "store_kv"):
         monkeypatch.setattr(cpu_fused, name, lambda *a, _n=name, **k: calls.append(_n))
     x, w = torch.randn(3, 32), torch.ones(32)
     xb, wb = x.bfloat16(), w.bfloat16()
@@ -132,12 +133,54 @@ def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
     kernels.rms_norm(xb, wb, 1e-5, backend="torch")
     kernels.apply_rotary(q, k, cs, pos, backend="torch")
     kernels.silu_and_mul(x, backend="torch")
+    buf, loc = torch.zeros(8, 1, 32), torch.tensor([5, 2, 7])
+    kernels.store_kv(buf, buf.clone(), loc, k, k, backend="torch")
     assert calls == []
     kernels.rms_norm(x, w, 1e-5)  # float32 RMSNorm: the reference (see kernels.rms_norm)
     kernels.rms_norm(xb, wb, 1e-5)
     kernels.apply_rotary(q, k, cs, pos)
     kernels.silu_and_mul(x)
     kernels.silu_and_mul(x.half())  # float16: not a kernel dtype, the reference
-    assert calls == ["rms_norm", "apply_rotary", "silu_and_mul"]
+    kernels.store_kv(buf, buf.clone(), loc, k, k)
+    kernels.store_kv(buf.half(), buf.half(), loc, k, k)  # float32 into float16: the reference
+    assert calls == ["rms_norm", "apply_rotary", "silu_and_mul", "store_kv"]
     with pytest.raises(ValueError, match="backend"):
         kernels.silu_and_mul(x, backend="cuda")
+
+
+@pytest.mark.parametrize("pool, src", [(torch.float32, torch.float32),
+                                       (torch.bfloat16, torch.bfloat16),
+                                       (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("rows", [0, 1, 9, 700])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_store_kv_matches_indexed_assignment(pool, src, rows, index_dtype) -> None:
+    """Slots written exactly as ``buf[loc] = k.to(pool)`` (bfloat16 rounding included, NaN
+    and inf kept), nothing else touched; v a strided view of a fused qkv row (700 rows: the
+    threaded path)."""
+    slots, hkv, d = 1024, 2, 24
+    k_buf = torch.full((slots, hkv, d), float("nan"), dtype=pool)
+    v_buf = k_buf.clone()
+    loc = torch.randperm(slots, generator=torch.Generator().manual_seed(1))[:rows]
+    qkv = _randn(rows, 4 * hkv * d, dtype=src, seed=2, scale=3.0)
+    k = _randn(rows, hkv, d, dtype=src, seed=3, scale=3.0)
+    if rows:
+        k[0, 0, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    v = qkv[:, 3 * hkv * d:].view(rows, hkv, d)
+    cpu_fused.store_kv(k_buf, v_buf, loc.to(index_dtype), k, v)
+    want_k, want_v = torch.full_like(k_buf, float("nan")), torch.full_like(v_buf, float("nan"))
+    want_k[loc], want_v[loc] = k.to(pool), v.to(pool)
+    assert torch.allclose(k_buf, want_k, rtol=0, atol=0, equal_nan=True)
+    assert torch.allclose(v_buf, want_v, rtol=0, atol=0, equal_nan=True)
+
+
+def test_store_kv_checks_every_slot_before_writing() -> None:
+    k_buf = torch.zeros(10, 2, 16)
+    v_buf = k_buf.clone()
+    k = torch.ones(3, 2, 16)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        cpu_fused.store_kv(k_buf, v_buf, torch.tensor([1, 2, 10]), k, k)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        cpu_fused.store_kv(k_buf, v_buf, torch.tensor([-1, 2, 3]), k, k)
+    assert not k_buf.any() and not v_buf.any()
+    with pytest.raises(ValueError, match="len\\(loc\\)"):
+        cpu_fused.store_kv(k_buf, v_buf, torch.tensor([1, 2]), k, k)

@@ -303,16 +303,23 @@ def row_seed(seed: int, step: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)``: the first maximal index of each row (NaN counts as the
+    maximum), through ``max``'s indices, which torch's CPU build vectorises (its argmax
+    over a [32, 32k] float32 batch took 3x as long on one thread)."""
+    return x.max(dim=-1).indices
+
+
 def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
     """Next token per row from [B, V] float32 logits of the last positions."""
     processed = process_logits(logits, info)
     if info.all_greedy:
-        next_ids = processed.argmax(dim=-1)
+        next_ids = argmax(processed)
     else:
         probs = sampling_probs(processed, info)
-        next_ids = (probs / exponential_noise(info)).argmax(dim=-1)
+        next_ids = argmax(probs / exponential_noise(info))
         if info.any_greedy:
-            next_ids = torch.where(info.is_greedy, processed.argmax(dim=-1), next_ids)
+            next_ids = torch.where(info.is_greedy, argmax(processed), next_ids)
     if not info.need_logprobs:  # a full-vocabulary log_softmax per row, only when asked
         return SampleOutput(next_token_ids=next_ids, logprobs=None, top_logprobs=None)
     logprobs, top, asked = logprobs_of(logits, next_ids, info.top_logprobs_nums,

@@ -9,6 +9,7 @@ import torch
 
 from radixlm.runtime.executor.sampling import (
     SamplingBatchInfo,
+    argmax,
     compute_logprobs,
     process_logits,
     row_seed,
@@ -390,3 +391,21 @@ def test_advanced_state_equals_a_rebuilt_one() -> None:
             kept_out[row].append(t)
         kept.advance(b)
     assert rebuilt_out == kept_out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torchs_first_maximum(dtype) -> None:
+    """The sampler's argmax equals torch.argmax row for row: the first of tied maxima
+    (bf16 rounding makes many), NaN counted as the maximum, -inf and constant rows."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 3001, generator=g).to(dtype)
+    x[1, [10, 20, 30]] = 50.0
+    x[2, [5, 9]] = float("nan")
+    x[3] = 1.0
+    x[4] = float("-inf")
+    x[5, [0, 3000]] = float("inf")
+    x[6:] = (x[6:] * 4).round()  # many ties per row
+    first = [r.isnan() if r.isnan().any() else r == r.max() for r in x.float()]
+    want = torch.tensor([int(hit.nonzero()[0, 0]) for hit in first])
+    assert torch.equal(argmax(x), want)
+    assert torch.equal(argmax(x), x.argmax(dim=-1))

@@ -79,8 +79,9 @@ class OutputProcessor:
                 sample_rows.append(row - 1)
         outs = [self.finish(r, {"type": "length", "length": 0}, release=True)
                 for r in done_prefill]
-        if sample_reqs:
-            outs += self._sample(sample_reqs, logits[sample_rows])
+        if sample_reqs:  # every row (a decode step): no gather
+            every = sample_rows == list(range(logits.shape[0]))
+            outs += self._sample(sample_reqs, logits if every else logits[sample_rows])
         # requests that just finished their prompt start decoding; decode rows already are
         prefill = {id(r) for r in batch.reqs[: batch.num_prefill]}
         new = [r for r in sample_reqs if not r.finished and id(r) in prefill]
