@@ -49,7 +49,7 @@ def _hf_greedy(path, prompts: list[list[int]], max_new: int = MAX_NEW) -> list[l
                 for p in prompts]
 
 
-@pytest.fixture(scope="module", params=["mistral", "gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["mistral", "gemma2", "gemma3", "gpt_oss"])
 def family(request, family_dirs):
     path = family_dirs[request.param]
     prompts = _prompts(path)
