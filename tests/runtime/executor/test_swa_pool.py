@@ -15,7 +15,6 @@ if not torch.cuda.is_available():  # before the Triton kernels are first importe
 import pytest  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from radixlm.kernels import masked_attention  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.tiny_families import WINDOW  # noqa: E402
 
@@ -117,7 +116,7 @@ def test_sliding_pool_holds_only_the_window(family_dirs, make_engine):
     assert max(used for used, _ in seen) < len(prompt)
 
 
-def test_triton_path(family_dirs, make_engine, monkeypatch):
+def test_triton_path(family_dirs, make_engine, no_masked_path):
     """--attention-backend triton (interpreted without CUDA) reads the sliding pool through
     the mapping too."""
     path = family_dirs["gemma3"]
@@ -127,12 +126,6 @@ def test_triton_path(family_dirs, make_engine, monkeypatch):
                       chunked_prefill_size=16, max_total_tokens=256,
                       swa_full_tokens_ratio=0.5,
                       device="cuda" if torch.cuda.is_available() else "cpu", **SWA)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the Triton path took the masked torch path")
-
-    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
-    monkeypatch.setattr(masked_attention, "extend_attention", refuse)
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected
