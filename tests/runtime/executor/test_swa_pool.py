@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.tiny_families import WINDOW  # noqa: E402
+from tests.runtime.executor.greedy_checks import check_greedy  # noqa: E402
 
 MAX_NEW = 12
 TEXT = ("To make bread you need flour, water, salt and yeast. First, mix the flour and the "
@@ -79,16 +80,7 @@ def test_greedy_matches_transformers(family, make_engine, config):
     eng = make_engine(model_path=str(path), **SWA, **CONFIGS[config])
     assert eng.scheduler.cache.swa is not None
     seen = _watch_swa(eng)
-    n = 2 if config.endswith("_n2") else 1
-    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, "n": n}
-    want = [e for e in expected for _ in range(n)]
-    for attempt in ("cold", "radix hit"):
-        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
-        assert got == want, f"{arch} {config} {attempt}: engine {got} != {want}"
-    info = eng.get_server_info()
-    assert info["cache_hit_rate"] > 0
-    if config.startswith("tiny_pool"):
-        assert info["num_preemptions"] > 0, "the pool was meant to retract"
+    check_greedy(eng, arch, config, prompts, expected, MAX_NEW)
     if config == "small_swa":  # a request longer than the whole sliding pool ran
         assert max(k for _, k in seen) > eng.scheduler.cache.swa.size
 
