@@ -6,13 +6,12 @@ kernels of ``cpu_fused`` for float32 / bfloat16 CPU tensors when they are built 
 bfloat16 only);
 Attention with a sliding window or logit soft-capping (``sliding_window`` /
 ``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
-when set); on the torch path in the compiled CPU kernel when the plan has every row of the
-forward on it (``AttentionPlan.masked_passes``: the kernel built, extend rows within the
-plan's thresholds), else in ``masked_attention`` (the padded passes have neither
-feature). Attention sinks (``sinks``, gpt-oss) run everywhere:
-in the Triton kernels, in ``masked_attention``, and along a plan (planned passes and the
-compiled CPU kernel) from each row's log-sum-exp; only the plain reference without a
-plan sends them to ``masked_attention``.
+when set); on the torch path in the compiled CPU kernel when the plan has it
+(``AttentionPlan.masked_passes``: a CPU with the kernel built, at any number of rows), else
+in ``masked_attention`` (the padded passes have neither feature). Attention sinks
+(``sinks``, gpt-oss) run everywhere: in the Triton kernels, in ``masked_attention``, and
+along a plan (planned passes and the compiled CPU kernel) from each row's log-sum-exp;
+only the plain reference without a plan sends them to ``masked_attention``.
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -81,7 +80,7 @@ def decode_attention(
     the torch path skip per-layer index work and read K/V that several sequences share
     once per group; the Triton path ignores it. With ``sliding_window`` or ``logit_cap``:
     the Triton kernel, or on the torch path the compiled CPU kernel along ``plan`` when it
-    has every row, else ``masked_attention`` (see the module doc)."""
+    has one, else ``masked_attention`` (see the module doc)."""
     masked = sliding_window is not None or logit_cap is not None
     if masked:
         masked_attention.check_options(sliding_window, logit_cap)

@@ -75,6 +75,11 @@ KERNEL_MAX_EXTEND_ROWS = 256
 # 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the
 # padded time at 4 new tokens, 0.92x at 16, 1.5x at 32, 2x at 64.
 KERNEL_MAX_EXTEND_ROWS_BF16 = 16
+# Layers with a sliding window or a soft cap take the kernel (AttentionPlan.flat) at any
+# number of rows: their alternative is masked_attention, not the padded passes, and the
+# kernel was 3-32x faster than it over 256-4096 new tokens (a window of 256: it skips the
+# key blocks behind each row; a cap of 50 alone: 4.6-15x), float32 and bfloat16 alike
+# (12 / 4 heads of 64, 2 threads, busy machine; docs/benchmarks.md has the model's figure).
 # An extend with shared-prefix groups goes through the kernel (each group's pass, then each
 # sequence's own keys continuing from it) when no group has more new rows than this.
 KERNEL_MAX_GROUP_ROWS = 256
@@ -90,10 +95,10 @@ class AttentionPlan:
     ``KERNEL_MAX_EXTEND_ROWS`` new tokens (``KERNEL_MAX_EXTEND_ROWS_BF16`` in a 16-bit
     model), causally. The padded passes gather K/V rows once per layer for the rest.
 
-    Layers with a sliding window or a soft cap run in the kernel too (``masked_passes``)
-    when every row of the forward is on it: ``flat``, every sequence over all its keys
-    from position 0 (no groups: a window needs positions), is built then; otherwise such
-    layers take ``masked_attention``."""
+    Layers with a sliding window or a soft cap run in the kernel too (``masked_passes``),
+    whatever the rows' number: ``flat`` is every sequence over all its keys from position 0
+    (no groups: a window needs positions); a cap alone takes ``paged`` when it has every
+    row. Without the kernel (or, in extend, ``new_slots``) they take ``masked_attention``."""
 
     extend: bool
     shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
@@ -102,8 +107,8 @@ class AttentionPlan:
     flat: Segments | None = None  # every row, each sequence's keys from position 0
 
     def masked_passes(self, sliding_window: int | None) -> Passes | None:
-        """The kernel passes of a layer with a window and/or a cap (None: this forward
-        has rows off the kernel; the masked path then). A cap alone keeps the groups."""
+        """The kernel passes of a layer with a window and/or a cap (None: no kernel in
+        this plan; the masked path then). A cap alone keeps the groups."""
         if self.flat is None:
             return None
         if sliding_window is None and self.paged is not None and not self.padded:
@@ -136,7 +141,7 @@ class AttentionPlan:
         everything = list(range(len(q_lens)))
         fits = max(q_lens, default=0) <= most
         if groups:
-            flat = extend_segments(everything, qo, kv, kv_indices, new_slots) if fits else None
+            flat = extend_segments(everything, qo, kv, kv_indices, new_slots)
             group_rows = max(sum(q_lens[b] for b in m) for _, m in groups)
             if fits and group_rows <= KERNEL_MAX_GROUP_ROWS:
                 # every group's pass, then each sequence's own keys from its state
@@ -148,7 +153,9 @@ class AttentionPlan:
         rest = [b for b in everything if q_lens[b] > most]
         paged = (extend_segments(small, qo, kv, kv_indices, new_slots), None) if small else None
         shared, padded = _padded_plan(rest, qo, kv, kv_indices, [], kv_elems_per_token, extend)
-        return cls(extend, shared, padded, paged, paged[0] if fits and paged else None)
+        flat = paged[0] if paged and not rest else extend_segments(everything, qo, kv,
+                                                                   kv_indices, new_slots)
+        return cls(extend, shared, padded, paged, flat)
 
 
 def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend

@@ -144,22 +144,17 @@ def test_groups_keep_the_cap_and_leave_windows_to_flat_segments(monkeypatch):
 
 
 @pytest.mark.parametrize("window, cap", [(16, None), (None, 3.0)])
-def test_rows_past_the_threshold_take_the_masked_path(window, cap, monkeypatch):
-    """A sequence over the plan's extend-row limit puts padded passes in the plan: masked
-    layers then run masked_attention for the whole forward (the padded passes have no
-    window or cap); within the limit, the kernel."""
-    calls = []
-    real = masked_attention.extend_attention
-    monkeypatch.setattr(masked_attention, "extend_attention",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    prefix_lens, q_lens = [20, 0], [40, 10]
-    q, kb, vb, seqs = _pool(5, prefix_lens, q_lens, 4, 2, 32, torch.float32)
-    ref = oracle(q, kb, vb, q_lens, seqs, window, cap)
-    out, plan = _extend(q, kb, vb, prefix_lens, q_lens, seqs, window, cap)
-    assert plan.flat is not None and not calls and _rel(out, ref) < 1e-5
+def test_rows_past_the_extend_threshold_stay_on_the_kernel(window, cap, monkeypatch):
+    """A sequence over the plan's extend-row limit puts plain layers on the padded passes;
+    windowed / capped layers still take the kernel (flat segments), not masked_attention."""
+    _refuse_masked(monkeypatch)
     monkeypatch.setattr(shared_prefix, "KERNEL_MAX_EXTEND_ROWS", 32)
+    prefix_lens, q_lens = [20, 0, 5], [40, 10, 70]
+    q, kb, vb, seqs = _pool(5, prefix_lens, q_lens, 4, 2, 32, torch.float32)
     out, plan = _extend(q, kb, vb, prefix_lens, q_lens, seqs, window, cap)
-    assert plan.flat is None and plan.padded and calls == [1] and _rel(out, ref) < 1e-5
+    assert plan.padded and plan.masked_passes(window) == (plan.flat, None)
+    assert len(plan.flat.q_indptr) == 4 and plan.flat is not plan.paged[0]
+    assert _rel(out, oracle(q, kb, vb, q_lens, seqs, window, cap)) < 1e-5
 
 
 def test_without_the_kernel_or_a_plan_the_masked_path(monkeypatch):
@@ -176,3 +171,6 @@ def test_without_the_kernel_or_a_plan_the_masked_path(monkeypatch):
                                        sliding_window=8, logit_cap=2.0)
         assert _rel(out, ref) < 1e-5
     assert plain.flat is None and calls == [1, 1]
+    qo, kvp0 = torch.arange(3), torch.zeros(3, dtype=torch.long)  # extend without new_slots
+    no_slots = AttentionPlan.build(qo, kvp0, kvi[:0], 64, extend=True, paged_kernel=True)
+    assert no_slots.masked_passes(8) is None

@@ -14,8 +14,8 @@ plus, causally, the new tokens. Per-layer options:
   Setting ``sinks`` to None switches them off (a test does).
 
 A layer with a window or a cap runs, on the torch path, in the compiled CPU kernel when
-the forward's plan has every row on it (the kernel takes both options per call), else in
-``kernels.masked_attention`` (the padded passes have neither feature). In decode a window
+the forward's plan has it (a CPU with the kernel built; it takes both options per call),
+else in ``kernels.masked_attention`` (the padded passes have neither feature). In decode a window
 is also only a shorter layout: when the runner built that view
 (``ForwardBatch.window_views``: each sequence's last ``window`` slots), an uncapped sliding
 layer decodes through the plain kernels over it. The Triton kernels take both options themselves
@@ -80,7 +80,7 @@ class RadixAttention(nn.Module):
         options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap,
                    "sinks": self.sinks}
         # a window or a cap: kernels.* runs the plan's kernel passes with them when it
-        # has every row there, else the masked path (over the raw indices)
+        # has them, else the masked path (over the raw indices)
         plan = fb.attention_plan
         if fb.mode.is_decode:  # kv_indices already include the new token's slot
             o = kernels.decode_attention(
