@@ -18,10 +18,11 @@ Segment s: rows ``q_rows[q_indptr[s]:q_indptr[s+1]]`` attend to slots
 ``kv_indices[kv_indptr[s]:kv_indptr[s+1]]``. Row i of n stands at key position
 ``p = n_keys - n + i`` (decode: the last key; extend: the new tokens are the last n keys):
 with ``causal`` it sees keys ``j <= p``, with ``sliding_window`` W only ``j > p - W``
-(transformers' sliding-window mask, when the segment's keys are its sequence's positions
-0, 1, ...; the plan sends windows only through such segments). ``logit_cap`` c: scores
-become ``c * tanh(s / c)`` before the softmax (lse is over the capped scores). q, o and lse
-are float32; the pool may hold any of ``KV_DTYPES`` (widened to float32 as loaded).
+(transformers' sliding-window mask, when the segment's keys are consecutive positions of
+one sequence ending at its rows; the plan sends windows only through such segments).
+``logit_cap`` c: scores become ``c * tanh(s / c)`` before the softmax (lse is over the
+capped scores). q, o and lse are float32; the pool may hold any of ``KV_DTYPES`` (widened
+to float32 as loaded).
 """
 
 from __future__ import annotations

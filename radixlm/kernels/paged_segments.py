@@ -6,12 +6,15 @@ groups) is each group's rows over its shared slots; ``own`` is every sequence's 
 its keys past its group's prefix (all of them without one), continued from the groups'
 state in the kernel (``o_init`` / ``lse_init``: the merge by log-sum-exp happens there).
 
-Sliding windows need each row's position among its sequence's keys, which the kernel
-takes as its index among the segment's keys: true of a segment whose keys start at the
-sequence's position 0, not of a group's pass (its rows stand at their members' own
-positions) nor of an ``own`` segment past a shared prefix. So a windowed layer runs over
-``flat`` segments, every sequence over all its keys, never a group's; a soft cap alone is
-position-free and takes the groups' passes too.
+The kernel places a segment's rows at its last keys' positions and applies a window by
+differences of positions (row i of n at key index n_keys - n + i sees keys less than W
+behind it): right for a segment whose keys are consecutive positions of one sequence ending
+at its rows (from position 0, as ``flat``; or from later, as a window view's or an ``own``
+segment past a shared prefix), wrong for a group's pass, whose rows stand at their members'
+own positions past the shared keys. So a windowed layer runs over ``flat`` segments, every
+sequence over all its keys, never the groups' passes (the group pass would need each row's
+position; not done: a window mostly misses a long shared prefix anyway); a soft cap alone
+is position-free and takes the groups' passes too.
 """
 
 from __future__ import annotations

@@ -174,3 +174,17 @@ def test_without_the_kernel_or_a_plan_the_masked_path(monkeypatch):
     qo, kvp0 = torch.arange(3), torch.zeros(3, dtype=torch.long)  # extend without new_slots
     no_slots = AttentionPlan.build(qo, kvp0, kvi[:0], 64, extend=True, paged_kernel=True)
     assert no_slots.masked_passes(8) is None
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_segment_starting_mid_sequence_sees_the_same_window(causal):
+    """Only differences of positions count: keys from some position s > 0 on (a window
+    view's, a window-sized pool's) give the window over the whole sequence, as long as
+    every row's window starts at or after s."""
+    n, total, window, start = (20, 150, 30, 90) if causal else (1, 150, 30, 120)
+    q, kb, vb, seqs = _pool(9, [total - n], [n], 4, 2, 64, torch.float32)
+    keys = seqs[0][start:]
+    o, _ = cpu_paged.paged_attention(q, kb, vb, torch.arange(n), torch.tensor([0, n]),
+                                     torch.tensor([0, len(keys)]), keys, SCALE, causal,
+                                     sliding_window=window, logit_cap=4.0)
+    assert _rel(o, oracle(q, kb, vb, [n], seqs, window, 4.0)) < 1e-5

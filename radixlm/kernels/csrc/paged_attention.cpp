@@ -9,8 +9,9 @@
 //
 // window W > 0 (sliding-window layers): row i of n stands at key position p = n_keys - n + i
 // and sees only keys j > p - W (with causal, p - W < j <= p: transformers' sliding-window
-// mask when the keys are the sequence's positions 0, 1, ...; the plan passes a window only
-// for such segments, never for a shared-prefix group's). cap > 0 (Gemma 2): each score s
+// mask when the keys are consecutive positions of the sequence ending at its rows; only
+// differences count, so they may start mid-sequence; the plan passes a window only for such
+// segments, never for a shared-prefix group's, whose rows are its members'). cap > 0 (Gemma 2): each score s
 // becomes cap * tanh(s / cap) before the softmax; lse is over the capped scores. A tile of
 // rows skips a key block none of its rows sees before computing a score: with a window, a
 // row costs about W keys whatever the prompt's length; causally, the blocks past the tile.
