@@ -6,11 +6,12 @@ write (``store_kv``) take the C++ kernels of ``cpu_fused`` for float32 / bfloat1
 tensors when they are built (RMSNorm: bfloat16 only);
 Attention with a sliding window or logit soft-capping (``sliding_window`` /
 ``logit_cap``) runs in the Triton kernels on the Triton path (both features compiled in
-when set) and in ``masked_attention`` on the torch path (the planned CPU passes and the
-compiled CPU kernel have neither). Attention sinks (``sinks``, gpt-oss) run everywhere:
-in the Triton kernels, in ``masked_attention``, and along a plan (planned passes and the
-compiled CPU kernel) from each row's log-sum-exp; only the plain reference without a
-plan sends them to ``masked_attention``.
+when set); on the torch path in the compiled CPU kernel when the plan has it
+(``AttentionPlan.masked_passes``: a CPU with the kernel built, at any number of rows), else
+in ``masked_attention`` (the padded passes have neither feature). Attention sinks
+(``sinks``, gpt-oss) run everywhere: in the Triton kernels, in ``masked_attention``, and
+along a plan (planned passes and the compiled CPU kernel) from each row's log-sum-exp;
+only the plain reference without a plan sends them to ``masked_attention``.
 ``"torch"`` / ``"triton"`` force one (``"torch"``: always the pure torch reference; Triton
 on CPU tensors needs ``TRITON_INTERPRET=1`` set before the first Triton call). Both
 attention backends check the layout with the same helpers (``reference.check_*_layout``)
@@ -49,6 +50,11 @@ def _use_fused(backend: str | None, *tensors: torch.Tensor) -> bool:
     return backend is None and cpu_fused.supports(*tensors)
 
 
+def _kernel_takes(plan: AttentionPlan | None, sliding_window: int | None) -> bool:
+    """Whether a windowed / capped layer runs in the compiled CPU kernel along ``plan``."""
+    return plan is not None and plan.masked_passes(sliding_window) is not None
+
+
 def _triton(module: str) -> types.ModuleType:
     return importlib.import_module(f"{__name__}.{module}")
 
@@ -73,7 +79,8 @@ def decode_attention(
     ``plan`` (``shared_prefix.AttentionPlan``, built once per forward for this layout) lets
     the torch path skip per-layer index work and read K/V that several sequences share
     once per group; the Triton path ignores it. With ``sliding_window`` or ``logit_cap``:
-    the Triton kernel, or on the torch path ``masked_attention`` (see the module doc)."""
+    the Triton kernel, or on the torch path the compiled CPU kernel along ``plan`` when it
+    has one, else ``masked_attention`` (see the module doc)."""
     masked = sliding_window is not None or logit_cap is not None
     if masked:
         masked_attention.check_options(sliding_window, logit_cap)
@@ -83,6 +90,9 @@ def decode_attention(
             q, k_buf, v_buf, kv_indptr, kv_indices, sm_scale, out=out, layout=layout,
             sliding_window=sliding_window, logit_cap=logit_cap, sinks=sinks,
         )
+    if masked and _kernel_takes(plan, sliding_window):
+        return planned_attention(plan, q, None, None, k_buf, v_buf, sm_scale, out, sinks,
+                                 sliding_window, logit_cap)
     if masked or (sinks is not None and plan is None):
         return masked_attention.decode_attention(q, k_buf, v_buf, kv_indptr, kv_indices,
                                                  sm_scale, sliding_window, logit_cap, out,
@@ -120,6 +130,9 @@ def extend_attention(
             q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, out=out,
             layout=layout, sliding_window=sliding_window, logit_cap=logit_cap, sinks=sinks,
         )
+    if masked and _kernel_takes(plan, sliding_window):
+        return planned_attention(plan, q, k, v, k_buf, v_buf, sm_scale, out, sinks,
+                                 sliding_window, logit_cap)
     if masked or (sinks is not None and plan is None):
         return masked_attention.extend_attention(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr,
                                                  kv_indices, sm_scale, sliding_window,

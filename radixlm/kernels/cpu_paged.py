@@ -10,13 +10,19 @@ build fails, ``available()`` is False and attention keeps the gathering torch pa
 reason is logged once). ``RADIXLM_CPU_KERNEL=0`` turns the kernel off.
 
     paged_attention(q [N,Hq,D], k_buf [S,Hkv,D], v_buf, q_rows [M], q_indptr [G+1],
-                    kv_indptr [G+1], kv_indices [nnz], sm_scale, causal=False)
+                    kv_indptr [G+1], kv_indices [nnz], sm_scale, causal=False,
+                    o_init=None, lse_init=None, sliding_window=None, logit_cap=None)
         -> (o [N,Hq,D], lse [N,Hq])
 
 Segment s: rows ``q_rows[q_indptr[s]:q_indptr[s+1]]`` attend to slots
-``kv_indices[kv_indptr[s]:kv_indptr[s+1]]`` (with ``causal``, row i of n sees the first
-``n_keys - n + i + 1``). q, o and lse are float32; the pool may hold any of ``KV_DTYPES``
-(widened to float32 as loaded).
+``kv_indices[kv_indptr[s]:kv_indptr[s+1]]``. Row i of n stands at key position
+``p = n_keys - n + i`` (decode: the last key; extend: the new tokens are the last n keys):
+with ``causal`` it sees keys ``j <= p``, with ``sliding_window`` W only ``j > p - W``
+(transformers' sliding-window mask, when the segment's keys are consecutive positions of
+one sequence ending at its rows; the plan sends windows only through such segments).
+``logit_cap`` c: scores become ``c * tanh(s / c)`` before the softmax (lse is over the
+capped scores). q, o and lse are float32; the pool may hold any of ``KV_DTYPES`` (widened
+to float32 as loaded).
 """
 
 from __future__ import annotations
@@ -106,11 +112,14 @@ def available() -> bool:
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,
-                    causal=False, o_init=None, lse_init=None):
-    """(o, lse); with ``o_init`` / ``lse_init`` (an earlier pass's), continued from them."""
+                    causal=False, o_init=None, lse_init=None, sliding_window=None,
+                    logit_cap=None):
+    """(o, lse); with ``o_init`` / ``lse_init`` (an earlier pass's), continued from them;
+    ``sliding_window`` / ``logit_cap`` as in the module doc (None: none)."""
     return torch.ops.radixlm_cpu.paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr,
                                                  kv_indices, float(sm_scale), bool(causal),
-                                                 o_init, lse_init)
+                                                 o_init, lse_init, int(sliding_window or 0),
+                                                 float(logit_cap or 0.0))
 
 
 if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_paged`: build now (make install)

@@ -2,9 +2,10 @@
 any device.
 
 The attention of layers that have either feature (Mistral, Phi-3 and Qwen's sliding layers,
-Gemma 2's soft-capped scores, Gemma 3's local layers): the planned CPU passes, the
-compiled CPU kernel and the Triton kernels attend to every cached key with plain scores,
-so ``radixlm.kernels`` routes these layers here, whatever the backend.
+Gemma 2's soft-capped scores, Gemma 3's local layers) where no kernel takes them: the
+Triton kernels and the compiled CPU kernel (along a plan that has it) take both options
+themselves; the padded torch passes have neither, so ``radixlm.kernels`` routes these
+layers here on the torch path without the CPU kernel (or without a plan).
 
 Same ragged layout as ``reference.decode_attention`` / ``extend_attention``, plus one
 fact the runner guarantees: a sequence's keys in ``kv_indices`` are its positions
@@ -16,7 +17,7 @@ softmax when ``logit_cap`` is set (Gemma 2's ``attn_logit_softcapping``); ``sink
 (gpt-oss) is one more logit per head in each row's softmax, with no value (its share of
 the probability is dropped). Arithmetic in float32 (a window alone: torch's fused
 attention in q's dtype); one sequence at a time (the index work of a windowed batch is
-per sequence). The planned path has no window or cap; without a plan, sinks also come
+per sequence). The padded passes have no window or cap; without a plan, sinks also come
 here (the reference kernels return no log-sum-exp to apply them with).
 """
 

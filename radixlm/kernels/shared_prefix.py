@@ -29,6 +29,15 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.kernels import cpu_paged
+from radixlm.kernels.paged_segments import (
+    Passes,
+    Segments,
+    decode_segments,
+    extend_group_segments,
+    extend_segments,
+    flat_decode_segments,
+    run_passes,
+)
 from radixlm.kernels.reference import length_groups
 
 PrefixGroups = list[tuple[int, list[int]]]
@@ -54,25 +63,6 @@ class _Padded:
         return self._bias[grp]
 
 
-@dataclass
-class _Segments:
-    """Inputs of the CPU paged kernel (``cpu_paged``): segment s is rows
-    ``q_rows[q_indptr[s]:q_indptr[s+1]]`` over slots ``kv_indices[kv_indptr[s]:...]``."""
-
-    q_rows: torch.Tensor
-    q_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    causal: bool = False  # extend: the keys end with the segment's own new tokens
-
-    def attend(self, q, k_buf, v_buf, sm_scale, init=None):
-        """(o, lse); ``init``: (o, lse) of an earlier pass these keys are merged into."""
-        o_init, lse_init = init if init is not None else (None, None)
-        return cpu_paged.paged_attention(q, k_buf, v_buf, self.q_rows, self.q_indptr,
-                                         self.kv_indptr, self.kv_indices, sm_scale,
-                                         self.causal, o_init, lse_init)
-
-
 # Extend segments of at most this many new tokens go through the kernel (their K/V read
 # in place, new tokens from the pool where store_kv just put them); longer ones through
 # the padded passes, where torch's fused attention does the matmuls as fast or faster
@@ -85,6 +75,11 @@ KERNEL_MAX_EXTEND_ROWS = 256
 # 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the
 # padded time at 4 new tokens, 0.92x at 16, 1.5x at 32, 2x at 64.
 KERNEL_MAX_EXTEND_ROWS_BF16 = 16
+# Layers with a sliding window or a soft cap take the kernel (AttentionPlan.flat) at any
+# number of rows: their alternative is masked_attention, not the padded passes, and the
+# kernel was 3-32x faster than it over 256-4096 new tokens (a window of 256: it skips the
+# key blocks behind each row; a cap of 50 alone: 4.6-15x), float32 and bfloat16 alike
+# (12 / 4 heads of 64, 2 threads, busy machine; docs/benchmarks.md has the model's figure).
 # An extend with shared-prefix groups goes through the kernel (each group's pass, then each
 # sequence's own keys continuing from it) when no group has more new rows than this.
 KERNEL_MAX_GROUP_ROWS = 256
@@ -98,12 +93,27 @@ class AttentionPlan:
     in decode every sequence (past its shared prefix, then each group over its shared
     prefix, merged); in extend without groups the sequences of at most
     ``KERNEL_MAX_EXTEND_ROWS`` new tokens (``KERNEL_MAX_EXTEND_ROWS_BF16`` in a 16-bit
-    model), causally. The padded passes gather K/V rows once per layer for the rest."""
+    model), causally. The padded passes gather K/V rows once per layer for the rest.
+
+    Layers with a sliding window or a soft cap run in the kernel too (``masked_passes``),
+    whatever the rows' number: ``flat`` is every sequence over all its keys from position 0
+    (no groups: a window needs positions); a cap alone takes ``paged`` when it has every
+    row. Without the kernel (or, in extend, ``new_slots``) they take ``masked_attention``."""
 
     extend: bool
     shared: _Padded | None  # every group as one padded pass: its rows over its shared KV
     padded: list[_Padded]  # each sequence past its shared prefix (all of it if none)
-    paged: tuple[_Segments, _Segments | None] | None = None  # (suffixes, groups)
+    paged: Passes | None = None  # (suffixes, groups)
+    flat: Segments | None = None  # every row, each sequence's keys from position 0
+
+    def masked_passes(self, sliding_window: int | None) -> Passes | None:
+        """The kernel passes of a layer with a window and/or a cap (None: no kernel in
+        this plan; the masked path then). A cap alone keeps the groups."""
+        if self.flat is None:
+            return None
+        if sliding_window is None and self.paged is not None and not self.padded:
+            return self.paged
+        return self.flat, None
 
     @classmethod
     def build(cls, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
@@ -117,43 +127,61 @@ class AttentionPlan:
         where it pays; in extend it needs ``new_slots``, the pool slots of the new tokens
         (``out_cache_loc``), stored before attention. ``dtype``: the model's (q's)."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-        dev = kv_indices.device
         groups = prefix_groups or []
         check_prefix_groups(groups, kv, kv_indices)
         if paged_kernel and not extend:
-            return cls(extend, None, [], _paged_decode(qo, kv, kv_indptr, kv_indices, groups))
+            paged = decode_segments(qo, kv, kv_indptr, kv_indices, groups)
+            flat = flat_decode_segments(qo, kv_indptr, kv_indices) if groups else paged[0]
+            return cls(extend, None, [], paged, flat)
         q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
-        paged, rest = None, list(range(len(q_lens)))
-        if paged_kernel and extend and new_slots is not None:
-            most = KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16
-            group_rows = max((sum(q_lens[b] for b in m) for _, m in groups), default=0)
-            if groups and max(q_lens) <= most and group_rows <= KERNEL_MAX_GROUP_ROWS:
+        if not (paged_kernel and extend and new_slots is not None):
+            return cls(extend, *_padded_plan(list(range(len(q_lens))), qo, kv, kv_indices,
+                                             groups, kv_elems_per_token, extend))
+        most = KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16
+        everything = list(range(len(q_lens)))
+        fits = max(q_lens, default=0) <= most
+        if groups:
+            flat = extend_segments(everything, qo, kv, kv_indices, new_slots)
+            group_rows = max(sum(q_lens[b] for b in m) for _, m in groups)
+            if fits and group_rows <= KERNEL_MAX_GROUP_ROWS:
                 # every group's pass, then each sequence's own keys from its state
-                return cls(extend, None, [], _paged_extend_groups(groups, qo, kv, kv_indices,
-                                                                  new_slots))
-            if not groups:
-                small = [b for b in rest if q_lens[b] <= most]
-                rest = [b for b in rest if q_lens[b] > most]
-                if small:
-                    paged = (_paged_extend(small, qo, kv, kv_indices, new_slots), None)
-        skip = [0] * (len(qo) - 1)
-        rows, slots = [], []
-        for length, members in groups:
-            for b in members:
-                skip[b] = length
-            rows.append(torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(dev))
-            slots.append(kv_indices[kv[members[0]]: kv[members[0]] + length])
-        shared = _plan_groups(rows, slots) if groups else None
-        kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
-        padded = []
-        for sub in length_groups([q_lens[b] for b in rest], [kv_lens[b] for b in rest],
-                                 kv_elems_per_token):
-            g = [rest[i] for i in sub]
-            p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
-                             [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
-            p.needs_lse = any(skip[b] for b in g)
-            padded.append(p)
-        return cls(extend, shared, padded, paged)
+                paged = extend_group_segments(groups, qo, kv, kv_indices, new_slots)
+                return cls(extend, None, [], paged, flat)
+            return cls(extend, *_padded_plan(everything, qo, kv, kv_indices, groups,
+                                             kv_elems_per_token, extend), flat=flat)
+        small = [b for b in everything if q_lens[b] <= most]
+        rest = [b for b in everything if q_lens[b] > most]
+        paged = (extend_segments(small, qo, kv, kv_indices, new_slots), None) if small else None
+        shared, padded = _padded_plan(rest, qo, kv, kv_indices, [], kv_elems_per_token, extend)
+        flat = paged[0] if paged and not rest else extend_segments(everything, qo, kv,
+                                                                   kv_indices, new_slots)
+        return cls(extend, shared, padded, paged, flat)
+
+
+def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend
+                 ) -> tuple[_Padded | None, list[_Padded]]:
+    """(shared, padded): the groups as one padded pass, the sequences ``rest`` (past their
+    group's prefix) in padded passes of similar lengths."""
+    dev = kv_indices.device
+    skip = [0] * (len(qo) - 1)
+    rows, slots = [], []
+    for length, members in groups:
+        for b in members:
+            skip[b] = length
+        rows.append(torch.cat([torch.arange(qo[b], qo[b + 1]) for b in members]).to(dev))
+        slots.append(kv_indices[kv[members[0]]: kv[members[0]] + length])
+    shared = _plan_groups(rows, slots) if groups else None
+    q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
+    kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
+    padded = []
+    for sub in length_groups([q_lens[b] for b in rest], [kv_lens[b] for b in rest],
+                             kv_elems_per_token):
+        g = [rest[i] for i in sub]
+        p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
+                         [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
+        p.needs_lse = any(skip[b] for b in g)
+        padded.append(p)
+    return shared, padded
 
 
 def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.Tensor) -> None:
@@ -174,61 +202,6 @@ def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.T
         if not bool(same.all()):
             b = members[int((~same).nonzero()[0, 0])]
             raise ValueError(f"sequence {b} does not share its first {length} KV slots")
-
-
-def _paged_decode(qo, kv, kv_indptr, kv_indices, groups):
-    """Kernel segments for decode: one per sequence (past its group's shared prefix) and
-    one per group (its members' rows over the shared slots)."""
-    dev = kv_indices.device
-    n = len(qo) - 1
-    rows = torch.tensor(qo[:-1], device=dev)
-    ones = torch.arange(n + 1, device=dev)
-    if not groups:
-        return _Segments(rows, ones, kv_indptr, kv_indices), None
-    skip = [0] * n
-    for length, members in groups:
-        for b in members:
-            skip[b] = length
-    own = [kv_indices[kv[b] + skip[b]: kv[b + 1]] for b in range(n)]
-    own_indptr = torch.tensor([0] + [len(x) for x in own], device=dev).cumsum(0)
-    suffixes = _Segments(rows, ones, own_indptr, torch.cat(own))
-    g_rows = torch.tensor([qo[b] for _, members in groups for b in members], device=dev)
-    g_qptr = torch.tensor([0] + [len(m) for _, m in groups], device=dev).cumsum(0)
-    g_kvptr = torch.tensor([0] + [length for length, _ in groups], device=dev).cumsum(0)
-    g_slots = torch.cat([kv_indices[kv[m[0]]: kv[m[0]] + length] for length, m in groups])
-    return suffixes, _Segments(g_rows, g_qptr, g_kvptr, g_slots)
-
-
-def _paged_extend(seqs, qo, kv, kv_indices, new_slots, skip=None) -> _Segments:
-    """Causal kernel segments: each sequence's rows over its prefix (past ``skip[b]`` shared
-    slots) and new-token slots."""
-    dev = kv_indices.device
-    skip = skip or [0] * (len(qo) - 1)
-    rows = torch.cat([torch.arange(qo[b], qo[b + 1], device=dev) for b in seqs])
-    q_indptr = torch.tensor([0] + [qo[b + 1] - qo[b] for b in seqs], device=dev).cumsum(0)
-    keys = [torch.cat((kv_indices[kv[b] + skip[b]: kv[b + 1]], new_slots[qo[b]: qo[b + 1]]))
-            for b in seqs]
-    kv_indptr = torch.tensor([0] + [len(x) for x in keys], device=dev).cumsum(0)
-    return _Segments(rows, q_indptr, kv_indptr, torch.cat(keys), causal=True)
-
-
-def _paged_extend_groups(groups, qo, kv, kv_indices, new_slots
-                         ) -> tuple[_Segments, _Segments]:
-    """Extend with shared prefixes on the kernel: each group's new rows over its shared
-    slots (every row sees all of them), then each sequence's own keys causally, continued
-    from the group's state (``_paged_pass``)."""
-    dev = kv_indices.device
-    skip = [0] * (len(qo) - 1)
-    for length, members in groups:
-        for b in members:
-            skip[b] = length
-    own = _paged_extend(list(range(len(qo) - 1)), qo, kv, kv_indices, new_slots, skip)
-    g_rows = [torch.arange(qo[b], qo[b + 1], device=dev) for _, m in groups for b in m]
-    per_group = [sum(qo[b + 1] - qo[b] for b in m) for _, m in groups]
-    g_qptr = torch.tensor([0] + per_group, device=dev).cumsum(0)
-    g_kvptr = torch.tensor([0] + [length for length, _ in groups], device=dev).cumsum(0)
-    g_slots = torch.cat([kv_indices[kv[m[0]]: kv[m[0]] + length] for length, m in groups])
-    return own, _Segments(torch.cat(g_rows), g_qptr, g_kvptr, g_slots)
 
 
 def _plan_groups(rows: list[torch.Tensor], slots: list[torch.Tensor]) -> _Padded:
@@ -265,19 +238,24 @@ def _plan_padded(q_starts, kv_starts, q_lens, kv_lens, kv_indices, extend) -> _P
 
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None,
-                      sinks=None):
+                      sinks=None, sliding_window=None, logit_cap=None):
     """Attention of one layer along ``plan``: q [N, Hq, D]; k/v [N, Hkv, D] in extend;
-    ``sinks`` [Hq] (see the module doc).
+    ``sinks`` [Hq] (see the module doc); a window or a cap: the kernel's passes alone
+    (``plan.masked_passes`` must not be None).
 
     The compiled kernel takes q in float32: a bfloat16 / float16 q is widened for it (its
     output is float32, as every pass's is; narrowed to q's dtype at the end). The padded
     passes run in q's dtype (torch's fused attention in bf16: oneDNN's AMX kernels)."""
     n, hq, d = q.shape
+    if sliding_window is not None or logit_cap is not None:
+        passes = plan.masked_passes(sliding_window)
+        if passes is None:
+            raise ValueError("this plan has rows off the kernel: a window or a cap takes "
+                             "masked_attention")
+        o, lse = _kernel_pass(passes, q, k_buf, sm_scale, v_buf, sliding_window, logit_cap)
+        return _finish(o, lse, q, out, sinks)
     if plan.paged is not None:  # its rows, and every row's lse (-inf where not its own)
-        if k_buf.dtype not in cpu_paged.KV_DTYPES:
-            raise ValueError(f"the paged CPU kernel takes K/V in {cpu_paged.KV_DTYPES}, got "
-                             f"{k_buf.dtype}: build the plan with paged_kernel=False")
-        o, lse = _paged_pass(plan.paged, q.float().contiguous(), k_buf, v_buf, sm_scale)
+        o, lse = _kernel_pass(plan.paged, q, k_buf, sm_scale, v_buf)
     else:
         o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
         lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
@@ -294,6 +272,20 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         _padded_pass(sh, q, None, None, k_buf, v_buf, sm_scale, o_s, lse_s)
         rows = sh.out_rows
         o[rows], lse[rows] = _merge(o_s[rows], lse_s[rows], o[rows], lse[rows])
+    return _finish(o, lse, q, out, sinks)
+
+
+def _kernel_pass(passes: Passes, q, k_buf, sm_scale, v_buf, sliding_window=None,
+                 logit_cap=None) -> tuple[torch.Tensor, torch.Tensor]:
+    if k_buf.dtype not in cpu_paged.KV_DTYPES:
+        raise ValueError(f"the paged CPU kernel takes K/V in {cpu_paged.KV_DTYPES}, got "
+                         f"{k_buf.dtype}: build the plan with paged_kernel=False")
+    return run_passes(passes, q.float().contiguous(), k_buf, v_buf, sm_scale, sliding_window,
+                      logit_cap)
+
+
+def _finish(o, lse, q, out, sinks) -> torch.Tensor:
+    """Sinks from each row's log-sum-exp, then q's dtype, into ``out`` when given."""
     if sinks is not None:  # [N, Hq]: each row's share of the probability left to its keys
         o = o * torch.sigmoid(lse - sinks.float())[..., None]
     o = o.to(q.dtype)
@@ -301,15 +293,6 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         return o
     out.copy_(o)
     return out
-
-
-def _paged_pass(paged, q, k_buf, v_buf, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """The groups over their shared prefixes, then every sequence's own keys continuing
-    from that state in the kernel (the merge by log-sum-exp happens there)."""
-    own, groups = paged
-    if groups is None:
-        return own.attend(q, k_buf, v_buf, sm_scale)
-    return own.attend(q, k_buf, v_buf, sm_scale, init=groups.attend(q, k_buf, v_buf, sm_scale))
 
 
 def _padded_sdpa(p: _Padded, q, k, v, k_buf, v_buf, sm_scale, out) -> None:

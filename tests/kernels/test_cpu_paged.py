@@ -290,13 +290,18 @@ for dtype in cpu_paged.KV_DTYPES:
         vb = (torch.randn(300, 2, d, generator=g) * 0.5).to(dtype)
         q = torch.randn(2, 6, d, generator=g)
         kvi = torch.randperm(300, generator=g)[:150]
-        o, _ = cpu_paged.paged_attention(q, kb, vb, torch.arange(2), torch.tensor([0, 1, 2]),
-                                         torch.tensor([0, 70, 150]), kvi, 0.3)
-        for s, (a, b) in enumerate(((0, 70), (70, 150))):
-            keys, vals = kb[kvi[a:b]].double(), vb[kvi[a:b]].double()
-            sc = torch.einsum("hd,lhd->hl", q[s].double(), keys.repeat_interleave(3, 1)) * 0.3
-            ref = torch.einsum("hl,lhd->hd", sc.softmax(-1), vals.repeat_interleave(3, 1))
-            torch.testing.assert_close(o[s].double(), ref, rtol=2e-5, atol=2e-5)
+        for window, cap in ((None, None), (50, 3.0)):  # the last 50 keys, capped scores
+            o, _ = cpu_paged.paged_attention(q, kb, vb, torch.arange(2),
+                                             torch.tensor([0, 1, 2]),
+                                             torch.tensor([0, 70, 150]), kvi, 0.3,
+                                             sliding_window=window, logit_cap=cap)
+            for s, (a, b) in enumerate(((0, 70), (70, 150))):
+                a = max(a, b - (window or b))
+                keys, vals = kb[kvi[a:b]].double(), vb[kvi[a:b]].double()
+                sc = torch.einsum("hd,lhd->hl", q[s].double(), keys.repeat_interleave(3, 1))
+                sc = sc * 0.3 if cap is None else torch.tanh(sc * 0.3 / cap) * cap
+                ref = torch.einsum("hl,lhd->hd", sc.softmax(-1), vals.repeat_interleave(3, 1))
+                torch.testing.assert_close(o[s].double(), ref, rtol=2e-5, atol=2e-5)
 print("ok")
 """
 

@@ -7,6 +7,15 @@
 // segment per sequence (its one query row over its whole KV); a shared-prefix group is one
 // segment (all its members' rows over the shared slots). A row is in at most one segment.
 //
+// window W > 0 (sliding-window layers): row i of n stands at key position p = n_keys - n + i
+// and sees only keys j > p - W (with causal, p - W < j <= p: transformers' sliding-window
+// mask when the keys are consecutive positions of the sequence ending at its rows; only
+// differences count, so they may start mid-sequence; the plan passes a window only for such
+// segments, never for a shared-prefix group's, whose rows are its members'). cap > 0 (Gemma 2): each score s
+// becomes cap * tanh(s / cap) before the softmax; lse is over the capped scores. A tile of
+// rows skips a key block none of its rows sees before computing a score: with a window, a
+// row costs about W keys whatever the prompt's length; causally, the blocks past the tile.
+//
 //   q      [N, Hq, D]  float32          k_buf, v_buf  [S, Hkv, D]  float32, bfloat16,
 //                                                     float16 or float8_e5m2
 //   o      [N, Hq, D]  float32 (rows in no segment: 0)
@@ -35,6 +44,7 @@
 #include <torch/library.h>
 
 #include "kv_load.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,68 +58,6 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// exp(x) for x <= 0 (scores minus their running max), as a polynomial the compiler
-// vectorises (the libm call it would otherwise make is scalar): x = n ln2 + r with
-// |r| <= ln2 / 2, exp(r) by Cephes' degree-6 minimax polynomial, 2^n through the exponent
-// bits. Relative error about 2e-7; x below -87 (exp < 2e-38) gives 2^-126, not 0.
-inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-inline float hsum(v16 x) {  // halving tree: 4 vector adds, no scalar loop
-  const v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-// r[j] = hsum(a[j]) for 16 vectors at once: a transposing tree of lane shuffles and adds
-// (45 vector ops for 16 sums, against 16 separate hsums' 128)
-inline v16 reduce16(const v16* a) {
-  v16 b[8], c[4], d[2];
-  for (int p = 0; p < 8; ++p) {  // within 128-bit lanes: pairs of elements, two vectors
-    const v16 x = a[2 * p], y = a[2 * p + 1];
-    b[p] = __builtin_shufflevector(x, y, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
-                                   13, 29) +
-           __builtin_shufflevector(x, y, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30,
-                                   15, 31);
-  }
-  for (int p = 0; p < 4; ++p) {  // whole 128-bit lanes, four vectors
-    const v16 x = b[2 * p], y = b[2 * p + 1];
-    c[p] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
-                                   28, 29) +
-           __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15,
-                                   30, 31);
-  }
-  for (int p = 0; p < 2; ++p) {  // pairs of 128-bit lanes
-    const v16 x = c[2 * p], y = c[2 * p + 1];
-    d[p] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
-                                   27) +
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
-                                   31);
-  }
-  return __builtin_shufflevector(d[0], d[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
-                                 26, 27) +
-         __builtin_shufflevector(d[0], d[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
-                                 29, 30, 31);
-}
 
 template <class KV>
 inline void prefetch_row(const typename KV::S* p, int64_t d) {
@@ -130,33 +78,38 @@ struct Task {
   // where a row's softmax starts (o, lse of an earlier pass over other keys; null: empty)
   const float* o_init = nullptr;
   const float* lse_init = nullptr;
+  int64_t window = 0;  // > 0: row i of n sees only keys j > n_keys - n + i - window
+  float cap = 0.f;     // > 0: scores become cap * tanh(score / cap)
 
-  // keys of the block starting at key b0 (nb of them) that row r (of a head) sees
-  int64_t seen(int64_t r, int64_t b0, int64_t nb) const {
-    return causal ? std::clamp<int64_t>(n_keys - n_rows + r / grp + 1 - b0, 0, nb) : nb;
+  // the keys [lo, hi) of the segment that row r (of a head) sees: row i of n is at key
+  // position n_keys - n + i (decode: its one row is the last key; extend: the new tokens
+  // are the last n keys), and a window keeps the `window` positions ending there
+  int64_t lo(int64_t r) const {
+    return window > 0 ? std::max<int64_t>(0, n_keys - n_rows + r / grp + 1 - window) : 0;
   }
+  int64_t hi(int64_t r) const { return causal ? n_keys - n_rows + r / grp + 1 : n_keys; }
 };
 
-// The online-softmax update of one row from its block scores s[0:nb) (the first `seen`
-// count): s becomes the probabilities; returns the factor the accumulator is scaled by.
-inline float softmax_update(float* s, int64_t nb, int64_t seen, float& m, float& l) {
+// The online-softmax update of one row from its block scores s[0:nb), of which it sees
+// [lo, hi): s becomes the probabilities; returns the factor the accumulator is scaled by.
+inline float softmax_update(float* s, int64_t nb, int64_t lo, int64_t hi, float& m, float& l) {
   // the block max, 16 lanes at a time (GCC leaves a max reduction scalar: a serial chain
   // of vmaxss that cost 8% of a decode step's attention)
   v16 vm = v16{} + kNegInf;
-  int64_t j = 0;
-  for (; j + 16 <= seen; j += 16) {
+  int64_t j = lo;
+  for (; j + 16 <= hi; j += 16) {
     const v16 x = load16(s + j);
     vm = vm > x ? vm : x;
   }
   float bm = kNegInf;
   for (int i = 0; i < 16; ++i) bm = std::max(bm, vm[i]);
-  for (; j < seen; ++j) bm = std::max(bm, s[j]);
+  for (; j < hi; ++j) bm = std::max(bm, s[j]);
   const float new_m = std::max(m, bm);
   const float alpha = m == kNegInf ? 0.f : std::exp(m - new_m);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < nb; ++j) {
-    s[j] = j < seen ? exp_neg(s[j] - new_m) : 0.f;
+    s[j] = j >= lo && j < hi ? exp_neg(s[j] - new_m) : 0.f;
     sum += s[j];
   }
   l = l * alpha + sum;
@@ -167,13 +120,16 @@ inline float softmax_update(float* s, int64_t nb, int64_t seen, float& m, float&
 // The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
 // tile's accumulators held in registers for the whole block. The rows to prefetch meanwhile:
 // slots ahead[0:n_ahead) (n_ahead 0: none, or not this tile's job) of the head whose rows
-// start at kn / vn.
+// start at kn / vn. A tile none of whose rows sees a key of the block (causal: the block
+// is past them; a window: it is behind them) returns false before computing anything.
 template <class KV, int DC, int RT>
-void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
+bool tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::S* vh,
                 const int64_t* slots, int64_t b0, int64_t nb, const int64_t* ahead,
                 int64_t n_ahead, const typename KV::S* kn, const typename KV::S* vn,
                 const float* const* qr, int64_t r0, float* m, float* l, float* acc) {
   constexpr int64_t D = DC * 16;
+  // rows' positions grow with r: the tile sees keys [lo(first row), hi(last row))
+  if (t.hi(r0 + RT - 1) <= b0 || t.lo(r0) >= b0 + nb) return false;
   const int64_t stride = t.hkv * D;
   float s[RT][kBlock];
   v16 part[RT][16];
@@ -198,14 +154,13 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   for (int64_t j = nb - nb % 16; j < nb; ++j)
     for (int r = 0; r < RT; ++r) s[r][j] = hsum(part[r][j % 16]) * t.scale;
   v16 o[RT][DC];
-  bool any = false;
   for (int r = 0; r < RT; ++r) {
-    const int64_t seen = t.seen(r0 + r, b0, nb);
-    any |= seen > 0;
-    const float alpha = softmax_update(s[r], nb, seen, m[r], l[r]);
+    if (t.cap > 0.f) soft_cap(s[r], nb, t.cap);
+    const int64_t lo = std::clamp<int64_t>(t.lo(r0 + r) - b0, 0, nb);
+    const int64_t hi = std::clamp<int64_t>(t.hi(r0 + r) - b0, 0, nb);
+    const float alpha = softmax_update(s[r], nb, lo, hi, m[r], l[r]);
     for (int c = 0; c < DC; ++c) o[r][c] = load16(acc + r * D + c * 16) * alpha;
   }
-  if (!any) return;  // causal: no row of the tile reaches this block (nothing to add)
   for (int64_t j = 0; j < nb; ++j) {
     const typename KV::S* vp = vh + slots[j] * stride;
     if (j < n_ahead) prefetch_row<KV>(vn + ahead[j] * stride, D);
@@ -216,6 +171,7 @@ void tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   }
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < DC; ++c) std::memcpy(acc + r * D + c * 16, &o[r][c], sizeof(v16));
+  return true;
 }
 
 // Rows [r, r_count) of one head in tiles of RT (the last one smaller).
@@ -227,9 +183,9 @@ void head_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
                 float* acc) {
   constexpr int64_t D = DC * 16;
   for (; r + RT <= r_count; r += RT) {
-    tile_block<KV, DC, RT>(t, kh, vh, slots, b0, nb, ahead, n_ahead, kn, vn, qr + r, r, m + r,
-                           l + r, acc + r * D);
-    n_ahead = 0;  // the first tile prefetches for all
+    if (tile_block<KV, DC, RT>(t, kh, vh, slots, b0, nb, ahead, n_ahead, kn, vn, qr + r, r,
+                               m + r, l + r, acc + r * D))
+      n_ahead = 0;  // the first tile that runs prefetches for all
   }
   if constexpr (RT > 1) {
     if (r < r_count)
@@ -249,14 +205,17 @@ void generic_block(const Task<KV>& t, const typename KV::S* kh, const typename K
   for (int64_t j = 0; j < nb; ++j) {
     for (int64_t i = 0; i < d; ++i) row[i] = KV::one(kh + slots[j] * stride + i);
     for (int64_t r = 0; r < r_count; ++r) {
+      if (b0 + j < t.lo(r) || b0 + j >= t.hi(r)) continue;  // a key the row does not see
       float x = 0.f;
       for (int64_t i = 0; i < d; ++i) x += qr[r][i] * row[i];
       scores[r * kBlock + j] = x * t.scale;
     }
   }
   for (int64_t r = 0; r < r_count; ++r) {
-    const float alpha = softmax_update(scores.data() + r * kBlock, nb, t.seen(r, b0, nb), m[r],
-                                       l[r]);
+    float* sr = scores.data() + r * kBlock;
+    if (t.cap > 0.f) soft_cap(sr, nb, t.cap);
+    const float alpha = softmax_update(sr, nb, std::clamp<int64_t>(t.lo(r) - b0, 0, nb),
+                                       std::clamp<int64_t>(t.hi(r) - b0, 0, nb), m[r], l[r]);
     for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= alpha;
   }
   for (int64_t j = 0; j < nb; ++j) {
@@ -289,17 +248,21 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
         std::memcpy(acc.data() + x * d, t.o_init + head * d, d * sizeof(float));
       }
   }
-  for (int64_t j = 0; j < std::min(kBlock, t.n_keys); ++j) {
+  // the keys some row of the task sees: a window skips the blocks before the first row's,
+  // causality those after the last row's (rows' positions grow with r)
+  const int64_t k0 = r_count > 0 ? t.lo(0) : 0;
+  const int64_t k1 = r_count > 0 ? std::min(t.n_keys, t.hi(r_count - 1)) : 0;
+  for (int64_t j = k0; j < std::min(k0 + kBlock, k1); ++j) {
     prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h0) * d, d);
     prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h0) * d, d);
   }
   constexpr int RT = DC == 0 ? 1 : std::max(1, std::min(4, 16 / DC));
-  for (int64_t b = 0; b < t.n_keys; b += kBlock) {
-    const int64_t nb = std::min(kBlock, t.n_keys - b);
+  for (int64_t b = k0; b < k1; b += kBlock) {
+    const int64_t nb = std::min(kBlock, k1 - b);
     for (int64_t h = 0; h < nh; ++h) {
       const bool last = h + 1 == nh;  // next visit: the next block's first head
       const int64_t* ahead = t.slots + (last ? b + kBlock : b);
-      const int64_t n_ahead = last ? std::clamp<int64_t>(t.n_keys - b - kBlock, 0, kBlock) : nb;
+      const int64_t n_ahead = last ? std::clamp<int64_t>(k1 - b - kBlock, 0, kBlock) : nb;
       const typename KV::S* kn = t.k + (last ? h0 : h0 + h + 1) * d;
       const typename KV::S* vn = t.v + (last ? h0 : h0 + h + 1) * d;
       const typename KV::S* kh = t.k + (h0 + h) * d;
@@ -366,13 +329,13 @@ template <class KV>
 void launch(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
             const at::Tensor& q_rows, const at::Tensor& kv_indices, const int64_t* qi,
             const int64_t* ki, int64_t segs, float scale, bool causal, float* op, float* lp,
-            const float* o_init, const float* lse_init) {
+            const float* o_init, const float* lse_init, int64_t window, float cap) {
   const int64_t hq = q.size(1), hkv = k_buf.size(1);
   const Task<KV> base{q.data_ptr<float>(),
                       static_cast<const typename KV::S*>(k_buf.data_ptr()),
                       static_cast<const typename KV::S*>(v_buf.data_ptr()),
                       q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
-                      hq / hkv, q.size(2), scale, causal, o_init, lse_init};
+                      hq / hkv, q.size(2), scale, causal, o_init, lse_init, window, cap};
   dispatch_width<KV>(base, qi, ki, segs, op, lp);
 }
 
@@ -380,7 +343,9 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
     const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
     const at::Tensor& q_rows, const at::Tensor& q_indptr, const at::Tensor& kv_indptr,
     const at::Tensor& kv_indices, double sm_scale, bool causal,
-    const c10::optional<at::Tensor>& o_init, const c10::optional<at::Tensor>& lse_init) {
+    const c10::optional<at::Tensor>& o_init, const c10::optional<at::Tensor>& lse_init,
+    int64_t window, double logit_cap) {
+  TORCH_CHECK(window >= 0 && logit_cap >= 0, "window and logit_cap: >= 0 (0: none)");
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf: 3-D");
   TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32 only");
   TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "k_buf and v_buf: one dtype");
@@ -413,7 +378,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   const float scale = static_cast<float>(sm_scale);
   const auto run = [&](auto kv) {  // kv: the pool dtype's loader (kv_load.h)
     launch<decltype(kv)>(q, k_buf, v_buf, q_rows, kv_indices, qi, ki, segs, scale, causal, op,
-                         lp, oi, li);
+                         lp, oi, li, window, static_cast<float>(logit_cap));
   };
   switch (k_buf.scalar_type()) {
     case at::kFloat: run(F32{}); break;
@@ -432,7 +397,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
 TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor q_rows, Tensor q_indptr, "
         "Tensor kv_indptr, Tensor kv_indices, float sm_scale, bool causal, "
-        "Tensor? o_init=None, Tensor? lse_init=None) -> (Tensor, Tensor)");
+        "Tensor? o_init=None, Tensor? lse_init=None, int window=0, float logit_cap=0.0) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

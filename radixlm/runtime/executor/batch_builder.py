@@ -62,8 +62,9 @@ class ForwardBatchBuilder:
                                       batch.prefix_groups),
             layout=Layout(len(batch), 1, max(batch.prefix_lens) + 1),
             window_views={} if swa_map is not None else views(table),
-            swa=None if swa_map is None else SWAIndices(
-                swa_map[out_cache_loc], swa_map[kv_indices], views(swa_map[table])),
+            swa=None if swa_map is None else self._swa_indices(
+                swa_map, out_cache_loc, qo_indptr, kv_indptr, kv_indices, batch, False,
+                views(swa_map[table])),
         )
 
     def _window_view(self, table: torch.Tensor, lens: torch.Tensor, window: int,
@@ -126,9 +127,18 @@ class ForwardBatchBuilder:
             attention_plan=self._plan(qo_t, kv_t, kv_indices, True, batch.prefix_groups,
                                       out_cache_loc),
             layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
-            swa=None if self.swa_map is None else SWAIndices(
-                self.swa_map[out_cache_loc], self.swa_map[kv_indices]),
+            swa=None if self.swa_map is None else self._swa_indices(
+                self.swa_map, out_cache_loc, qo_t, kv_t, kv_indices, batch, True),
         )
+
+    def _swa_indices(self, swa_map, out_cache_loc, qo_indptr, kv_indptr, kv_indices, batch,
+                     extend: bool, views=None) -> SWAIndices:
+        """The sliding layers' translation of a forward, with its own plan (the kernel
+        passes read the sliding pool's slots)."""
+        loc, kv = swa_map[out_cache_loc], swa_map[kv_indices]
+        plan = self._plan(qo_indptr, kv_indptr, kv, extend, batch.prefix_groups,
+                          loc if extend else None)
+        return SWAIndices(loc, kv, views or {}, plan)
 
     @property
     def swa_map(self) -> torch.Tensor | None:

@@ -44,6 +44,7 @@ class SWAIndices:
     out_cache_loc: torch.Tensor  # [N]
     kv_indices: torch.Tensor  # [nnz]
     window_views: dict[int, WindowView] = field(default_factory=dict)
+    attention_plan: AttentionPlan | None = None  # the forward's, over these slots
 
 
 class ForwardMode(enum.Enum):

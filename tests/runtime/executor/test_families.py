@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from radixlm import cli  # noqa: E402
-from radixlm.kernels import masked_attention  # noqa: E402
+from radixlm.kernels import cpu_paged, masked_attention  # noqa: E402
 from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -171,6 +171,46 @@ def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monke
     params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
     got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
     assert got == expected
+
+
+@pytest.mark.skipif(not cpu_paged.available(), reason="kernel not built")
+@pytest.mark.parametrize("config", ["default", "page4_chunk16"])
+@pytest.mark.parametrize("arch", ["mistral", "ministral", "gemma2", "gemma3", "phi3", "olmo3",
+                                  "qwen3", "gpt_oss"])
+def test_windowed_and_capped_layers_take_the_cpu_kernel(family_dirs, make_engine, monkeypatch,
+                                                        arch, config):
+    """Prefill of sliding-window and soft-capped layers runs in the compiled CPU kernel
+    with the window / cap (counted), never the masked torch path (made to refuse); prompts
+    past the windows, chunked over cached prefixes longer than them; tokens as
+    transformers'."""
+    path = family_dirs[arch]
+    ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
+    prompts = [ids, ids[:10], (ids * 2)[:70]]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    expected = _hf_greedy(hf, prompts)
+    eng = make_engine(model_path=str(path), **ENGINE_CONFIGS[config])
+    assert eng.scheduler.model_runner.paged_kernel
+    calls = {"extend": 0, "decode": 0}
+    real = cpu_paged.paged_attention
+
+    def counting(*args):
+        if args[11] is not None or args[12] is not None:  # sliding_window, logit_cap
+            calls["extend" if args[8] else "decode"] += 1  # causal: an extend segment
+        return real(*args)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a windowed / capped layer took the masked path")
+
+    monkeypatch.setattr(cpu_paged, "paged_attention", counting)
+    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
+    monkeypatch.setattr(masked_attention, "extend_attention", refuse)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
+    assert got == expected, f"{arch} {config}"
+    assert calls["extend"] > 0
+    if arch == "gemma2":  # capped sliding layers decode in the kernel (no window view)
+        assert calls["decode"] > 0
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])

@@ -13,9 +13,10 @@ plus, causally, the new tokens. Per-layer options:
   layer owns the parameter (``self_attn.sinks`` in the checkpoint, this rank's heads).
   Setting ``sinks`` to None switches them off (a test does).
 
-A layer with a window or a cap runs, on the torch path, in ``kernels.masked_attention``
-(the planned CPU passes and the compiled CPU kernel have neither feature), except in
-decode, where a window is only a shorter layout: when the runner built that view
+A layer with a window or a cap runs, on the torch path, in the compiled CPU kernel when
+the forward's plan has it (a CPU with the kernel built; it takes both options per call),
+else in ``kernels.masked_attention`` (the padded passes have neither feature). In decode a window
+is also only a shorter layout: when the runner built that view
 (``ForwardBatch.window_views``: each sequence's last ``window`` slots), an uncapped sliding
 layer decodes through the plain kernels. The Triton kernels take both options themselves
 (and so decode CUDA graphs capture such layers too).
@@ -23,7 +24,8 @@ layer decodes through the plain kernels. The Triton kernels take both options th
 With the SWA pool (``--enable-hybrid-swa-memory``, ``SWAKVPool``) a sliding layer's K/V
 live in the smaller pool: it writes and reads through ``ForwardBatch.swa`` (the same
 layout, slots translated through ``full_to_swa``; tokens out of every window read a
-padding row that the window masks).
+padding row that the window masks); its plan (``SWAIndices.attention_plan``) is the
+forward's built over those translated slots.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class RadixAttention(nn.Module):
 
     @property
     def masked(self) -> bool:
-        """Whether this layer needs the masked torch path (a window or a cap)."""
+        """Whether this layer has a window or a cap (the masked torch path, or the CPU
+        kernel with the options)."""
         return self.sliding_window is not None or self.logit_cap is not None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -82,8 +85,9 @@ class RadixAttention(nn.Module):
             return o.reshape(n, self.num_heads * self.head_dim)
         options = {"sliding_window": self.sliding_window, "logit_cap": self.logit_cap,
                    "sinks": self.sinks}
-        # the masked path reads the raw indices; the plan and layout are the fast paths'
-        plan = None if self.masked else fb.attention_plan
+        # a window or a cap: kernels.* runs the plan's kernel passes with them when it
+        # has them, else the masked path (over the raw indices)
+        plan = idx.attention_plan
         if fb.mode.is_decode:  # kv_indices already include the new token's slot
             o = kernels.decode_attention(
                 q, k_buf, v_buf, fb.kv_indptr, idx.kv_indices, self.sm_scale, backend=backend,

@@ -82,7 +82,8 @@ def get_model_class(architectures: Sequence[str]) -> type[DecoderForCausalLM]:
 
 def masked_layers(model: nn.Module) -> list[int]:
     """Layers whose attention has a sliding window or soft-capped scores (on the torch path
-    they run in ``kernels.masked_attention``, in Triton's kernels on the Triton path)."""
+    they run in the compiled CPU kernel when it is built, else in
+    ``kernels.masked_attention``; in Triton's kernels on the Triton path)."""
     return [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
 
 
@@ -123,7 +124,8 @@ def load_model(
     masked = masked_layers(model)
     if masked:
         logger.info("%s: layers %s have a sliding window or soft-capped scores (torch path: "
-                    "kernels/masked_attention.py, except windowed decode; Triton: in-kernel)",
+                    "the CPU kernel when built, else kernels/masked_attention.py; "
+                    "Triton: in-kernel)",
                     cls.__name__, masked)
     load_weights(model, model_dir if model_dir is not None else config.model_dir,
                  optional_weights)
