@@ -23,6 +23,7 @@ from radixlm.kernels import masked_attention  # noqa: E402
 from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from radixlm.runtime.executor.layers import moe  # noqa: E402
 from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
 from radixlm.runtime.executor.models import get_model_class, load_model  # noqa: E402
 from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load  # noqa: E402
@@ -181,10 +182,11 @@ def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monke
     assert got == expected
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "mixtral", "qwen3_moe"])
 def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
     """--attention-backend triton (interpreted without CUDA): every layer in the Triton
-    kernels, sliding windows included (never the masked torch path); tokens as transformers'."""
+    kernels, sliding windows included (never the masked torch path), MoE experts in the
+    fused-MoE kernel (never the grouped CPU path); tokens as transformers'."""
     path = family_dirs[arch]
     ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
     prompts = [ids, (ids * 2)[:40]]
@@ -199,6 +201,7 @@ def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
 
     monkeypatch.setattr(masked_attention, "decode_attention", refuse)
     monkeypatch.setattr(masked_attention, "extend_attention", refuse)
+    monkeypatch.setattr(moe.FusedExperts, "grouped", refuse)
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected

@@ -11,7 +11,9 @@ transformers 5 holds them); checkpoints keep one tensor per expert and projectio
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``), which ``checkpoint_layout`` places into
 their expert's rows. A step groups the (token, expert) pairs by expert (one stable sort), so
 each active expert runs one matmul over all its tokens; outputs are weighted and added back
-with one ``index_add_``.
+with one ``index_add_``. That reads each expert's count on the host; on the Triton path
+(CUDA) the experts run in the fused-MoE kernel instead (``kernels/fused_moe.py``), which
+reads nothing back, so MoE models decode in CUDA graphs (docs/design.md).
 
 Under tensor parallelism every rank holds every expert's share of the intermediate rows
 (``I / tp_size`` of gate, up and down, like the dense MLP) and the whole router; the
@@ -20,12 +22,14 @@ weighted partial outputs end in one all-reduce.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm import kernels
 from radixlm.runtime.distributed.layers import Placement, Shard
 from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.layers.activation import act_and_mul
@@ -96,7 +100,17 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 backend: str | None = None) -> torch.Tensor:
         """``x`` [N, H], ``ids`` / ``weights`` [N, K] -> [N, H]: each token's experts'
-        outputs times their weights, summed. One matmul pair per active expert."""
+        outputs times their weights, summed. The Triton path (CUDA): the fused-MoE kernel,
+        no host sync. Else one matmul pair per active expert."""
+        if kernels.use_triton(backend, x):
+            act = functools.partial(self.act_and_mul, backend=backend)
+            return kernels.fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids,
+                                         act, backend)
+        return self.grouped(x, ids, weights, backend)
+
+    def grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                backend: str | None = None) -> torch.Tensor:
+        """The CPU path: pairs grouped by expert, one matmul pair per active expert."""
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
