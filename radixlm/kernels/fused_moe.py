@@ -81,7 +81,8 @@ def _grouped_gemm(
     DOT_FP32: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_n = tl.cdiv(N_DIM, BLOCK_N)
+    num_n = (N_DIM + BLOCK_N - 1) // BLOCK_N  # not tl.cdiv: a jit function, which fails
+    # under the interpreter when Triton was imported before TRITON_INTERPRET was set
     pid_m = pid // num_n
     pid_n = pid % num_n
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):

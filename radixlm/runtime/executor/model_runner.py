@@ -150,7 +150,7 @@ class ModelRunner(ForwardBatchBuilder):
     @property
     def prepacked_weight_bytes(self) -> int:
         """Memory of the prepacked weight copies, besides the dense weights."""
-        return sum(m.weight.nbytes for m in packed_layers(self.model))
+        return sum(m.packed_nbytes() for m in packed_layers(self.model))
 
     @property
     def kv_pool_bytes(self) -> int:

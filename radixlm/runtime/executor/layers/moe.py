@@ -10,8 +10,9 @@ transformers 5 holds them); checkpoints keep one tensor per expert and projectio
 (Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2``, Qwen3-MoE's
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``), which ``checkpoint_layout`` places into
 their expert's rows. A step groups the (token, expert) pairs by expert (one stable sort), so
-each active expert runs one matmul over all its tokens; outputs are weighted and added back
-with one ``index_add_``. That reads each expert's count on the host; on the Triton path
+each active expert runs one matmul over all its tokens (by oneDNN-prepacked copies of its
+weights where the dense linears have them); outputs are weighted, put back in pair order
+and summed over each token's k. That reads each expert's count on the host; on the Triton path
 (CUDA) the experts run in the fused-MoE kernel instead (``kernels/fused_moe.py``), which
 reads nothing back, so MoE models decode in CUDA graphs (docs/design.md).
 
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm import kernels
-from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm.runtime.distributed.layers import Placement, Prepackable, Shard
 from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.layers.activation import act_and_mul
 
@@ -87,8 +88,10 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
     return weights, ids
 
 
-class FusedExperts(nn.Module):
-    """``num_experts`` gated MLPs in two stacked parameters."""
+class FusedExperts(Prepackable, nn.Module):
+    """``num_experts`` gated MLPs in two stacked parameters. On a CPU, ``prepack_weights``
+    gives each expert oneDNN-packed copies of its two projections, as it does the dense
+    linears (``Prepackable``): torch's matmul would repack an expert's weight on every call."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int, activation: str) -> None:
         super().__init__()
@@ -96,6 +99,28 @@ class FusedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
         self.act_and_mul = act_and_mul(activation)
+        self.packed_experts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:  # what can_prepack checks (dtype, device)
+        return self.gate_up_proj
+
+    @property
+    def packed(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        return self.packed_experts
+
+    def packed_nbytes(self) -> int:
+        return self.gate_up_proj.nbytes + self.down_proj.nbytes
+
+    def prepack(self) -> None:
+        """(Re)build every expert's packed (gate_up, down) from the current parameters."""
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        self.packed_experts = [(reorder(self.gate_up_proj[e].detach(), None),
+                                reorder(self.down_proj[e].detach(), None))
+                               for e in range(self.num_experts)]
+
+    def drop_packed(self) -> None:
+        self.packed_experts = None
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 backend: str | None = None) -> torch.Tensor:
@@ -108,25 +133,33 @@ class FusedExperts(nn.Module):
                                          act, backend)
         return self.grouped(x, ids, weights, backend)
 
+    def _project(self, rows: torch.Tensor, expert: int, which: int) -> torch.Tensor:
+        """``rows @ W.T`` for the expert's gate_up (``which`` 0) or down (1) projection."""
+        if self.packed_experts is not None:
+            packed = self.packed_experts[expert][which]
+            return torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
+        return F.linear(rows, (self.gate_up_proj, self.down_proj)[which][expert])
+
     def grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 backend: str | None = None) -> torch.Tensor:
         """The CPU path: pairs grouped by expert, one matmul pair per active expert."""
-        k = ids.shape[1]
+        n, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
-        tokens = order // k
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync
-        rows = x.index_select(0, tokens)  # [N * K, H], expert by expert
+        rows = x.index_select(0, order // k)  # [N * K, H], expert by expert
         outs = torch.empty_like(rows)
         start = 0
         for expert, count in enumerate(counts):  # over experts, never tokens
             if count:
-                part = rows[start:start + count]
-                h = self.act_and_mul(F.linear(part, self.gate_up_proj[expert]), backend=backend)
-                outs[start:start + count] = F.linear(h, self.down_proj[expert])
+                h = self.act_and_mul(self._project(rows[start:start + count], expert, 0),
+                                     backend=backend)
+                outs[start:start + count] = self._project(h, expert, 1)
                 start += count
         scaled = (outs * weights.reshape(-1)[order, None]).to(x.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, scaled)
+        # back in pair order (t * K + k): each token's K outputs adjacent, summed in k order
+        by_pair = torch.empty_like(scaled).index_copy_(0, order, scaled)
+        return by_pair.view(n, k, -1).sum(dim=1)
 
 
 class SparseMoeBlock(nn.Module):
