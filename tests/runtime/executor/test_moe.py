@@ -173,7 +173,7 @@ def test_prepacked_experts_equal_the_dense_weights(dtype):
     x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(5)).to(dtype)
     with torch.no_grad():
         want = ours(x)
-        assert prepack_weights(ours) == 1  # the experts (the router is a plain nn.Linear)
+        assert prepack_weights(ours) == 2  # the router and the experts
         assert ours.experts in packed_layers(ours) and len(ours.experts.packed) == EXPERTS
         assert ours.experts.packed_nbytes() == (ours.experts.gate_up_proj.nbytes
                                                 + ours.experts.down_proj.nbytes)
