@@ -13,6 +13,11 @@ parameters per token. Per dtype both engines live in one process (``cpu_threads`
 16 random tokens, greedy, ``ignore_eos``, once with 1 new token and once with ``--new``;
 decode tok/s = ``B * (new - 1)`` over the difference of the two times (prefill cancels).
 Prints the median over ``--rounds`` and MoE / dense with the per-round ratios' range.
+
+``--step-cpu``: instead, one decode step of each model's ``ModelRunner`` (``B`` sequences of
+64 cached tokens) on 1 thread, timed in the thread's CPU time (``time.thread_time``: what a
+busy shared machine's preemption does not inflate), alternating, with a third variant: the
+MoE with its experts' prepacked copies dropped (``moe_unpacked``: torch's matmul).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ import torch
 import transformers
 
 import radixlm
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.layers.moe import FusedExperts
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.tiny_model import write_tokenizer
 
 SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -91,6 +100,39 @@ def run_dtype(paths: dict[str, str], dtype: str, batches: list[int], rounds: int
     return rates
 
 
+def step_cpu_times(paths: dict[str, str], dtype: str, batches: list[int],
+                   rounds: int) -> dict[tuple[str, int], list[float]]:
+    """Per (variant, batch): the CPU seconds of one decode step, ``rounds`` rounds."""
+    torch.set_num_threads(1)
+    ctx = 64
+    runners = {name: ModelRunner(ServerArgs(model_path=path, device="cpu", dtype=dtype,
+                                            cpu_threads=1,
+                                            max_total_tokens=max(batches) * (ctx + 1) + 64),
+                                 path) for name, path in paths.items()}
+    experts = [m for m in runners["moe"].model.modules() if isinstance(m, FusedExperts)]
+    times: dict[tuple[str, int], list[float]] = {}
+    for b in batches:
+        req_to_token = torch.randperm(b * (ctx + 1)).view(b, ctx + 1)
+        batch = ModelWorkerBatch(
+            is_decode=True, req_pool_indices=list(range(b)), prefix_lens=[ctx] * b,
+            extend_lens=[1] * b, input_ids=list(range(100, 100 + b)),
+            logit_ranges=[(0, 1)] * b)
+        for r in range(rounds + 1):  # round 0 warms up
+            for variant, name in (("dense", "dense"), ("moe", "moe"), ("moe_unpacked", "moe")):
+                for m in experts:
+                    if variant == "moe_unpacked":
+                        m.drop_packed()
+                    elif m.packed is None:
+                        m.prepack()
+                with torch.inference_mode():
+                    runners[name].forward(batch, req_to_token)
+                    t0 = time.thread_time()
+                    runners[name].forward(batch, req_to_token)
+                    if r:
+                        times.setdefault((variant, b), []).append(time.thread_time() - t0)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--inter", type=int, default=1024, help="one expert's intermediate size")
@@ -101,23 +143,48 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new", type=int, default=32, help="tokens per request in the timed run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--step-cpu", action="store_true",
+                    help="one decode step's CPU time on 1 thread instead (see the doc)")
     a = ap.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_models(Path(tmp), a.inter, a.experts, a.top_k)
+        what = ("decode step CPU ms, 1 thread" if a.step_cpu else
+                f"decode tok/s, {a.threads} threads")
         print(f"MoE: {a.experts} experts x {a.inter}, top-{a.top_k}; dense: "
-              f"{a.top_k * a.inter}; hidden 768, 12 layers; {a.threads} threads; decode "
-              f"tok/s, median of {a.rounds} alternating rounds\n")
-        print("| dtype | batch | MoE tok/s | dense tok/s | MoE / dense (min..max) |")
-        print("|---|---|---|---|---|")
+              f"{a.top_k * a.inter}; hidden 768, 12 layers; {what}; median of {a.rounds} "
+              f"alternating rounds\n")
+        if a.step_cpu:
+            print("| dtype | batch | MoE ms | dense ms | experts unpacked ms | dense / MoE "
+                  "(min..max) | dense / unpacked |")
+            print("|---|---|---|---|---|---|---|")
+        else:
+            print("| dtype | batch | MoE tok/s | dense tok/s | MoE / dense (min..max) |")
+            print("|---|---|---|---|---|")
         for dtype in a.dtypes.split(","):
+            if a.step_cpu:
+                print_steps(step_cpu_times(paths, dtype, batches, a.rounds), dtype, batches)
+                continue
             rates = run_dtype(paths, dtype, batches, a.rounds, a.new, a.threads)
             for b in batches:
                 moe, dense = rates[("moe", b)], rates[("dense", b)]
-                ratios = [m / d for m, d in zip(moe, dense)]
                 print(f"| {dtype} | {b} | {statistics.median(moe):.1f} | "
-                      f"{statistics.median(dense):.1f} | {statistics.median(ratios):.2f} "
-                      f"({min(ratios):.2f}..{max(ratios):.2f}) |", flush=True)
+                      f"{statistics.median(dense):.1f} | {_ratio(moe, dense)} |", flush=True)
+
+
+def _ratio(num: list[float], den: list[float]) -> str:
+    """Median (min..max) of the per-round ratios."""
+    r = [a / b for a, b in zip(num, den, strict=True)]
+    return f"{statistics.median(r):.2f} ({min(r):.2f}..{max(r):.2f})"
+
+
+def print_steps(times: dict[tuple[str, int], list[float]], dtype: str,
+                batches: list[int]) -> None:
+    for b in batches:
+        moe, dense, unpacked = (times[(v, b)] for v in ("moe", "dense", "moe_unpacked"))
+        print(f"| {dtype} | {b} | {statistics.median(moe) * 1e3:.1f} | "
+              f"{statistics.median(dense) * 1e3:.1f} | {statistics.median(unpacked) * 1e3:.1f} "
+              f"| {_ratio(dense, moe)} | {_ratio(dense, unpacked)} |", flush=True)
 
 
 if __name__ == "__main__":
