@@ -2,11 +2,14 @@
 
     python benchmarks/gpu_smoke.py                       # tiny model, float32, vs the CPU
     python benchmarks/gpu_smoke.py --preset small --dtype bfloat16 --against transformers
+    python benchmarks/gpu_smoke.py --family mixtral      # a tiny family checkpoint (MoE)
 
 Default: the built-in tiny model in float32 on the CPU (torch kernels) and on the GPU
 (Triton kernels, TF32 off; decode replayed from CUDA graphs, and once more with
 ``--disable-cuda-graph``, which must give the same tokens; the decode rate of both is
-printed). ``--against transformers``: transformers' own forward on the
+printed). ``--family ARCH``: the tiny ``radixlm.tiny_families`` checkpoint of ARCH instead
+(``mixtral``: experts in the fused-MoE kernel, decoded from CUDA graphs, against the CPU's
+grouped experts). ``--against transformers``: transformers' own forward on the
 GPU in the same dtype is the reference. 16 greedy tokens per prompt, PASS/FAIL per
 prompt. Sums in a different order can flip a near-tie, so the run passes if at least
 ``--min-match`` of the prompts match exactly (90%; bfloat16 rounds more: 75% there); exits
@@ -17,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import radixlm
+from radixlm.tiny_families import FAMILIES, make_family_model
 from radixlm.tiny_model import add_model_args, resolve_model
 
 PROMPTS = [
@@ -90,13 +95,21 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--against", choices=["cpu", "transformers"], default="cpu")
     ap.add_argument("--min-match", type=float, default=None)
+    ap.add_argument("--family", choices=sorted(FAMILIES), default=None,
+                    help="the tiny checkpoint of this family (written to a temporary dir)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model = resolve_model(args.model_path, args.preset)
+    if args.family:
+        with tempfile.TemporaryDirectory() as tmp:
+            return run(args, str(make_family_model(tmp, args.family)))
+    return run(args, resolve_model(args.model_path, args.preset))
+
+
+def run(args: argparse.Namespace, model: str) -> int:
     min_match = args.min_match or (MIN_MATCH if args.dtype == "float32" else 0.75)
     ref = (generate(model, "cpu", "torch", args.dtype)[0] if args.against == "cpu"
            else generate_hf(model, args.dtype))

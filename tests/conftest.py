@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,17 @@ import pytest
 import radixlm
 from radixlm.tiny_families import FAMILIES, make_family_model
 from radixlm.tiny_model import default_tiny_model_path, train_tokenizer
+
+
+def pytest_configure(config) -> None:
+    """Without CUDA the Triton kernels' tests run in Triton's interpreter, which Triton
+    reads when it is first imported; transformers' MoE modules import it too, so the
+    variable is set here, before any test file, not only by the files that need it."""
+    import torch  # loaded by radixlm already, which comes first: OpenMP's wait policy
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 # --- tiny models ---
 

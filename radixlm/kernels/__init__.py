@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from collections.abc import Callable
 
 import torch
 
@@ -34,7 +35,7 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan, planned_attention
 
 __all__ = ["decode_attention", "extend_attention", "store_kv", "rms_norm", "apply_rotary",
-           "silu_and_mul"]
+           "silu_and_mul", "fused_experts"]
 
 
 def _use_triton(backend: str | None, t: torch.Tensor) -> bool:
@@ -43,6 +44,11 @@ def _use_triton(backend: str | None, t: torch.Tensor) -> bool:
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend must be None, 'torch' or 'triton', got {backend!r}")
     return backend == "triton"
+
+
+def use_triton(backend: str | None, t: torch.Tensor) -> bool:
+    """Whether ``backend`` (None: by ``t``'s device) runs the Triton kernels."""
+    return _use_triton(backend, t)
 
 
 def _use_fused(backend: str | None, *tensors: torch.Tensor) -> bool:
@@ -206,6 +212,26 @@ def silu_and_mul(
     if x.dim() == 2 and _use_fused(backend, x):
         return cpu_fused.silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def fused_experts(
+    x: torch.Tensor,  # [N, H]
+    w13: torch.Tensor,  # [E, 2I, H]: each expert's gate rows, then its up rows
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [N, K]
+    topk_ids: torch.Tensor,  # [N, K]
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],  # [M, 2I] -> [M, I]
+    backend: str | None = None,
+    b13: torch.Tensor | None = None,  # [E, 2I]: each expert's gate_up bias (gpt-oss)
+    b2: torch.Tensor | None = None,  # [E, H]: each expert's down bias
+) -> torch.Tensor:  # [N, H]
+    """Each token's top-k experts' gated MLPs, weighted and summed, in the Triton fused-MoE
+    kernel (``fused_moe``: no host sync, CUDA-graph capturable); ``"torch"``: its twin, one
+    pair at a time (tests; the engine's CPU path is ``layers/moe.py``'s grouped one)."""
+    module = _triton("fused_moe")
+    fn = module.fused_experts_triton if _use_triton(backend, x) else \
+        module.fused_experts_reference
+    return fn(x, w13, w2, topk_weights, topk_ids, act_and_mul, b13, b2)
 
 
 class _KernelsPackage(types.ModuleType):

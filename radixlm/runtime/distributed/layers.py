@@ -153,6 +153,10 @@ class Prepackable:
     def drop_packed(self) -> None:
         self.packed = None
 
+    def packed_nbytes(self) -> int:
+        """Memory of the packed copy (what it holds besides the dense weight)."""
+        return self.weight.nbytes
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.qweight is not None:
             return int8_linear(x, self.qweight, self.scales, bias)

@@ -185,7 +185,7 @@ class ModelRunner(ForwardBatchBuilder):
     @property
     def prepacked_weight_bytes(self) -> int:
         """Memory of the prepacked weight copies, besides the dense weights."""
-        return sum(m.weight.nbytes for m in packed_layers(self.model))
+        return sum(m.packed_nbytes() for m in packed_layers(self.model))
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -290,7 +290,9 @@ class ModelRunner(ForwardBatchBuilder):
 
     def _capture_cuda_graphs(self, args: ServerArgs,
                              graph_factory=None) -> CudaGraphRunner | None:
-        """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph."""
+        """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph
+        (mixture-of-experts models too: the Triton path runs their experts in the fused-MoE
+        kernel, which reads nothing back to the host)."""
         if self.swa is not None and self.device.type == "cuda":
             # the graphs' index buffers hold full slots; the sliding layers' translation
             # is not captured yet
@@ -298,11 +300,6 @@ class ModelRunner(ForwardBatchBuilder):
             return None
         if (args.disable_cuda_graph or self.uses_torch_attention or self.tp.size > 1
                 or (self.device.type != "cuda" and graph_factory is None)):
-            return None
-        if getattr(getattr(self.model, "spec", None), "moe", None) is not None:
-            # layers/moe.py counts each expert's tokens on the host: not capturable
-            logger.info("decode CUDA graphs off for this mixture-of-experts model (the "
-                        "experts' grouping reads token counts on the host)")
             return None
         max_bs = min(args.cuda_graph_max_bs or DEFAULT_MAX_BS, self.pool_size)
         with torch.inference_mode():

@@ -23,6 +23,7 @@ from radixlm.kernels import cpu_paged, masked_attention  # noqa: E402
 from radixlm.radix_cache.kv_pool import KVPool  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from radixlm.runtime.executor.layers import moe  # noqa: E402
 from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
 from radixlm.runtime.executor.models import get_model_class, load_model  # noqa: E402
 from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load  # noqa: E402
@@ -213,11 +214,13 @@ def test_windowed_and_capped_layers_take_the_cpu_kernel(family_dirs, make_engine
         assert calls["decode"] > 0
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])
-def test_triton_path(family_dirs, make_engine, no_masked_path, arch):
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss", "mixtral",
+                                  "qwen3_moe"])
+def test_triton_path(family_dirs, make_engine, no_masked_path, monkeypatch, arch):
     """--attention-backend triton (interpreted without CUDA): every layer in the Triton
-    kernels, sliding windows and gpt-oss's sinks included (never the masked torch path);
-    tokens as transformers'."""
+    kernels, sliding windows and gpt-oss's sinks included (never the masked torch path),
+    MoE experts in the fused-MoE kernel, gpt-oss's biased ones too (never the grouped CPU
+    path); tokens as transformers'."""
     path = family_dirs[arch]
     ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
     prompts = [ids, (ids * 2)[:40]]
@@ -226,6 +229,11 @@ def test_triton_path(family_dirs, make_engine, no_masked_path, arch):
     expected = [out[:6] for out in _hf_greedy(hf, prompts)]
     eng = make_engine(model_path=str(path), attention_backend="triton",
                       device="cuda" if torch.cuda.is_available() else "cpu")
+
+    def grouped(*args, **kwargs):
+        raise AssertionError("the Triton path took the grouped CPU experts")
+
+    monkeypatch.setattr(moe.FusedExperts, "grouped", grouped)
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected

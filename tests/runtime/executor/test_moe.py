@@ -12,7 +12,12 @@ from transformers import MixtralConfig, Qwen3MoeConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from radixlm.runtime.distributed.layers import check_tp_split
+from radixlm.runtime.distributed.layers import (
+    can_prepack,
+    check_tp_split,
+    packed_layers,
+    prepack_weights,
+)
 from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers import moe
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, route
@@ -154,3 +159,26 @@ def test_uneven_expert_split_names_the_size(family_dirs):
     check_tp_split(cfg, 2)
     with pytest.raises(ValueError, match=r"moe_intermediate_size \(32\) is not divisible"):
         check_tp_split(cfg, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_experts_equal_the_dense_weights(dtype):
+    """``prepack_weights`` gives each expert oneDNN-packed copies (as the dense linears get):
+    the block's output is the unpacked one's, the copies are counted, and dropping them
+    returns to the stacked parameters."""
+    hf = _hf_block("mixtral").to(dtype)
+    ours = _ours(hf, renormalize=True, weights_in_dtype=False).to(dtype)
+    if not can_prepack(ours.experts.gate_up_proj):
+        pytest.skip(f"oneDNN cannot pack {dtype} here")
+    x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(5)).to(dtype)
+    with torch.no_grad():
+        want = ours(x)
+        assert prepack_weights(ours) == 2  # the router and the experts
+        assert ours.experts in packed_layers(ours) and len(ours.experts.packed) == EXPERTS
+        assert ours.experts.packed_nbytes() == (ours.experts.gate_up_proj.nbytes
+                                                + ours.experts.down_proj.nbytes)
+        got = ours(x)
+        prepack_weights(ours, on=False)
+        assert ours.experts.packed is None and packed_layers(ours) == []
+    atol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)

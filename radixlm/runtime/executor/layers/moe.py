@@ -10,8 +10,11 @@ transformers 5 holds them); checkpoints keep one tensor per expert and projectio
 (Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2``, Qwen3-MoE's
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``), which ``checkpoint_layout`` places into
 their expert's rows. A step groups the (token, expert) pairs by expert (one stable sort), so
-each active expert runs one matmul over all its tokens; outputs are weighted and added back
-with one ``index_add_``.
+each active expert runs one matmul over all its tokens (by oneDNN-prepacked copies of its
+weights where the dense linears have them); outputs are weighted, put back in pair order
+and summed over each token's k. That reads each expert's count on the host; on the Triton path
+(CUDA) the experts run in the fused-MoE kernel instead (``kernels/fused_moe.py``), which
+reads nothing back, so MoE models decode in CUDA graphs (docs/design.md).
 
 gpt-oss's experts have biases (``expert_bias``: gate_up's per expert row, down's per
 output, which rank 0 alone adds under tensor parallelism), gate and up interleaved and its
@@ -25,13 +28,15 @@ weighted partial outputs end in one all-reduce.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.distributed.layers import Placement, Shard
+from radixlm import kernels
+from radixlm.runtime.distributed.layers import Placement, Prepackable, Shard
 from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.layers.activation import act_and_mul
 
@@ -91,8 +96,18 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
     return weights, ids
 
 
-class FusedExperts(nn.Module):
-    """``num_experts`` gated MLPs in two stacked parameters."""
+class Router(Prepackable, nn.Linear):
+    """The router's linear, whole on every rank; prepacked on a CPU like the dense linears
+    (torch's matmul of an unpacked bf16 weight cost ~60 us a layer at batch 1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+
+class FusedExperts(Prepackable, nn.Module):
+    """``num_experts`` gated MLPs in two stacked parameters. On a CPU, ``prepack_weights``
+    gives each expert oneDNN-packed copies of its two projections, as it does the dense
+    linears (``Prepackable``): torch's matmul would repack an expert's weight on every call."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int, activation: str,
                  bias: bool = False, adds_down_bias: bool = True,
@@ -106,30 +121,76 @@ class FusedExperts(nn.Module):
         # under tensor parallelism one rank adds down's bias to the summed partial outputs
         self.adds_down_bias = adds_down_bias
         self.act_and_mul = act_and_mul(activation, **dict(activation_params))
+        self.packed_experts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:  # what can_prepack checks (dtype, device)
+        return self.gate_up_proj
+
+    @property
+    def packed(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        return self.packed_experts
+
+    def packed_nbytes(self) -> int:
+        return self.gate_up_proj.nbytes + self.down_proj.nbytes
+
+    def prepack(self) -> None:
+        """(Re)build every expert's packed (gate_up, down) from the current parameters."""
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        self.packed_experts = [(reorder(self.gate_up_proj[e].detach(), None),
+                                reorder(self.down_proj[e].detach(), None))
+                               for e in range(self.num_experts)]
+
+    def drop_packed(self) -> None:
+        self.packed_experts = None
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 backend: str | None = None) -> torch.Tensor:
         """``x`` [N, H], ``ids`` / ``weights`` [N, K] -> [N, H]: each token's experts'
-        outputs times their weights, summed. One matmul pair per active expert."""
-        k = ids.shape[1]
+        outputs times their weights, summed. The Triton path (CUDA): the fused-MoE kernel,
+        no host sync. Else one matmul pair per active expert."""
+        if kernels.use_triton(backend, x):
+            act = functools.partial(self.act_and_mul, backend=backend)
+            return kernels.fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids,
+                                         act, backend, self.gate_up_proj_bias, self._down_bias)
+        return self.grouped(x, ids, weights, backend)
+
+    @property
+    def _down_bias(self) -> torch.Tensor | None:
+        """down's bias where this rank adds it (tensor parallelism: rank 0 alone)."""
+        return self.down_proj_bias if self.adds_down_bias else None
+
+    def _project(self, rows: torch.Tensor, expert: int, which: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows @ W.T (+ bias)`` for the expert's gate_up (``which`` 0) or down (1)."""
+        if self.packed_experts is not None:
+            packed = self.packed_experts[expert][which]
+            return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+        return F.linear(rows, (self.gate_up_proj, self.down_proj)[which][expert], bias)
+
+    def grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                backend: str | None = None) -> torch.Tensor:
+        """The CPU path: pairs grouped by expert, one matmul pair per active expert."""
+        n, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
-        tokens = order // k
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync
-        rows = x.index_select(0, tokens)  # [N * K, H], expert by expert
+        rows = x.index_select(0, order // k)  # [N * K, H], expert by expert
         outs = torch.empty_like(rows)
         start = 0
         for expert, count in enumerate(counts):  # over experts, never tokens
             if count:
-                part = rows[start:start + count]
-                h = self.act_and_mul(F.linear(part, self.gate_up_proj[expert],
-                                              self._bias(self.gate_up_proj_bias, expert)),
-                                     backend=backend)
-                down_bias = self._bias(self.down_proj_bias, expert) if self.adds_down_bias else None
-                outs[start:start + count] = F.linear(h, self.down_proj[expert], down_bias)
+                h = self.act_and_mul(
+                    self._project(rows[start:start + count], expert, 0,
+                                  self._bias(self.gate_up_proj_bias, expert)),
+                    backend=backend)
+                outs[start:start + count] = self._project(h, expert, 1,
+                                                          self._bias(self._down_bias, expert))
                 start += count
         scaled = (outs * weights.reshape(-1)[order, None]).to(x.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, scaled)
+        # back in pair order (t * K + k): each token's K outputs adjacent, summed in k order
+        by_pair = torch.empty_like(scaled).index_copy_(0, order, scaled)
+        return by_pair.view(n, k, -1).sum(dim=1)
 
     @staticmethod
     def _bias(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
@@ -149,7 +210,7 @@ class SparseMoeBlock(nn.Module):
                              f"tp_size ({self.tp.size})")
         local = inter // self.tp.size
         self.shard = Shard(0, self.tp.rank * local, (self.tp.rank + 1) * local, inter)
-        self.gate = nn.Linear(hidden, spec.num_experts, bias=spec.router_bias)
+        self.gate = Router(hidden, spec.num_experts, bias=spec.router_bias)
         self.experts = FusedExperts(spec.num_experts, hidden, local, spec.activation or activation,
                                     spec.expert_bias, self.tp.rank == 0, spec.activation_params)
 
