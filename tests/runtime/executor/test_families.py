@@ -34,6 +34,7 @@ from radixlm.runtime.model_config import (  # noqa: E402
     rope_theta_of,
 )
 from radixlm.tiny_families import FAMILIES, WINDOW, family_config  # noqa: E402
+from tests.runtime.executor.greedy_checks import check_greedy  # noqa: E402
 
 ATOL = 1e-4
 MAX_NEW = 12
@@ -116,16 +117,7 @@ def test_logits_match_transformers(family):
 def test_greedy_matches_transformers(family, make_engine, config):
     arch, path, prompts, _, expected = family
     eng = make_engine(model_path=str(path), **ENGINE_CONFIGS[config])
-    n = 2 if config.endswith("_n2") else 1
-    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, "n": n}
-    want = [e for e in expected for _ in range(n)]
-    for attempt in ("cold", "radix hit"):
-        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
-        assert got == want, f"{arch} {config} {attempt}: engine {got} != {want}"
-    info = eng.get_server_info()
-    assert info["cache_hit_rate"] > 0
-    if config.startswith("tiny_pool"):
-        assert info["num_preemptions"] > 0, "the pool was meant to retract"
+    check_greedy(eng, arch, config, prompts, expected, MAX_NEW)
 
 
 def test_make_tiny_model_cli_writes_every_family(tmp_path):
@@ -182,7 +174,7 @@ def test_windowed_decode_takes_the_plain_kernels(family_dirs, make_engine, monke
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])
-def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
+def test_triton_path(family_dirs, make_engine, no_masked_path, arch):
     """--attention-backend triton (interpreted without CUDA): every layer in the Triton
     kernels, sliding windows and gpt-oss's sinks included (never the masked torch path);
     tokens as transformers'."""
@@ -194,12 +186,6 @@ def test_triton_path(family_dirs, make_engine, monkeypatch, arch):
     expected = [out[:6] for out in _hf_greedy(hf, prompts)]
     eng = make_engine(model_path=str(path), attention_backend="triton",
                       device="cuda" if torch.cuda.is_available() else "cpu")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the Triton path took the masked torch path")
-
-    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
-    monkeypatch.setattr(masked_attention, "extend_attention", refuse)
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected

@@ -15,9 +15,9 @@ if not torch.cuda.is_available():  # before the Triton kernels are first importe
 import pytest  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from radixlm.kernels import masked_attention  # noqa: E402
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.tiny_families import WINDOW  # noqa: E402
+from tests.runtime.executor.greedy_checks import check_greedy  # noqa: E402
 
 MAX_NEW = 12
 TEXT = ("To make bread you need flour, water, salt and yeast. First, mix the flour and the "
@@ -80,16 +80,7 @@ def test_greedy_matches_transformers(family, make_engine, config):
     eng = make_engine(model_path=str(path), **SWA, **CONFIGS[config])
     assert eng.scheduler.cache.swa is not None
     seen = _watch_swa(eng)
-    n = 2 if config.endswith("_n2") else 1
-    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, "n": n}
-    want = [e for e in expected for _ in range(n)]
-    for attempt in ("cold", "radix hit"):
-        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
-        assert got == want, f"{arch} {config} {attempt}: engine {got} != {want}"
-    info = eng.get_server_info()
-    assert info["cache_hit_rate"] > 0
-    if config.startswith("tiny_pool"):
-        assert info["num_preemptions"] > 0, "the pool was meant to retract"
+    check_greedy(eng, arch, config, prompts, expected, MAX_NEW)
     if config == "small_swa":  # a request longer than the whole sliding pool ran
         assert max(k for _, k in seen) > eng.scheduler.cache.swa.size
 
@@ -117,7 +108,7 @@ def test_sliding_pool_holds_only_the_window(family_dirs, make_engine):
     assert max(used for used, _ in seen) < len(prompt)
 
 
-def test_triton_path(family_dirs, make_engine, monkeypatch):
+def test_triton_path(family_dirs, make_engine, no_masked_path):
     """--attention-backend triton (interpreted without CUDA) reads the sliding pool through
     the mapping too."""
     path = family_dirs["gemma3"]
@@ -127,12 +118,6 @@ def test_triton_path(family_dirs, make_engine, monkeypatch):
                       chunked_prefill_size=16, max_total_tokens=256,
                       swa_full_tokens_ratio=0.5,
                       device="cuda" if torch.cuda.is_available() else "cpu", **SWA)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the Triton path took the masked torch path")
-
-    monkeypatch.setattr(masked_attention, "decode_attention", refuse)
-    monkeypatch.setattr(masked_attention, "extend_attention", refuse)
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
             ] == expected
