@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
 from radixlm.tiny_families import FAMILIES, WINDOW
 from tests.runtime.disaggregation.pd_client import secret_flags
 from tests.runtime.disaggregation.pd_sides import Side, assert_clean, pd_generate, pd_pair
+from tests.runtime.greedy_oracle import hf_greedy
 
 MAX_NEW = 8
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
@@ -50,13 +52,7 @@ def _oracle(path: str) -> tuple[list[list[int]], list[list[int]]]:
     assert len(ids) > 40 > WINDOW
     first = (ids * 2)[:70]
     prompts = [first, first[:SHARED] + ids[3:28], ids[::-1]]
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
-    with torch.no_grad():
-        expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                    for p in prompts]
-    return prompts, expected
+    return prompts, hf_greedy(path, prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -130,3 +126,13 @@ def test_tp2_side_matches_transformers(model_dir, secret, arch, split):
     finally:
         prefill.close()
         dec.close()
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_swa_pool_refused_with_a_mode(secret, mode):
+    """The SWA pool's sliding pages are not transferred: the pair of flags is refused at
+    start-up, naming both."""
+    with pytest.raises(ValueError, match="enable_hybrid_swa_memory does not support "
+                                         "disaggregation_mode"):
+        ServerArgs(model_path="x", enable_hybrid_swa_memory=True, disaggregation_mode=mode,
+                   disaggregation_secret_file=secret)
