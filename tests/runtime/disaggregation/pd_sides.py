@@ -59,17 +59,18 @@ def start_side(args: ServerArgs, path: str, tok) -> Side:
 
 
 def pd_pair(path: str, common: dict, prefill: dict | None = None,
-            decode: dict | None = None) -> tuple[Side, Side, int]:
-    """A prefill and a decode Side over the checkpoint at ``path``: ``common`` ServerArgs
-    for both (the secret file among them), ``prefill`` / ``decode`` for one. Returns
-    (prefill, decode, bootstrap port)."""
+            decode: dict | None = None, decode_path: str | None = None
+            ) -> tuple[Side, Side, int]:
+    """A prefill and a decode Side over the checkpoint at ``path`` (the decode's at
+    ``decode_path`` when given): ``common`` ServerArgs for both (the secret file among
+    them), ``prefill`` / ``decode`` for one. Returns (prefill, decode, bootstrap port)."""
     tok = load_tokenizer(path)
     port = free_port()
     p = start_side(ServerArgs(**common, **(prefill or {}), disaggregation_mode="prefill",
                               host="127.0.0.1", disaggregation_bootstrap_port=port), path, tok)
     try:
         d = start_side(ServerArgs(**common, **(decode or {}), disaggregation_mode="decode"),
-                       path, tok)
+                       decode_path or path, load_tokenizer(decode_path) if decode_path else tok)
     except BaseException:
         p.close()
         raise

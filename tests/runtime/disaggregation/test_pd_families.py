@@ -13,9 +13,16 @@ from transformers import AutoTokenizer
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
+from radixlm.runtime.managers.messages import GenerateReqInput
 from radixlm.tiny_families import FAMILIES, WINDOW
 from tests.runtime.disaggregation.pd_client import secret_flags
-from tests.runtime.disaggregation.pd_sides import Side, assert_clean, pd_generate, pd_pair
+from tests.runtime.disaggregation.pd_sides import (
+    Side,
+    assert_clean,
+    drive,
+    pd_generate,
+    pd_pair,
+)
 from tests.runtime.greedy_oracle import hf_greedy
 
 MAX_NEW = 8
@@ -136,3 +143,29 @@ def test_swa_pool_refused_with_a_mode(secret, mode):
                                          "disaggregation_mode"):
         ServerArgs(model_path="x", enable_hybrid_swa_memory=True, disaggregation_mode=mode,
                    disaggregation_secret_file=secret)
+
+
+def test_another_model_of_the_same_shape_is_refused(model_dir, secret):
+    """A Mistral prefill and a Ministral decode have the same KV geometry (layers, KV heads,
+    head_dim, dtype, page size) but not the same K/V: the decode refuses the prefill's
+    route (a 503 naming both models) before claiming anything."""
+    prefill, dec, port = pd_pair(model_dir("mistral"),
+                                 {**COMMON, "disaggregation_secret_file": secret},
+                                 decode_path=model_dir("ministral"))
+    try:
+        mine, theirs = dec.sched.pd.manager.buffers.layout, prefill.sched.pd.manager.buffers.layout
+        assert (mine.num_layers, mine.num_kv_heads, mine.head_dim, mine.dtype) == (
+            theirs.num_layers, theirs.num_kv_heads, theirs.head_dim, theirs.dtype)
+        dec.inbox.append(GenerateReqInput("other", list(range(3, 40)), dict(GREEDY),
+                                          bootstrap_host="127.0.0.1", bootstrap_port=port,
+                                          bootstrap_room=9))
+        drive(prefill, dec, until=lambda: dec.finished("other"))
+        reason = dec.finished("other").finish_reason
+        assert reason["status_code"] == 503, reason
+        assert "the servers serve different models" in reason["message"], reason
+        assert "MistralForCausalLM/" in reason["message"], reason
+        assert "MinistralForCausalLM/" in reason["message"], reason
+        assert_clean(prefill, dec)
+    finally:
+        prefill.close()
+        dec.close()
