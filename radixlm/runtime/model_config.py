@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -120,6 +121,21 @@ class ModelConfig:
                                         or _rope_params(hf).get("partial_rotary_factor") or 1.0),
             hf_config=hf,
         )
+
+    def kv_identity(self) -> str:
+        """The architecture and a digest of the numbers that decide what its K/V rows
+        mean (sizes, RoPE, windows, layer types): two servers trade KV pages only when
+        theirs are equal. Same-shaped checkpoints of one architecture (fine-tunes) share it:
+        telling them apart would need the weights."""
+        numbers = [self.architectures, self.model_type, self.hidden_size, self.num_layers,
+                   self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                   self.intermediate_size, self.vocab_size, self.rms_norm_eps,
+                   self.rope_theta, self.rope_scaling, self.sliding_window,
+                   self.layer_types, self.partial_rotary_factor, self.qkv_bias,
+                   self.attention_bias]
+        digest = hashlib.blake2b(json.dumps(numbers, sort_keys=True).encode(),
+                                 digest_size=8).hexdigest()
+        return f"{'+'.join(self.architectures)}/{digest}"
 
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer ``layer_id`` (None: it attends to every key)."""

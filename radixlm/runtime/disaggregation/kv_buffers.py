@@ -24,10 +24,12 @@ class KVBuffers:
     Frames always hold every KV head of the model. A tensor-parallel pool holds a shard of
     them (``k``'s heads); ``shards`` then gives the whole model's KV head count and the
     reader and writer that assemble and split the heads over the ranks
-    (``ModelRunner.read_kv`` / ``write_kv``), so peers with different --tp-size meet."""
+    (``ModelRunner.read_kv`` / ``write_kv``), so peers with different --tp-size meet.
+    ``model``: whose pages these are (``KVLayout.model``)."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], page_size: int,
-                 shards: tuple[int, Callable, Callable] | None = None) -> None:
+                 shards: tuple[int, Callable, Callable] | None = None,
+                 model: str = "") -> None:
         assert len(k) == len(v) and k, f"{len(k)} K buffers, {len(v)} V buffers"
         self.k, self.v, self.page_size = k, v, page_size
         _, heads, dim = k[0].shape
@@ -35,7 +37,7 @@ class KVBuffers:
         if shards is not None:
             heads, self.read, self.write = shards
         self.layout = KVLayout(len(k), heads, dim, str(k[0].dtype).removeprefix("torch."),
-                               page_size)
+                               page_size, model)
         self.token_bytes = heads * dim * k[0].element_size()
 
     def chunk_tokens(self) -> int:

@@ -316,10 +316,12 @@ class KVManager:
 
     def _route(self, addr: Any, info: RouteInfo) -> None:
         if info.layout != self.buffers.layout:
+            mine = self.buffers.layout
             hint = ("; both servers must use the same --kv-cache-dtype (and --dtype)"
-                    if info.layout.dtype != self.buffers.layout.dtype else "")
+                    if info.layout.dtype != mine.dtype else "; the servers serve different "
+                    "models" if info.layout.model != mine.model else "")
             self._peer_gone(addr, f"the prefill server's KV layout {info.layout} differs "
-                                  f"from this decode server's {self.buffers.layout}{hint}")
+                                  f"from this decode server's {mine}{hint}")
             return
         self.routes[addr] = info
         for r in self.receivers.values():

@@ -7,13 +7,16 @@ import msgspec
 
 
 class KVLayout(msgspec.Struct, frozen=True):
-    """What both sides must agree on for pages to be copied slot for slot."""
+    """What both sides must agree on for pages to be copied slot for slot. ``model``
+    (``ModelConfig.kv_identity``): pages of another model with the same geometry (a
+    Mistral and a Llama of one size) are refused too, not decoded into wrong tokens."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: str
     page_size: int
+    model: str = ""  # empty: a pool without a model (unit tests)
 
 
 class RouteQuery(msgspec.Struct, tag=True):

@@ -4,45 +4,22 @@ greedy output ids equal a monolithic scheduler's; faults free every page on both
 from __future__ import annotations
 
 import random
-import time
 
 import msgspec
 import pytest
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.server_process import free_port
-from radixlm.runtime.managers.messages import AbortReq, GenerateReqInput, ReqOutput
+from radixlm.runtime.managers.messages import AbortReq, GenerateReqInput
 from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer
 from tests.runtime.disaggregation.pd_client import secret_flags
+from tests.runtime.disaggregation.pd_sides import Side, assert_clean, drive
 
 COMMON = dict(max_total_tokens=4096, cpu_threads=1, random_seed=0, page_size=4,
               chunked_prefill_size=64)
 COMMON_PD: dict = {}  # the shared secret's file, once ``sides`` made it
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
-
-
-class Side:
-    """One scheduler and what it emitted, per rid."""
-
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-        self.outs: dict[str, list[ReqOutput]] = {}
-        self.inbox: list = []
-
-    def send(self, obj) -> None:
-        for out in obj if isinstance(obj, list) else []:
-            self.outs.setdefault(out.rid, []).append(out)
-
-    def turn(self) -> None:
-        msgs, self.inbox = self.inbox, []
-        self.sched.run_once(msgs, self.send)
-
-    def finished(self, rid: str) -> ReqOutput | None:
-        return next((o for o in self.outs.get(rid, []) if o.finished), None)
-
-    def ids(self, rid: str) -> list[int]:
-        return [t for o in self.outs[rid] for t in o.new_token_ids]
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +44,7 @@ def sides(tiny_llama_dir, tmp_path_factory):
         s.sched.grammar_compiler.warm_up(wait=True)  # rooms must not wait for the worker
     yield mono, prefill, dec, port
     for s in (mono, prefill, dec):
-        s.sched.grammar_compiler.shutdown()
-        if s.sched.pd is not None:
-            s.sched.pd.close()
+        s.close()
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -82,27 +57,10 @@ def req(rid: str, ids: list[int], room: int | None, port: int, params=None) -> G
                             else "127.0.0.1", bootstrap_port=port, bootstrap_room=room)
 
 
-def drive(*sides: Side, until, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "did not finish"
-        for s in sides:
-            s.turn()
-
-
 def run_mono(mono: Side, rid: str, ids: list[int], params=None) -> list[int]:
     mono.inbox.append(req(rid, ids, None, 0, params))
     drive(mono, until=lambda: mono.finished(rid))
     return mono.ids(rid)
-
-
-def assert_clean(*sides: Side) -> None:
-    for s in sides:
-        for _ in range(3):
-            s.turn()
-        assert s.sched.is_idle(), s.sched.get_info()
-        s.sched.check_idle_invariants()
-        assert not (s.sched.pd.manager.senders or s.sched.pd.manager.receivers)
 
 
 @pytest.mark.parametrize("n_tokens", [10, 301])  # 301: five chunks of 64
@@ -196,8 +154,7 @@ def test_decode_dies_mid_transfer(tiny_llama_dir, sides):
     ids = prompt(200, 5)
     doomed.inbox.append(req("doomed", ids, 47, port))
     drive(doomed, until=lambda: doomed.sched.pd.transferring)
-    doomed.sched.pd.close()  # its sockets are gone, its claim stands
-    doomed.sched.grammar_compiler.shutdown()
+    doomed.close()  # its sockets are gone, its claim stands
     prefill.inbox.append(req("doomed", ids, 47, port))
     drive(prefill, until=lambda: prefill.finished("doomed"))
     reason = prefill.finished("doomed").finish_reason

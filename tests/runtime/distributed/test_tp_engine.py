@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from radixlm.runtime.entrypoints.engine.engine import EngineError
 from radixlm.runtime.entrypoints.server_process import pid_alive
+from tests.runtime.greedy_oracle import hf_greedy
 
 MAX_NEW = 20
 TEXTS = [
@@ -82,12 +83,7 @@ def test_families_tp2_match_transformers(family_dirs, make_engine, arch):
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok.encode(TEXTS[1], add_special_tokens=False)
     prompts = [ids, (ids * 3)[:70]]
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
-    with torch.no_grad():
-        expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                    for p in prompts]
+    expected = hf_greedy(path, prompts, MAX_NEW)
     tp2 = make_engine(model_path=path, tp_size=2, chunked_prefill_size=16)
     params = {**_greedy(), "ignore_eos": True}
     assert _ids(tp2.generate(input_ids=prompts, sampling_params=params)) == expected

@@ -13,11 +13,12 @@ if not torch.cuda.is_available():  # before the Triton kernels are first importe
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from radixlm.runtime.config import ServerArgs  # noqa: E402
 from radixlm.tiny_families import WINDOW  # noqa: E402
 from tests.runtime.executor.greedy_checks import check_greedy  # noqa: E402
+from tests.runtime.greedy_oracle import hf_greedy  # noqa: E402
 
 MAX_NEW = 12
 TEXT = ("To make bread you need flour, water, salt and yeast. First, mix the flour and the "
@@ -40,20 +41,11 @@ def _prompts(path) -> list[list[int]]:
     return [ids, ids[:10], (ids * 2)[:82]]  # 46 and 82 tokens: past the 24-token windows
 
 
-def _hf_greedy(path, prompts: list[list[int]], max_new: int = MAX_NEW) -> list[list[int]]:
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
-    with torch.no_grad():
-        return [hf.generate(torch.tensor([p]), max_new_tokens=max_new, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                for p in prompts]
-
-
 @pytest.fixture(scope="module", params=["mistral", "gemma2", "gemma3", "gpt_oss"])
 def family(request, family_dirs):
     path = family_dirs[request.param]
     prompts = _prompts(path)
-    return request.param, path, prompts, _hf_greedy(path, prompts)
+    return request.param, path, prompts, hf_greedy(path, prompts, MAX_NEW)
 
 
 def _watch_swa(eng) -> list[tuple[int, int]]:
@@ -91,7 +83,7 @@ def test_sliding_pool_holds_only_the_window(family_dirs, make_engine):
     pool is smaller than it."""
     path = family_dirs["gemma3"]
     prompt = (_prompts(path)[0] * 3)[:120]
-    expected = _hf_greedy(path, [prompt], 40)
+    expected = hf_greedy(path, [prompt], 40)
     page, chunk = 4, 16
     eng = make_engine(model_path=str(path), page_size=page, chunked_prefill_size=chunk,
                       max_total_tokens=2048, swa_full_tokens_ratio=0.0625, **SWA)
@@ -113,7 +105,7 @@ def test_triton_path(family_dirs, make_engine, no_masked_path):
     the mapping too."""
     path = family_dirs["gemma3"]
     prompts = [_prompts(path)[0][:40]]
-    expected = [out[:4] for out in _hf_greedy(path, prompts, 4)]
+    expected = [out[:4] for out in hf_greedy(path, prompts, 4)]
     eng = make_engine(model_path=str(path), attention_backend="triton", page_size=4,
                       chunked_prefill_size=16, max_total_tokens=256,
                       swa_full_tokens_ratio=0.5,
@@ -143,9 +135,9 @@ def test_shared_prefix_past_the_window_is_reused(family_dirs, make_engine):
     is live, and its tokens still equal transformers'."""
     path = family_dirs["gemma2"]
     base = (_prompts(path)[0] * 2)[:64]
-    first_out = _hf_greedy(path, [base])[0]
+    first_out = hf_greedy(path, [base], MAX_NEW)[0]
     prompts = [base + first_out[:8], base[:40] + [9, 10]]
-    expected = _hf_greedy(path, prompts)
+    expected = hf_greedy(path, prompts, MAX_NEW)
     eng = make_engine(model_path=str(path), page_size=4, chunked_prefill_size=-1,
                       max_total_tokens=512, swa_full_tokens_ratio=0.25, **SWA)
     params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}

@@ -52,9 +52,10 @@ def transfer_failed(why: str) -> dict[str, Any]:
 def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any], dp_rank: int = 0,
                       runner: Any = None) -> KVManager:
     """The transfer manager of replica ``dp_rank`` of a server in
-    ``args.disaggregation_mode`` (not "null"); with --tp-size > 1, ``runner`` (rank 0's
-    ModelRunner) reads and writes every rank's heads. ValueError naming the flag without
-    a usable ``--disaggregation-secret-file``: no PD socket is opened without it."""
+    ``args.disaggregation_mode`` (not "null"); ``runner`` (rank 0's ModelRunner) names
+    the model in the layout and, with --tp-size > 1, reads and writes every rank's heads.
+    ValueError naming the flag without a usable ``--disaggregation-secret-file``: no PD
+    socket is opened without it."""
     if args.disaggregation_secret_file is None:
         raise ValueError(f"--disaggregation-mode {args.disaggregation_mode} needs "
                          f"{SECRET_FLAG}: a key file both PD servers share (e.g. "
@@ -64,7 +65,8 @@ def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any], dp_rank: int
     shards = None
     if runner is not None and runner.tp.size > 1:
         shards = (runner.model_config.num_key_value_heads, runner.read_kv, runner.write_kv)
-    buffers = KVBuffers(k, v, args.page_size, shards)
+    model = runner.model_config.kv_identity() if runner is not None else ""
+    buffers = KVBuffers(k, v, args.page_size, shards, model)
     assert args.disaggregation_transfer_backend == "zmq", args.disaggregation_transfer_backend
     prefill = args.disaggregation_mode == "prefill"
     transport = ZmqTransport(buffers.layout, keys, buffers.max_frame(),
