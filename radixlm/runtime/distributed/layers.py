@@ -90,6 +90,12 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
     moe_inter = config.hf_config.get("moe_intermediate_size")  # Qwen3-MoE's experts
     if moe_inter and moe_inter % tp_size:
         problems.append(f"moe_intermediate_size ({moe_inter}) is not divisible by tp_size")
+    quant = config.hf_config.get("quantization_config")
+    mxfp4 = isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+    if mxfp4 and not inter % tp_size and (inter // tp_size) % 32:  # models/mxfp4.BLOCK
+        # gpt-oss's down projection is read in whole 32-element MXFP4 blocks along I
+        problems.append(f"intermediate_size ({inter}) / tp_size is not a multiple of the "
+                        "MXFP4 block of 32")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 

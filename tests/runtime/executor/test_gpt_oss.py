@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.layers import check_tp_split
 from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers.moe import MoESpec, route
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -185,6 +186,20 @@ def test_other_quantization_is_refused_by_name(family_dirs, tmp_path):
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="quantization_config.quant_method 'fp8'"):
         load_model(ModelConfig.from_hf(other), other, "cpu")
+
+
+def test_mxfp4_tp_split_is_checked_at_start(family_dirs, tmp_path):
+    """A tp size that would cut the experts' MXFP4 blocks is refused by check_tp_split,
+    naming the block, before any weight is read (I = 64: tp 2 reads whole blocks, 4 not)."""
+    mx = tmp_path / "mx"
+    shutil.copytree(family_dirs["gpt_oss"], mx)
+    cfg = json.loads((mx / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (mx / "config.json").write_text(json.dumps(cfg))
+    check_tp_split(ModelConfig.from_hf(mx), 2)
+    with pytest.raises(ValueError, match="MXFP4 block of 32"):
+        check_tp_split(ModelConfig.from_hf(mx), 4)
+    check_tp_split(ModelConfig.from_hf(family_dirs["gpt_oss"]), 4)  # bf16: any whole split
 
 
 def test_switching_sinks_off_changes_the_tokens(family_dirs, make_engine):
