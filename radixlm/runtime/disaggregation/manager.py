@@ -157,11 +157,19 @@ class KVReceiver(_Transfer):
     def clear(self) -> None:
         self.manager.receivers.pop(self.room, None)
 
+    def _chunk_problem(self, chunk: KVChunk, frames: list[Any]) -> str | None:
+        """Why this chunk cannot be written into the reserved slots (None: it can)."""
+        if chunk.offset != self.received or chunk.num_tokens <= 0:
+            return f"chunk at {chunk.offset} (+{chunk.num_tokens}) after {self.received} tokens"
+        if chunk.offset + chunk.num_tokens > len(self.slots):
+            return f"chunk ends at {chunk.offset + chunk.num_tokens}, {len(self.slots)} reserved"
+        return self.manager.buffers.frames_problem(frames, chunk.num_tokens)
+
     def _on_chunk(self, chunk: KVChunk, frames: list[Any]) -> None:
         if self.slots is None or self.state not in (KVPoll.WaitingForInput,
                                                     KVPoll.Transferring):
             return
-        problem = self.manager.check_chunk(chunk, frames, len(self.slots), self.received)
+        problem = self._chunk_problem(chunk, frames)
         if problem is not None:
             self.abort(f"bad KV chunk from the prefill server: {problem}")
             return
@@ -389,13 +397,3 @@ class KVManager:
         what = ("the decode server did not acknowledge the KV" if self.mode == "prefill"
                 else "the prefill server sent no KV")
         return f"{what} within {self.waiting_timeout:g} s (waiting timeout)"
-
-    # --- checking what arrived ---------------------------------------------------------------
-    def check_chunk(self, chunk: KVChunk, frames: list[Any], reserved: int,
-                    received: int) -> str | None:
-        """Why this chunk cannot be written (None: it can)."""
-        if chunk.offset != received or chunk.num_tokens <= 0:
-            return f"chunk at {chunk.offset} (+{chunk.num_tokens}) after {received} tokens"
-        if chunk.offset + chunk.num_tokens > reserved:
-            return f"chunk ends at {chunk.offset + chunk.num_tokens}, {reserved} reserved"
-        return self.buffers.frames_problem(frames, chunk.num_tokens)
