@@ -17,6 +17,14 @@ The engine's two CPU paths at the small preset's head shape (Hq=12, Hkv=4, D=64)
 every chunk length), for decode and for extend chunks of ``new`` tokens over ``ctx``
 cached ones.
 
+    python benchmarks/kernels_cpu.py --amx [--threads 1]
+
+A bfloat16 model's three CPU paths at the same shapes (bf16 q and pool): ``padded``
+(torch's fused attention in bf16), ``fma`` (the compiled kernel, q widened to float32)
+and ``amx`` (the kernel with q in bf16: AMX tiles for tasks of 16 rows per KV head or
+more, ``csrc/amx_attention.cpp``), with every chunk length in the kernel; each checked
+against the padded result.
+
     python benchmarks/kernels_cpu.py --decode-pool [--threads 2]
 
 The kernel alone over one decode step's K/V at ``decode_step.py``'s shape (32 sequences x
@@ -151,23 +159,28 @@ def run(cases: list[tuple[str, int, int, int]], budget_s: float) -> None:
                 print(f"{kind:7} {d:3} {batch:3} {ctx:5} {new:4} {lens:4} {cells}   {best}")
 
 
-def paged_case(batch: int, ctx: int, new: int, gen: torch.Generator):
+def paged_case(batch: int, ctx: int, new: int, gen: torch.Generator,
+               dtype: torch.dtype = torch.float32, amx: bool = False):
     """``batch`` sequences of ``ctx`` cached + ``new`` tokens in shuffled slots; the new
-    tokens' K/V already in the pool (as the model stores them before attention)."""
+    tokens' K/V already in the pool (as the model stores them before attention). With
+    ``amx`` a third plan, ``amx``: the kernel taking q in bf16."""
     hq, hkv, d = 12, 4, 64
     n = batch * (ctx + new)
-    k_buf, v_buf = torch.randn(n + 64, hkv, d), torch.randn(n + 64, hkv, d)
+    k_buf = torch.randn(n + 64, hkv, d).to(dtype)
+    v_buf = torch.randn(n + 64, hkv, d).to(dtype)
     slots = torch.randperm(n + 64, generator=gen)[:n].view(batch, ctx + new)
     kv_indices, new_slots = slots[:, :ctx].reshape(-1), slots[:, ctx:].reshape(-1)
-    q = torch.randn(batch * new, hq, d, generator=gen)
+    q = torch.randn(batch * new, hq, d, generator=gen).to(dtype)
     qo = torch.arange(batch + 1) * new
     extend = new > 1 or ctx == 0
     if not extend:  # decode: the new token is the last of each sequence's KV
         kv_indices, new_slots = slots.reshape(-1), None
     kv_indptr = torch.arange(batch + 1) * (ctx + (0 if extend else new))
+    kinds = [("padded", False, False), ("paged", True, False)] + [("amx", True, True)] * amx
     plans = {name: AttentionPlan.build(qo, kv_indptr, kv_indices, hkv * d, extend=extend,
-                                       paged_kernel=paged, new_slots=new_slots)
-             for name, paged in (("padded", False), ("paged", True))}
+                                       paged_kernel=paged, new_slots=new_slots, dtype=dtype,
+                                       amx=use_amx)
+             for name, paged, use_amx in kinds}
     k = k_buf[new_slots] if extend else None
     v = v_buf[new_slots] if extend else None
     return plans, (q, k, v, k_buf, v_buf, d**-0.5)
@@ -197,6 +210,30 @@ def run_paged(budget_s: float) -> None:
              for name, plan in plans.items()}
         print(f"| {batch} | {ctx} | {new} | {t['padded']:.2f} | {t['paged']:.2f} | "
               f"{t['padded'] / t['paged']:.2f} |")
+
+
+def run_amx(budget_s: float) -> None:
+    if not cpu_paged.amx():
+        raise SystemExit("no AMX path here (kernel not built, or no AMX-BF16 on this CPU)")
+    gen = torch.Generator().manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bfloat16, "
+          "Hq=12 Hkv=4 D=64; ms, min of runs")
+    print("| B | ctx | new | padded (ms) | fma (ms) | amx (ms) | fma / amx | padded / amx |")
+    print("|---|---|---|---|---|---|---|---|")
+    shared_prefix.KERNEL_MAX_EXTEND_ROWS_BF16 = 1 << 30  # fma: the kernel for every chunk
+    cases = [(32, 512, 1), (8, 512, 4), (8, 512, 8), (8, 512, 32), (32, 512, 32),
+             (4, 512, 128), (4, 512, 256), (1, 512, 1024), (8, 0, 32), (4, 0, 256),
+             (1, 0, 1024), (1, 0, 2048)]
+    for batch, ctx, new in cases:
+        plans, args = paged_case(batch, ctx, new, gen, torch.bfloat16, amx=True)
+        ref = planned_attention(plans["padded"], *args).float()
+        for name in ("paged", "amx"):
+            torch.testing.assert_close(planned_attention(plans[name], *args).float(), ref,
+                                       rtol=2e-2, atol=2e-2)
+        t = {name: time_ms(planned_attention, (plan, *args), budget_s)
+             for name, plan in plans.items()}
+        print(f"| {batch} | {ctx} | {new} | {t['padded']:.2f} | {t['paged']:.2f} | "
+              f"{t['amx']:.2f} | {t['paged'] / t['amx']:.2f} | {t['padded'] / t['amx']:.2f} |")
 
 
 def run_decode_pool(rounds: int) -> None:
@@ -240,6 +277,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--paged", action="store_true",
                         help="the engine's padded vs paged (compiled kernel) CPU paths")
+    parser.add_argument("--amx", action="store_true",
+                        help="a bf16 model's paths: padded, the kernel in fp32, on AMX tiles")
     parser.add_argument("--decode-pool", action="store_true",
                         help="the compiled kernel over a decode step's pool, per K/V dtype")
     args = parser.parse_args()
@@ -250,6 +289,9 @@ def main() -> None:
         return
     if args.paged:
         run_paged(0.05 if args.quick else 0.3)
+        return
+    if args.amx:
+        run_amx(0.05 if args.quick else 0.3)
         return
     decode = [("decode", b, c, 1) for b in (1, 8, 32) for c in (64, 512, 2048)]
     # extend: prefill chunks over a cached prefix (ctx), and a mixed batch of 1-token rows

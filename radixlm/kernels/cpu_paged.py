@@ -21,8 +21,11 @@ with ``causal`` it sees keys ``j <= p``, with ``sliding_window`` W only ``j > p 
 (transformers' sliding-window mask, when the segment's keys are consecutive positions of
 one sequence ending at its rows; the plan sends windows only through such segments).
 ``logit_cap`` c: scores become ``c * tanh(s / c)`` before the softmax (lse is over the
-capped scores). q, o and lse are float32; the pool may hold any of ``KV_DTYPES`` (widened
-to float32 as loaded).
+capped scores). o and lse are float32; the pool may hold any of ``KV_DTYPES`` (widened
+to float32 as loaded). q is float32, or bfloat16: where ``amx()``, a bf16 q over a bf16
+pool is multiplied on AMX tiles in every task with at least 16 rows per KV head (query
+rows x the heads of a group; ``csrc/amx_attention.cpp``), its products rounded as torch's
+bf16 attention rounds them; elsewhere it is widened to float32.
 """
 
 from __future__ import annotations
@@ -109,6 +112,15 @@ def available() -> bool:
                        e)
         return False
     return True
+
+
+@cache
+def amx() -> bool:
+    """Whether the kernel multiplies a bfloat16 q over a bfloat16 pool on AMX-BF16 tiles
+    (``csrc/amx_attention.cpp``: the library built for a CPU with AMX, and the OS granting
+    its tiles); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
+    return (available() and os.environ.get("RADIXLM_CPU_AMX", "1") != "0"
+            and bool(torch.ops.radixlm_cpu.amx_ready()))
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,

@@ -105,6 +105,7 @@ class AttentionPlan:
     padded: list[_Padded]  # each sequence past its shared prefix (all of it if none)
     paged: Passes | None = None  # (suffixes, groups)
     flat: Segments | None = None  # every row, each sequence's keys from position 0
+    amx: bool = False  # the kernel takes q in bf16 (AMX tiles for its larger tasks)
 
     def masked_passes(self, sliding_window: int | None) -> Passes | None:
         """The kernel passes of a layer with a window and/or a cap (None: no kernel in
@@ -121,41 +122,45 @@ class AttentionPlan:
               prefix_groups: PrefixGroups | None = None,
               paged_kernel: bool = False,
               new_slots: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float32) -> AttentionPlan:
+              dtype: torch.dtype = torch.float32, amx: bool = False) -> AttentionPlan:
         """``paged_kernel``: attention through ``cpu_paged`` (CPU, K/V in
         ``cpu_paged.KV_DTYPES``, kernel built; q in any float dtype, widened to float32)
         where it pays; in extend it needs ``new_slots``, the pool slots of the new tokens
-        (``out_cache_loc``), stored before attention. ``dtype``: the model's (q's)."""
+        (``out_cache_loc``), stored before attention. ``dtype``: the model's (q's).
+        ``amx`` (``ModelRunner.amx_attention``: a bf16 model and pool, ``cpu_paged.amx()``):
+        the kernel takes q in bf16 and every extend row, whatever the chunk's length."""
         qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
         groups = prefix_groups or []
         check_prefix_groups(groups, kv, kv_indices)
+        amx = amx and paged_kernel
         if paged_kernel and not extend:
             paged = decode_segments(qo, kv, kv_indptr, kv_indices, groups)
             flat = flat_decode_segments(qo, kv_indptr, kv_indices) if groups else paged[0]
-            return cls(extend, None, [], paged, flat)
+            return cls(extend, None, [], paged, flat, amx)
         q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
         if not (paged_kernel and extend and new_slots is not None):
             return cls(extend, *_padded_plan(list(range(len(q_lens))), qo, kv, kv_indices,
                                              groups, kv_elems_per_token, extend))
-        most = KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16
+        most = (max(q_lens, default=0) if amx else KERNEL_MAX_EXTEND_ROWS
+                if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16)
         everything = list(range(len(q_lens)))
         fits = max(q_lens, default=0) <= most
         if groups:
             flat = extend_segments(everything, qo, kv, kv_indices, new_slots)
             group_rows = max(sum(q_lens[b] for b in m) for _, m in groups)
-            if fits and group_rows <= KERNEL_MAX_GROUP_ROWS:
+            if fits and (amx or group_rows <= KERNEL_MAX_GROUP_ROWS):
                 # every group's pass, then each sequence's own keys from its state
                 paged = extend_group_segments(groups, qo, kv, kv_indices, new_slots)
-                return cls(extend, None, [], paged, flat)
+                return cls(extend, None, [], paged, flat, amx)
             return cls(extend, *_padded_plan(everything, qo, kv, kv_indices, groups,
-                                             kv_elems_per_token, extend), flat=flat)
+                                             kv_elems_per_token, extend), flat=flat, amx=amx)
         small = [b for b in everything if q_lens[b] <= most]
         rest = [b for b in everything if q_lens[b] > most]
         paged = (extend_segments(small, qo, kv, kv_indices, new_slots), None) if small else None
         shared, padded = _padded_plan(rest, qo, kv, kv_indices, [], kv_elems_per_token, extend)
         flat = paged[0] if paged and not rest else extend_segments(everything, qo, kv,
                                                                    kv_indices, new_slots)
-        return cls(extend, shared, padded, paged, flat)
+        return cls(extend, shared, padded, paged, flat, amx)
 
 
 def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend
@@ -252,10 +257,11 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
         if passes is None:
             raise ValueError("this plan has rows off the kernel: a window or a cap takes "
                              "masked_attention")
-        o, lse = _kernel_pass(passes, q, k_buf, sm_scale, v_buf, sliding_window, logit_cap)
+        o, lse = _kernel_pass(passes, q, k_buf, sm_scale, v_buf, plan.amx, sliding_window,
+                              logit_cap)
         return _finish(o, lse, q, out, sinks)
     if plan.paged is not None:  # its rows, and every row's lse (-inf where not its own)
-        o, lse = _kernel_pass(plan.paged, q, k_buf, sm_scale, v_buf)
+        o, lse = _kernel_pass(plan.paged, q, k_buf, sm_scale, v_buf, plan.amx)
     else:
         o = torch.empty((n, hq, d), dtype=torch.float32, device=q.device)
         lse = torch.empty((n, hq), dtype=torch.float32, device=q.device)
@@ -275,12 +281,15 @@ def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=
     return _finish(o, lse, q, out, sinks)
 
 
-def _kernel_pass(passes: Passes, q, k_buf, sm_scale, v_buf, sliding_window=None,
+def _kernel_pass(passes: Passes, q, k_buf, sm_scale, v_buf, amx=False, sliding_window=None,
                  logit_cap=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's passes; with ``amx`` a bf16 q goes in as it is (AMX tiles for the
+    larger tasks over a bf16 pool, widened in the kernel for the rest)."""
     if k_buf.dtype not in cpu_paged.KV_DTYPES:
         raise ValueError(f"the paged CPU kernel takes K/V in {cpu_paged.KV_DTYPES}, got "
                          f"{k_buf.dtype}: build the plan with paged_kernel=False")
-    return run_passes(passes, q.float().contiguous(), k_buf, v_buf, sm_scale, sliding_window,
+    q_in = q if amx and q.dtype == torch.bfloat16 else q.float()
+    return run_passes(passes, q_in.contiguous(), k_buf, v_buf, sm_scale, sliding_window,
                       logit_cap)
 
 

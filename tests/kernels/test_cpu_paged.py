@@ -165,11 +165,16 @@ def test_a_pass_continued_from_another_equals_one_pass_over_both(d, causal):
 
 
 @needs_kernel
-def test_queries_must_be_float32():
+def test_queries_float32_or_bfloat16():
     q, kb, vb, kvp, kvi = _paged_batch(2, [3, 4], 1, 4, 2, 16)
     idx = torch.arange(2), torch.arange(3), kvp, kvi
-    with pytest.raises(RuntimeError, match="q: float32"):
-        cpu_paged.paged_attention(q.bfloat16(), kb, vb, *idx, 0.2)
+    with pytest.raises(RuntimeError, match="q: float32 or bfloat16"):
+        cpu_paged.paged_attention(q.half(), kb, vb, *idx, 0.2)
+    # a bf16 q in tasks too small for AMX tiles: widened, the float32 path's very result
+    qb = q.bfloat16()
+    o, lse = cpu_paged.paged_attention(qb, kb, vb, *idx, 0.2)
+    o32, lse32 = cpu_paged.paged_attention(qb.float(), kb, vb, *idx, 0.2)
+    assert torch.equal(o, o32) and torch.equal(lse, lse32)
     with pytest.raises(RuntimeError, match="float8_e5m2, got"):  # e4m3: the torch path's
         cpu_paged.paged_attention(q, kb.to(torch.float8_e4m3fn), vb.to(torch.float8_e4m3fn),
                                   *idx, 0.2)

@@ -16,8 +16,9 @@
 // rows skips a key block none of its rows sees before computing a score: with a window, a
 // row costs about W keys whatever the prompt's length; causally, the blocks past the tile.
 //
-//   q      [N, Hq, D]  float32          k_buf, v_buf  [S, Hkv, D]  float32, bfloat16,
-//                                                     float16 or float8_e5m2
+//   q      [N, Hq, D]  float32 or       k_buf, v_buf  [S, Hkv, D]  float32, bfloat16,
+//          bfloat16 (AMX tiles where      float16 or float8_e5m2
+//          they pay, amx_attention.cpp)
 //   o      [N, Hq, D]  float32 (rows in no segment: 0)
 //   lse    [N, Hq]     float32 (rows in no segment, or over no keys: -inf)
 //
@@ -43,6 +44,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "amx_attention.h"
+#include "attention_task.h"
 #include "kv_load.h"
 #include "vec_math.h"
 
@@ -52,6 +55,7 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -65,57 +69,6 @@ inline void prefetch_row(const typename KV::S* p, int64_t d) {
     __builtin_prefetch(p + i, 0, 2);
 }
 
-template <class KV>
-struct Task {
-  const float* q;
-  const typename KV::S* k;
-  const typename KV::S* v;
-  const int64_t* rows;     // this segment's query rows
-  const int64_t* slots;    // this segment's key slots
-  int64_t n_rows, n_keys, hq, hkv, grp, d;
-  float scale;
-  bool causal;  // row i of n sees the first n_keys - n + i + 1 keys (its own is the last)
-  // where a row's softmax starts (o, lse of an earlier pass over other keys; null: empty)
-  const float* o_init = nullptr;
-  const float* lse_init = nullptr;
-  int64_t window = 0;  // > 0: row i of n sees only keys j > n_keys - n + i - window
-  float cap = 0.f;     // > 0: scores become cap * tanh(score / cap)
-
-  // the keys [lo, hi) of the segment that row r (of a head) sees: row i of n is at key
-  // position n_keys - n + i (decode: its one row is the last key; extend: the new tokens
-  // are the last n keys), and a window keeps the `window` positions ending there
-  int64_t lo(int64_t r) const {
-    return window > 0 ? std::max<int64_t>(0, n_keys - n_rows + r / grp + 1 - window) : 0;
-  }
-  int64_t hi(int64_t r) const { return causal ? n_keys - n_rows + r / grp + 1 : n_keys; }
-};
-
-// The online-softmax update of one row from its block scores s[0:nb), of which it sees
-// [lo, hi): s becomes the probabilities; returns the factor the accumulator is scaled by.
-inline float softmax_update(float* s, int64_t nb, int64_t lo, int64_t hi, float& m, float& l) {
-  // the block max, 16 lanes at a time (GCC leaves a max reduction scalar: a serial chain
-  // of vmaxss that cost 8% of a decode step's attention)
-  v16 vm = v16{} + kNegInf;
-  int64_t j = lo;
-  for (; j + 16 <= hi; j += 16) {
-    const v16 x = load16(s + j);
-    vm = vm > x ? vm : x;
-  }
-  float bm = kNegInf;
-  for (int i = 0; i < 16; ++i) bm = std::max(bm, vm[i]);
-  for (; j < hi; ++j) bm = std::max(bm, s[j]);
-  const float new_m = std::max(m, bm);
-  const float alpha = m == kNegInf ? 0.f : std::exp(m - new_m);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < nb; ++j) {
-    s[j] = j >= lo && j < hi ? exp_neg(s[j] - new_m) : 0.f;
-    sum += s[j];
-  }
-  l = l * alpha + sum;
-  m = new_m;
-  return alpha;
-}
 
 // The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
 // tile's accumulators held in registers for the whole block. The rows to prefetch meanwhile:
@@ -232,10 +185,19 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
   const int64_t r_count = t.n_rows * t.grp;  // rows per head: (query row i, head j of group)
   const int64_t nh = h1 - h0, d = t.d;
   std::vector<const float*> qr(nh * r_count);
+  std::vector<float> widened(t.q16 != nullptr ? nh * r_count * d : 0);  // a bf16 q's rows
   for (int64_t h = 0; h < nh; ++h)
     for (int64_t i = 0; i < t.n_rows; ++i)
-      for (int64_t j = 0; j < t.grp; ++j)
-        qr[h * r_count + i * t.grp + j] = t.q + (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
+      for (int64_t j = 0; j < t.grp; ++j) {
+        const int64_t x = h * r_count + i * t.grp + j;
+        const int64_t at = (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
+        if (t.q16 == nullptr) {
+          qr[x] = t.q + at;
+          continue;
+        }
+        for (int64_t c = 0; c < d; ++c) widened[x * d + c] = bf16_bits(t.q16[at + c]);
+        qr[x] = widened.data() + x * d;
+      }
   std::vector<float> m(nh * r_count, kNegInf), l(nh * r_count, 0.f), acc(nh * r_count * d, 0.f);
   if (t.lse_init != nullptr) {  // continue an earlier pass: its normalised o is the state
     for (int64_t h = 0; h < nh; ++h)  // with m = its lse and l = 1
@@ -297,6 +259,7 @@ void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t
   // a task is a whole segment (all KV heads) when there are segments enough to keep every
   // thread busy, else one KV head of a segment
   const int64_t hkv = base.hkv;
+  const bool amx = base.q16 != nullptr && base.d % 32 == 0 && base.d <= 256 && amx_ready();
   const int64_t split = segs >= 2 * at::get_num_threads() ? 1 : hkv;
   at::parallel_for(0, segs * split, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
@@ -306,7 +269,14 @@ void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t
       t.n_rows = qi[s + 1] - qi[s];
       t.slots = base.slots + ki[s];
       t.n_keys = ki[s + 1] - ki[s];
-      run_task<KV, DC>(t, part * hkv / split, (part + 1) * hkv / split, op, lp);
+      const int64_t h0 = part * hkv / split, h1 = (part + 1) * hkv / split;
+      if constexpr (std::is_same_v<KV, BF16>) {  // a bf16 q with rows enough: AMX tiles
+        if (amx && t.n_rows * t.grp >= kAmxMinRows) {
+          amx_task(t, h0, h1, op, lp);
+          continue;
+        }
+      }
+      run_task<KV, DC>(t, h0, h1, op, lp);
     }
   });
 }
@@ -331,7 +301,9 @@ void launch(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_bu
             const int64_t* ki, int64_t segs, float scale, bool causal, float* op, float* lp,
             const float* o_init, const float* lse_init, int64_t window, float cap) {
   const int64_t hq = q.size(1), hkv = k_buf.size(1);
-  const Task<KV> base{q.data_ptr<float>(),
+  const bool wide = q.scalar_type() == at::kFloat;
+  const Task<KV> base{wide ? q.data_ptr<float>() : nullptr,
+                      wide ? nullptr : static_cast<const uint16_t*>(q.data_ptr()),
                       static_cast<const typename KV::S*>(k_buf.data_ptr()),
                       static_cast<const typename KV::S*>(v_buf.data_ptr()),
                       q_rows.data_ptr<int64_t>(), kv_indices.data_ptr<int64_t>(), 0, 0, hq, hkv,
@@ -347,7 +319,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
     int64_t window, double logit_cap) {
   TORCH_CHECK(window >= 0 && logit_cap >= 0, "window and logit_cap: >= 0 (0: none)");
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf: 3-D");
-  TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "q: float32 or bfloat16");
   TORCH_CHECK(v_buf.scalar_type() == k_buf.scalar_type(), "k_buf and v_buf: one dtype");
   TORCH_CHECK(q.is_contiguous() && k_buf.is_contiguous() && v_buf.is_contiguous(),
               "contiguous q, k_buf, v_buf");
@@ -367,8 +340,9 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
                     o_init->sizes() == q.sizes() && lse_init->sizes() == at::IntArrayRef({n, hq}),
                 "o_init [N, Hq, D] and lse_init [N, Hq]: contiguous float32");
   // rows in no segment keep the initial state (an earlier pass's o and lse), or 0 / -inf
-  at::Tensor o = init ? o_init->clone() : at::zeros({n, hq, d}, q.options());
-  at::Tensor lse = init ? lse_init->clone() : at::full({n, hq}, kNegInf, q.options());
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor o = init ? o_init->clone() : at::zeros({n, hq, d}, f32);
+  at::Tensor lse = init ? lse_init->clone() : at::full({n, hq}, kNegInf, f32);
   const float* oi = init ? o_init->data_ptr<float>() : nullptr;
   const float* li = init ? lse_init->data_ptr<float>() : nullptr;
   const int64_t* qi = q_indptr.data_ptr<int64_t>();
@@ -399,6 +373,7 @@ TORCH_LIBRARY(radixlm_cpu, m) {
         "Tensor kv_indptr, Tensor kv_indices, float sm_scale, bool causal, "
         "Tensor? o_init=None, Tensor? lse_init=None, int window=0, float logit_cap=0.0) "
         "-> (Tensor, Tensor)");
+  m.def("amx_ready() -> bool", &amx_ready);  // no tensors: a catch-all kernel
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -20,7 +20,7 @@ from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 
 class ForwardBatchBuilder:
     """Needs of the runner: ``device``, ``kv_pool``, ``attention_backend``, ``dtype``,
-    ``decode_windows``, ``uses_torch_attention`` and ``paged_kernel``."""
+    ``decode_windows``, ``uses_torch_attention``, ``paged_kernel`` and ``amx_attention``."""
 
     def build_forward_batch(self, batch: ModelWorkerBatch,
                             req_to_token: torch.Tensor) -> ForwardBatch:
@@ -91,7 +91,8 @@ class ForwardBatchBuilder:
         per_token = self.kv_pool.num_kv_heads * self.kv_pool.head_dim
         return AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, per_token, extend=extend,
                                    prefix_groups=groups, paged_kernel=self.paged_kernel,
-                                   new_slots=new_slots, dtype=self.dtype)
+                                   new_slots=new_slots, dtype=self.dtype,
+                                   amx=self.amx_attention)
 
     def _extend_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Prefill chunks (and, in a mixed batch, decode rows): the cached prefix of each

@@ -235,9 +235,17 @@ class ModelRunner(ForwardBatchBuilder):
     def paged_kernel(self) -> bool:
         """Whether decode attention runs in the compiled CPU kernel (K/V read in place, in
         any of its pool dtypes; float8_e4m3 pools take the torch path). A bfloat16 or
-        float16 model's q is widened to float32 for it (``planned_attention``)."""
+        float16 model's q is widened to float32 for it (``planned_attention``), unless
+        ``amx_attention``."""
         return (self.device.type == "cpu" and self.kv_dtype in cpu_paged.KV_DTYPES
                 and cpu_paged.available())
+
+    @property
+    def amx_attention(self) -> bool:
+        """Whether the kernel multiplies a bfloat16 model's attention on AMX tiles (bf16
+        q over a bf16 pool, a CPU with AMX-BF16): every extend chunk then takes it."""
+        return (self.paged_kernel and self.dtype == torch.bfloat16
+                and self.kv_dtype == torch.bfloat16 and cpu_paged.amx())
 
     @torch.inference_mode()
     def forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:

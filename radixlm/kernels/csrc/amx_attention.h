@@ -1,0 +1,21 @@
+// The AMX path of the CPU attention kernel (amx_attention.cpp): a task's rows in tiles of
+// 16, their scores and weighted values multiplied on AMX-BF16 tiles.
+#pragma once
+
+#include "attention_task.h"
+
+#include <cstdint>
+
+// Whether this build targets AMX-BF16 and the OS lets this process use its tiles (asked
+// for once; false on CPUs without AMX, where paged_attention keeps the FMA path).
+bool amx_ready();
+
+// Heads [h0, h1) of one segment: t.q16 (bfloat16 q) over a bfloat16 pool, d a multiple of
+// 32 up to 256. Same contract as the FMA path's run_task (o, lse of the rows; o_init /
+// lse_init, window, cap, causal), with q, K, V and the probabilities multiplied as bf16
+// (float32 sums): what torch's bf16 attention does.
+void amx_task(const Task<BF16>& t, int64_t h0, int64_t h1, float* o, float* lse);
+
+// The least rows per head (query rows x heads of the group) a task needs to take the AMX
+// path: below it, packing the keys into tiles costs more than the FMA path's products.
+constexpr int64_t kAmxMinRows = 16;
