@@ -78,8 +78,9 @@ def _compile(out: Path) -> None:
            *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES),
            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cxx} failed:\n{proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # the errors first: warnings about torch's headers bury them
+        errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+        raise RuntimeError(f"{cxx} failed:\n" + "\n".join(errors[:20] or [proc.stderr[-2000:]]))
 
 
 def build() -> Path:

@@ -13,7 +13,9 @@
 //        acc [16, D] = acc * alpha + P V   (one tile product per 16 of d)
 //   3. o = acc / l, lse = m + log l.
 //
-// Tiles (all 16 rows x 64 bytes): 0 Q, 1 K, 2-3 S (two halves of 16 keys), 4 P, 5 V, 6 PV.
+// Tiles (all 16 rows x 64 bytes): S phase 0/7 Q, 1/6 K, 2-5 S (16 keys each); P V phase
+// 6-7 P (32 keys each), 1/5 V, 0/2/3/4 the products (16 of d each). Consecutive tile
+// operations use other tiles where they can, so loads overlap products.
 // Differences from the FMA path: q and the probabilities are rounded to bf16 before their
 // products (sums in fp32), as torch's bf16 attention rounds them; the tests bound the
 // result against float64 over the rounded inputs.
@@ -26,7 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
+#include <new>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define RADIXLM_AMX 1
@@ -41,15 +43,25 @@ constexpr int64_t kKeys = 64;  // keys per block: two P tiles of 32 (64 bytes a 
 constexpr int64_t kRows = 16;  // rows per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Free {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// 64-byte aligned scratch (tile loads and stores of whole cache lines)
-template <class T>
-std::unique_ptr<T[], Free> scratch(int64_t n) {
-  const size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
-  return std::unique_ptr<T[], Free>(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
+// 64-byte aligned scratch (tile loads and stores of whole cache lines), one per thread and
+// purpose, kept between calls: a fresh allocation of this size each call would be mapped
+// anew (glibc maps blocks over 128 KiB) and fault in every page again.
+template <class T, int Purpose>
+T* scratch(int64_t n) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer b;
+  const size_t bytes = ((std::max<int64_t>(n, 1) * sizeof(T) + 63) / 64) * 64;
+  if (bytes > b.bytes) {
+    std::free(b.p);
+    b.p = std::aligned_alloc(64, bytes);
+    if (b.p == nullptr) throw std::bad_alloc();
+    b.bytes = bytes;
+  }
+  return static_cast<T*>(b.p);
 }
 
 }  // namespace
@@ -75,18 +87,56 @@ void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
+// r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
+// rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.
+inline void transpose16(const __m512i* r, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + k], 128-bit lane L: column 4L + k of rows 4i..4i+3
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512i y1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    out[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    out[4 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    out[8 + k] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+    out[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+  }
+}
+
 // A block's K (keys slots[0:n), n <= kKeys; the rest zero) as the B tiles of S = Q K^T:
 // tile (quarter, c), 16 keys by 32 of d, row p column j = the u32 (K[key][c*32 + 2p],
-// K[key][c*32 + 2p + 1]) of key quarter*16 + j: the keys' rows read as u32, transposed.
+// K[key][c*32 + 2p + 1]) of key quarter*16 + j: the keys' rows read as u32, transposed
+// 16 x 16 at a time. The next quarter's rows are prefetched meanwhile (scattered slots).
 void pack_k(const uint16_t* kh, const int64_t* slots, int64_t n, int64_t stride, int64_t d,
             uint32_t* out) {
   const int64_t chunks = d / 32;
-  if (n < kKeys) std::memset(out, 0, kKeys / 16 * chunks * 256 * sizeof(uint32_t));
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(kh + slots[j] * stride);
-    uint32_t* col = out + (j / 16) * chunks * 256 + j % 16;
-    for (int64_t p = 0; p < d / 2; ++p) col[(p / 16) * 256 + (p % 16) * 16] = row[p];
+  __m512i r[16], tr[16];
+  for (int64_t q = 0; q * 16 < n; ++q) {
+    for (int64_t j = q * 16 + 16; j < std::min(n, q * 16 + 32); ++j)
+      for (int64_t c = 0; c < d; c += 32) __builtin_prefetch(kh + slots[j] * stride + c);
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t j = 0; j < 16; ++j)
+        r[j] = q * 16 + j < n ? _mm512_loadu_si512(kh + slots[q * 16 + j] * stride + c * 32)
+                              : _mm512_setzero_si512();
+      transpose16(r, tr);
+      uint32_t* t = out + (q * chunks + c) * 256;
+      for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(t + p * 16, tr[p]);
+    }
   }
+  // quarters with no key at all: zero tiles
+  const int64_t full = (n + 15) / 16;
+  if (full < kKeys / 16)
+    std::memset(out + full * chunks * 256, 0, (kKeys / 16 - full) * chunks * 256 * 4);
 }
 
 // A block's V as the B tiles of P V: tile (half, t), 32 keys by 16 of d, row p column i =
@@ -187,6 +237,41 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
   _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), a, _mm512_load_ps(sum)));
 }
 
+// GCC's tile intrinsics take the tile's number as a literal (it is pasted into the
+// instruction), so the two helpers below are macros.
+//
+// One chunk of 32 of d of S = Q K^T: the chunk's Q rows into tile QT, the four quarters'
+// K tiles (k, k + step, ...) into tiles 1 and 6 in turn, so a load never waits for the
+// product just issued, added into S tiles 2-5 (consecutive products: other accumulators).
+#define SCORES_CHUNK(QT, q, ld, k, step)   \
+  do {                                     \
+    _tile_loadd(QT, q, ld);                \
+    _tile_loadd(1, k, 64);                 \
+    _tile_dpbf16ps(2, QT, 1);              \
+    _tile_loadd(6, (k) + (step), 64);      \
+    _tile_dpbf16ps(3, QT, 6);              \
+    _tile_loadd(1, (k) + 2 * (step), 64);  \
+    _tile_dpbf16ps(4, QT, 1);              \
+    _tile_loadd(6, (k) + 3 * (step), 64);  \
+    _tile_dpbf16ps(5, QT, 6);              \
+  } while (0)
+
+// P V for one half of a block (P tile PT: 16 rows x 32 keys) and nc (2 or 4) columns of
+// 16 of d: V tiles into 1 and 5 in turn, added into tiles 0, 2, 3, 4.
+#define VALUES_HALF(PT, v, nc)        \
+  do {                                \
+    _tile_loadd(1, v, 64);            \
+    _tile_dpbf16ps(0, PT, 1);         \
+    _tile_loadd(5, (v) + 256, 64);    \
+    _tile_dpbf16ps(2, PT, 5);         \
+    if ((nc) > 2) {                   \
+      _tile_loadd(1, (v) + 512, 64);  \
+      _tile_dpbf16ps(3, PT, 1);       \
+      _tile_loadd(5, (v) + 768, 64);  \
+      _tile_dpbf16ps(4, PT, 5);       \
+    }                                 \
+  } while (0)
+
 // One KV head of a task: its rows over the keys [k0, k1) the rows see.
 void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   const int64_t d = t.d, r_count = t.n_rows * t.grp, stride = t.hkv * d;
@@ -195,67 +280,62 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   const int64_t blocks = std::max<int64_t>(0, (k1 - k0 + kKeys - 1) / kKeys);
   const int64_t chunks = d / 32, cols = d / 16, tiles = (r_count + kRows - 1) / kRows;
   const int64_t k_block = kKeys / 16 * chunks * 256, v_block = kKeys / 32 * cols * 256;
-  auto qb = scratch<uint16_t>(tiles * kRows * d);
-  auto kp = scratch<uint32_t>(blocks * k_block);
-  auto vp = scratch<uint32_t>(blocks * v_block);
-  std::memset(qb.get(), 0, tiles * kRows * d * sizeof(uint16_t));
+  uint16_t* qb = scratch<uint16_t, 0>(tiles * kRows * d);
+  uint32_t* kp = scratch<uint32_t, 1>(blocks * k_block);
+  uint32_t* vp = scratch<uint32_t, 2>(blocks * v_block);
+  std::memset(qb, 0, tiles * kRows * d * sizeof(uint16_t));
   auto head_of = [&](int64_t r) { return t.rows[r / t.grp] * t.hq + h * t.grp + r % t.grp; };
   for (int64_t r = 0; r < r_count; ++r)
-    std::memcpy(qb.get() + r * d, t.q16 + head_of(r) * d, d * sizeof(uint16_t));
+    std::memcpy(qb + r * d, t.q16 + head_of(r) * d, d * sizeof(uint16_t));
   const uint16_t* kh = t.k + h * d;
   const uint16_t* vh = t.v + h * d;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n = std::min(kKeys, k1 - k0 - b * kKeys);
     const int64_t* slots = t.slots + k0 + b * kKeys;
-    pack_k(kh, slots, n, stride, d, kp.get() + b * k_block);
-    pack_v(vh, slots, n, stride, d, vp.get() + b * v_block);
+    pack_k(kh, slots, n, stride, d, kp + b * k_block);
+    pack_v(vh, slots, n, stride, d, vp + b * v_block);
   }
   alignas(64) float s[kRows][kKeys];
   alignas(64) float pv[4][kRows][16];
   alignas(64) uint16_t p[kRows][kKeys];
   alignas(64) float m[kRows], l[kRows], alpha[kRows];
   int64_t lo[kRows], hi[kRows];
-  auto acc = scratch<float>(kRows * d);
+  float* acc = scratch<float, 3>(kRows * d);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t r0 = tile * kRows, nr = std::min(kRows, r_count - r0);
     std::fill(m, m + kRows, kNegInf);
     std::fill(l, l + kRows, 0.f);
-    std::memset(acc.get(), 0, kRows * d * sizeof(float));
+    std::memset(acc, 0, kRows * d * sizeof(float));
     if (t.lse_init != nullptr) {  // continue an earlier pass: m = its lse, l = 1, acc = o
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t head = head_of(r0 + r);
         if (t.lse_init[head] == kNegInf) continue;
         m[r] = t.lse_init[head];
         l[r] = 1.f;
-        std::memcpy(acc.get() + r * d, t.o_init + head * d, d * sizeof(float));
+        std::memcpy(acc + r * d, t.o_init + head * d, d * sizeof(float));
       }
     }
     // the blocks some row of the tile sees (rows' positions grow with r)
     const int64_t first = std::max<int64_t>(0, (t.lo(r0) - k0) / kKeys);
     const int64_t last = std::min(blocks, (t.hi(r0 + nr - 1) - k0 + kKeys - 1) / kKeys);
-    const uint16_t* qt = qb.get() + r0 * d;
+    const uint16_t* qt = qb + r0 * d;
     for (int64_t b = first; b < last; ++b) {
       const int64_t kb = k0 + b * kKeys;
       for (int64_t r = 0; r < kRows; ++r) {
         lo[r] = r < nr ? std::clamp<int64_t>(t.lo(r0 + r) - kb, 0, kKeys) : 0;
         hi[r] = r < nr ? std::clamp<int64_t>(std::min(t.hi(r0 + r), k1) - kb, 0, kKeys) : 0;
       }
-      // S = Q K^T: four tiles of 16 keys
-      const uint32_t* kt = kp.get() + b * k_block;
+      // S = Q K^T: four tiles of 16 keys (2-5); chunks of d alternate their Q tile
+      const uint32_t* kt = kp + b * k_block;
       _tile_zero(2);
       _tile_zero(3);
       _tile_zero(4);
       _tile_zero(5);
       for (int64_t c = 0; c < chunks; ++c) {
-        _tile_loadd(0, qt + c * 32, d * sizeof(uint16_t));
-        _tile_loadd(1, kt + (0 * chunks + c) * 256, 64);
-        _tile_dpbf16ps(2, 0, 1);
-        _tile_loadd(1, kt + (1 * chunks + c) * 256, 64);
-        _tile_dpbf16ps(3, 0, 1);
-        _tile_loadd(1, kt + (2 * chunks + c) * 256, 64);
-        _tile_dpbf16ps(4, 0, 1);
-        _tile_loadd(1, kt + (3 * chunks + c) * 256, 64);
-        _tile_dpbf16ps(5, 0, 1);
+        if (c % 2 == 0)
+          SCORES_CHUNK(0, qt + c * 32, d * sizeof(uint16_t), kt + c * 256, chunks * 256);
+        else
+          SCORES_CHUNK(7, qt + c * 32, d * sizeof(uint16_t), kt + c * 256, chunks * 256);
       }
       _tile_stored(2, &s[0][0], kKeys * sizeof(float));
       _tile_stored(3, &s[0][16], kKeys * sizeof(float));
@@ -265,7 +345,7 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
       // P V: P as two tiles of 32 keys (6, 7), four columns of 16 at a time (0, 2, 3, 4)
       _tile_loadd(6, &p[0][0], kKeys * sizeof(uint16_t));
       _tile_loadd(7, &p[0][32], kKeys * sizeof(uint16_t));
-      const uint32_t* vt = vp.get() + b * v_block;
+      const uint32_t* vt = vp + b * v_block;
       for (int64_t c0 = 0; c0 < cols; c0 += 4) {
         const int64_t nc = std::min<int64_t>(4, cols - c0);
         _tile_zero(0);
@@ -273,38 +353,18 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
         _tile_zero(3);
         _tile_zero(4);
         // V block layout: [half of 32 keys][column][16 pairs][16 of d]
-        const uint32_t* v0 = vt + c0 * 256;
-        const uint32_t* v1 = vt + (cols + c0) * 256;
-        _tile_loadd(1, v0, 64);
-        _tile_dpbf16ps(0, 6, 1);
-        _tile_loadd(1, v1, 64);
-        _tile_dpbf16ps(0, 7, 1);
-        if (nc > 1) {
-          _tile_loadd(1, v0 + 256, 64);
-          _tile_dpbf16ps(2, 6, 1);
-          _tile_loadd(1, v1 + 256, 64);
-          _tile_dpbf16ps(2, 7, 1);
-        }
-        if (nc > 2) {
-          _tile_loadd(1, v0 + 512, 64);
-          _tile_dpbf16ps(3, 6, 1);
-          _tile_loadd(1, v1 + 512, 64);
-          _tile_dpbf16ps(3, 7, 1);
-          _tile_loadd(1, v0 + 768, 64);
-          _tile_dpbf16ps(4, 6, 1);
-          _tile_loadd(1, v1 + 768, 64);
-          _tile_dpbf16ps(4, 7, 1);
-        }
+        VALUES_HALF(6, vt + c0 * 256, nc);
+        VALUES_HALF(7, vt + (cols + c0) * 256, nc);
         _tile_stored(0, &pv[0][0][0], 64);
         if (nc > 1) _tile_stored(2, &pv[1][0][0], 64);
-        if (nc > 2) {
+        if (nc > 2) {  // columns come in pairs (d a multiple of 32): 2 or 4
           _tile_stored(3, &pv[2][0][0], 64);
           _tile_stored(4, &pv[3][0][0], 64);
         }
         for (int64_t r = 0; r < nr; ++r) {
           const __m512 ar = _mm512_set1_ps(alpha[r]);
           for (int64_t c = 0; c < nc; ++c) {
-            float* a = acc.get() + r * d + (c0 + c) * 16;
+            float* a = acc + r * d + (c0 + c) * 16;
             _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), ar, _mm512_load_ps(pv[c][r])));
           }
         }
