@@ -299,7 +299,7 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   alignas(64) float pv[4][kRows][16];
   alignas(64) uint16_t p[kRows][kKeys];
   alignas(64) float m[kRows], l[kRows], alpha[kRows];
-  int64_t lo[kRows], hi[kRows];
+  int64_t lo[kRows], hi[kRows], row_lo[kRows], row_hi[kRows];
   float* acc = scratch<float, 3>(kRows * d);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t r0 = tile * kRows, nr = std::min(kRows, r_count - r0);
@@ -315,6 +315,11 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
         std::memcpy(acc + r * d, t.o_init + head * d, d * sizeof(float));
       }
     }
+    // each row's keys [row_lo, row_hi), once per tile (t.lo / t.hi divide by the group)
+    for (int64_t r = 0; r < kRows; ++r) {
+      row_lo[r] = r < nr ? t.lo(r0 + r) : 0;
+      row_hi[r] = r < nr ? std::min(t.hi(r0 + r), k1) : 0;
+    }
     // the blocks some row of the tile sees (rows' positions grow with r)
     const int64_t first = std::max<int64_t>(0, (t.lo(r0) - k0) / kKeys);
     const int64_t last = std::min(blocks, (t.hi(r0 + nr - 1) - k0 + kKeys - 1) / kKeys);
@@ -322,8 +327,8 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
     for (int64_t b = first; b < last; ++b) {
       const int64_t kb = k0 + b * kKeys;
       for (int64_t r = 0; r < kRows; ++r) {
-        lo[r] = r < nr ? std::clamp<int64_t>(t.lo(r0 + r) - kb, 0, kKeys) : 0;
-        hi[r] = r < nr ? std::clamp<int64_t>(std::min(t.hi(r0 + r), k1) - kb, 0, kKeys) : 0;
+        lo[r] = std::clamp<int64_t>(row_lo[r] - kb, 0, kKeys);
+        hi[r] = std::clamp<int64_t>(row_hi[r] - kb, 0, kKeys);
       }
       // S = Q K^T: four tiles of 16 keys (2-5); chunks of d alternate their Q tile
       const uint32_t* kt = kp + b * k_block;
