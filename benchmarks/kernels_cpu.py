@@ -186,14 +186,30 @@ def paged_case(batch: int, ctx: int, new: int, gen: torch.Generator,
     return plans, (q, k, v, k_buf, v_buf, d**-0.5)
 
 
+def _checked_times(plans: dict, args: tuple, budget_s: float, tol: float) -> dict[str, float]:
+    """Each plan's result checked against the padded one's (within ``tol``), then each
+    plan's time (ms, min of runs)."""
+    ref = planned_attention(plans["padded"], *args).float()
+    for name, plan in plans.items():
+        torch.testing.assert_close(planned_attention(plan, *args).float(), ref, rtol=tol,
+                                   atol=tol, msg=lambda m, name=name: f"{name}: {m}")
+    return {name: time_ms(planned_attention, (plan, *args), budget_s)
+            for name, plan in plans.items()}
+
+
+def _table_head(dtype: str, columns: list[str]) -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {dtype}, "
+          "Hq=12 Hkv=4 D=64; ms, min of runs")
+    cols = ["B", "ctx", "new", *columns]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+
+
 def run_paged(budget_s: float) -> None:
     if not cpu_paged.available():
         raise SystemExit("the CPU kernel is not built (no C++ compiler?)")
     gen = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
-          "Hq=12 Hkv=4 D=64; ms, min of runs")
-    print("| B | ctx | new | padded (ms) | paged (ms) | padded / paged |")
-    print("|---|---|---|---|---|---|")
+    _table_head("float32", ["padded (ms)", "paged (ms)", "padded / paged"])
     # the kernel for every extend chunk here, whatever its length, to find where it stops
     # paying (the engine's threshold, shared_prefix.KERNEL_MAX_EXTEND_ROWS)
     shared_prefix.KERNEL_MAX_EXTEND_ROWS = 1 << 30
@@ -203,11 +219,7 @@ def run_paged(budget_s: float) -> None:
              (8, 0, 16), (8, 0, 32), (4, 0, 256), (1, 0, 512), (1, 0, 1024), (1, 0, 2048)]
     for batch, ctx, new in cases:
         plans, args = paged_case(batch, ctx, new, gen)
-        ref = planned_attention(plans["padded"], *args)
-        torch.testing.assert_close(planned_attention(plans["paged"], *args), ref,
-                                   rtol=1e-4, atol=1e-4)
-        t = {name: time_ms(planned_attention, (plan, *args), budget_s)
-             for name, plan in plans.items()}
+        t = _checked_times(plans, args, budget_s, 1e-4)
         print(f"| {batch} | {ctx} | {new} | {t['padded']:.2f} | {t['paged']:.2f} | "
               f"{t['padded'] / t['paged']:.2f} |")
 
@@ -216,22 +228,14 @@ def run_amx(budget_s: float) -> None:
     if not cpu_paged.amx():
         raise SystemExit("no AMX path here (kernel not built, or no AMX-BF16 on this CPU)")
     gen = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bfloat16, "
-          "Hq=12 Hkv=4 D=64; ms, min of runs")
-    print("| B | ctx | new | padded (ms) | fma (ms) | amx (ms) | fma / amx | padded / amx |")
-    print("|---|---|---|---|---|---|---|---|")
+    _table_head("bfloat16", ["padded (ms)", "fma (ms)", "amx (ms)", "fma / amx", "padded / amx"])
     shared_prefix.KERNEL_MAX_EXTEND_ROWS_BF16 = 1 << 30  # fma: the kernel for every chunk
     cases = [(32, 512, 1), (8, 512, 4), (8, 512, 8), (8, 512, 32), (32, 512, 32),
              (4, 512, 128), (4, 512, 256), (1, 512, 1024), (8, 0, 32), (4, 0, 256),
              (1, 0, 1024), (1, 0, 2048)]
     for batch, ctx, new in cases:
         plans, args = paged_case(batch, ctx, new, gen, torch.bfloat16, amx=True)
-        ref = planned_attention(plans["padded"], *args).float()
-        for name in ("paged", "amx"):
-            torch.testing.assert_close(planned_attention(plans[name], *args).float(), ref,
-                                       rtol=2e-2, atol=2e-2)
-        t = {name: time_ms(planned_attention, (plan, *args), budget_s)
-             for name, plan in plans.items()}
+        t = _checked_times(plans, args, budget_s, 2e-2)
         print(f"| {batch} | {ctx} | {new} | {t['padded']:.2f} | {t['paged']:.2f} | "
               f"{t['amx']:.2f} | {t['paged'] / t['amx']:.2f} | {t['padded'] / t['amx']:.2f} |")
 
