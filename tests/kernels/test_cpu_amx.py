@@ -88,14 +88,14 @@ def _check(o, lse, ro, rl, vmax):
 
 
 # (rows, keys) per segment: AMX tasks (rows x group >= 16) beside FMA ones, a partial
-# last tile of rows, a partial last block of keys, a segment with no rows and one whose
-# rows see no key (a window past... none here: keys 0 with rows 0)
+# last tile of rows, a partial last block of keys, a segment with no rows (rows that see
+# no key: test_amx_rows_that_see_no_key_keep_their_state)
 SHAPE = [(37, 150), (5, 5), (64, 300), (1, 100), (0, 7), (20, 20), (130, 130)]
 
 
 @needs_amx
 @pytest.mark.parametrize("heads", [(12, 4), (8, 1), (4, 4), (16, 2)])
-@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [True, False])
 def test_amx_matches_f64(heads, d, causal):
     hq, hkv = heads
@@ -139,8 +139,8 @@ def test_amx_continues_an_earlier_pass():
 
 @needs_amx
 def test_amx_rows_that_see_no_key_keep_their_state():
-    """A window of 1 over a segment whose rows stand before its keys (an extend chunk
-    longer than its keys is impossible, so: rows with no keys at all) keep o_init, lse_init."""
+    """Rows of a segment with no keys: 0 / -inf, or o_init / lse_init where given (the
+    NaN-poisoned initial rows must come back untouched, the other segment's written)."""
     q, kb, vb, rows, qi, ki, idx = _segments(5, [(24, 0), (24, 48)], 12, 4, 64)
     poison = torch.full(q.shape, float("nan"))
     o, lse = cpu_paged.paged_attention(q, kb, vb, rows, qi, ki, idx, 0.125, False)
