@@ -24,6 +24,7 @@ plain one times ``sigmoid(lse - s)``. With sinks every pass keeps its log-sum-ex
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -141,8 +142,8 @@ class AttentionPlan:
         if not (paged_kernel and extend and new_slots is not None):
             return cls(extend, *_padded_plan(list(range(len(q_lens))), qo, kv, kv_indices,
                                              groups, kv_elems_per_token, extend))
-        most = (max(q_lens, default=0) if amx else KERNEL_MAX_EXTEND_ROWS
-                if dtype == torch.float32 else KERNEL_MAX_EXTEND_ROWS_BF16)
+        most = (math.inf if amx else KERNEL_MAX_EXTEND_ROWS if dtype == torch.float32
+                else KERNEL_MAX_EXTEND_ROWS_BF16)
         everything = list(range(len(q_lens)))
         fits = max(q_lens, default=0) <= most
         if groups:

@@ -284,9 +284,8 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   uint32_t* kp = scratch<uint32_t, 1>(blocks * k_block);
   uint32_t* vp = scratch<uint32_t, 2>(blocks * v_block);
   std::memset(qb, 0, tiles * kRows * d * sizeof(uint16_t));
-  auto head_of = [&](int64_t r) { return t.rows[r / t.grp] * t.hq + h * t.grp + r % t.grp; };
   for (int64_t r = 0; r < r_count; ++r)
-    std::memcpy(qb + r * d, t.q16 + head_of(r) * d, d * sizeof(uint16_t));
+    std::memcpy(qb + r * d, t.q16 + t.head_of(h, r) * d, d * sizeof(uint16_t));
   const uint16_t* kh = t.k + h * d;
   const uint16_t* vh = t.v + h * d;
   for (int64_t b = 0; b < blocks; ++b) {
@@ -306,15 +305,7 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
     std::fill(m, m + kRows, kNegInf);
     std::fill(l, l + kRows, 0.f);
     std::memset(acc, 0, kRows * d * sizeof(float));
-    if (t.lse_init != nullptr) {  // continue an earlier pass: m = its lse, l = 1, acc = o
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t head = head_of(r0 + r);
-        if (t.lse_init[head] == kNegInf) continue;
-        m[r] = t.lse_init[head];
-        l[r] = 1.f;
-        std::memcpy(acc + r * d, t.o_init + head * d, d * sizeof(float));
-      }
-    }
+    for (int64_t r = 0; r < nr; ++r) t.start(t.head_of(h, r0 + r), m[r], l[r], acc + r * d);
     // each row's keys [row_lo, row_hi), once per tile (t.lo / t.hi divide by the group)
     for (int64_t r = 0; r < kRows; ++r) {
       row_lo[r] = r < nr ? t.lo(r0 + r) : 0;
@@ -375,13 +366,8 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
         }
       }
     }
-    for (int64_t r = 0; r < nr; ++r) {
-      if (!(l[r] > 0.f)) continue;  // no key seen: the row keeps its initial o and lse
-      const int64_t head = head_of(r0 + r);
-      const float inv = 1.f / l[r];
-      for (int64_t i = 0; i < d; ++i) o[head * d + i] = acc[r * d + i] * inv;
-      lse[head] = m[r] + std::log(l[r]);
-    }
+    for (int64_t r = 0; r < nr; ++r)
+      t.finish(t.head_of(h, r0 + r), m[r], l[r], acc + r * d, o, lse);
   }
 }
 

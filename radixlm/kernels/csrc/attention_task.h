@@ -5,7 +5,10 @@
 #include "kv_load.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 template <class KV>
 struct Task {
@@ -31,4 +34,26 @@ struct Task {
     return window > 0 ? std::max<int64_t>(0, n_keys - n_rows + r / grp + 1 - window) : 0;
   }
   int64_t hi(int64_t r) const { return causal ? n_keys - n_rows + r / grp + 1 : n_keys; }
+
+  // the (query row, head) of row r of KV head h: its index in q, o ([N, Hq]) and lse
+  int64_t head_of(int64_t h, int64_t r) const {
+    return rows[r / grp] * hq + h * grp + r % grp;
+  }
+
+  // a row's online-softmax state at the start (m, l, acc[d] already empty: -inf, 0, 0):
+  // an earlier pass's normalised o with m = its lse and l = 1, where there is one
+  void start(int64_t head, float& m, float& l, float* acc) const {
+    if (lse_init == nullptr || lse_init[head] == -std::numeric_limits<float>::infinity()) return;
+    m = lse_init[head];
+    l = 1.f;
+    std::memcpy(acc, o_init + head * d, d * sizeof(float));
+  }
+
+  // a row's result from its state; a row that saw no key keeps the initial o and lse
+  void finish(int64_t head, float m, float l, const float* acc, float* o, float* lse) const {
+    if (!(l > 0.f)) return;
+    const float inv = 1.f / l;
+    for (int64_t i = 0; i < d; ++i) o[head * d + i] = acc[i] * inv;
+    lse[head] = m + std::log(l);
+  }
 };

@@ -190,7 +190,7 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
     for (int64_t i = 0; i < t.n_rows; ++i)
       for (int64_t j = 0; j < t.grp; ++j) {
         const int64_t x = h * r_count + i * t.grp + j;
-        const int64_t at = (t.rows[i] * t.hq + (h0 + h) * t.grp + j) * d;
+        const int64_t at = t.head_of(h0 + h, i * t.grp + j) * d;
         if (t.q16 == nullptr) {
           qr[x] = t.q + at;
           continue;
@@ -199,17 +199,11 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
         qr[x] = widened.data() + x * d;
       }
   std::vector<float> m(nh * r_count, kNegInf), l(nh * r_count, 0.f), acc(nh * r_count * d, 0.f);
-  if (t.lse_init != nullptr) {  // continue an earlier pass: its normalised o is the state
-    for (int64_t h = 0; h < nh; ++h)  // with m = its lse and l = 1
-      for (int64_t r = 0; r < r_count; ++r) {
-        const int64_t head = t.rows[r / t.grp] * t.hq + (h0 + h) * t.grp + r % t.grp;
-        const int64_t x = h * r_count + r;
-        if (t.lse_init[head] == kNegInf) continue;
-        m[x] = t.lse_init[head];
-        l[x] = 1.f;
-        std::memcpy(acc.data() + x * d, t.o_init + head * d, d * sizeof(float));
-      }
-  }
+  for (int64_t h = 0; h < nh; ++h)  // an earlier pass's state, where there is one
+    for (int64_t r = 0; r < r_count; ++r) {
+      const int64_t x = h * r_count + r;
+      t.start(t.head_of(h0 + h, r), m[x], l[x], acc.data() + x * d);
+    }
   // the keys some row of the task sees: a window skips the blocks before the first row's,
   // causality those after the last row's (rows' positions grow with r)
   const int64_t k0 = r_count > 0 ? t.lo(0) : 0;
@@ -240,17 +234,11 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
       }
     }
   }
-  for (int64_t h = 0; h < nh; ++h) {
+  for (int64_t h = 0; h < nh; ++h)
     for (int64_t r = 0; r < r_count; ++r) {
-      const int64_t head = t.rows[r / t.grp] * t.hq + (h0 + h) * t.grp + r % t.grp;
       const int64_t x = h * r_count + r;
-      if (l[x] > 0.f) {
-        const float inv = 1.f / l[x];
-        for (int64_t i = 0; i < d; ++i) o[head * d + i] = acc[x * d + i] * inv;
-        lse[head] = m[x] + std::log(l[x]);
-      }
+      t.finish(t.head_of(h0 + h, r), m[x], l[x], acc.data() + x * d, o, lse);
     }
-  }
 }
 
 template <class KV, int DC>
