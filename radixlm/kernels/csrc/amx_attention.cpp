@@ -20,6 +20,7 @@
 // products (sums in fp32), as torch's bf16 attention rounds them; the tests bound the
 // result against float64 over the rounded inputs.
 #include "amx_attention.h"
+#include "amx_tiles.h"
 
 #include "vec_math.h"
 
@@ -70,22 +71,7 @@ T* scratch(int64_t n) {
 
 namespace {
 
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig c;
-  for (int i = 0; i < 8; ++i) {
-    c.colsb[i] = 64;
-    c.rows[i] = 16;
-  }
-  _tile_loadconfig(&c);
-}
+using radixlm_amx::configure_tiles;
 
 // r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
 // rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import amx_linear
 from radixlm.kernels.int8_linear import int8_linear
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.model_config import ModelConfig, cpu_has_bf16
@@ -146,6 +147,10 @@ class Prepackable:
 
     weight: torch.Tensor
     packed: torch.Tensor | None = None  # oneDNN's layout of ``weight``; None: use weight
+    # bf16 on an AMX CPU: also the tile layout of kernels/amx_linear.py, for products of at
+    # most amx_linear.MAX_ROWS rows (decode steps), which it reads at up to twice oneDNN's
+    # bandwidth; oneDNN's copy takes the rest
+    amx_packed: torch.Tensor | None = None
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
     scales: torch.Tensor | None = None
@@ -155,19 +160,23 @@ class Prepackable:
         assert can_prepack(self.weight), f"cannot prepack a {self.weight.dtype} weight " \
             f"on {self.weight.device}"
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.amx_packed = amx_linear.pack(self.weight) if amx_linear.supports(self.weight) \
+            else None
 
     def drop_packed(self) -> None:
-        self.packed = None
+        self.packed = self.amx_packed = None
 
     def packed_nbytes(self) -> int:
-        """Memory of the packed copy (what it holds besides the dense weight)."""
-        return self.weight.nbytes
+        """Memory of the packed copies (what they hold besides the dense weight)."""
+        return self.weight.nbytes + (0 if self.amx_packed is None else self.amx_packed.nbytes)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.qweight is not None:
             return int8_linear(x, self.qweight, self.scales, bias)
         if self.packed is None:
             return F.linear(x, self.weight, bias)
+        if self.amx_packed is not None and amx_linear.takes(x):
+            return amx_linear.linear(x, self.amx_packed, self.weight.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 

@@ -1,0 +1,218 @@
+// A bfloat16 linear layer, y = x W^T (+ bias), on AMX-BF16 tiles, for the few-row products
+// of decode steps, where oneDNN's kernels read the weights at half the memory bandwidth
+// one core has (a decode step's linears read every weight once, so their time is the
+// weights' bytes over the bandwidth they reach).
+//
+//   amx_pack_linear(w [N, K] bf16) -> packed   the weight in tile order, once per layer
+//   amx_linear(x [M, K] bf16, packed, N, bias [N] bf16/fp32 or None) -> y [M, N] bf16
+//
+// packed: the columns of y in pairs of 16-column blocks (N rounded up to 32, K to 32, zeros
+// past them); pair p, K block kb (32 of K), block t (0, 1) is one B tile: 16 rows (pairs of
+// K) x 16 columns x 2 (the VNNI layout),
+//   packed[p][kb][t][r][2c + i] = w[32p + 16t + c][32kb + 2r + i].
+// A pair's tiles for all of K are contiguous (K / 32 x 2 KiB), so a thread reads its pairs
+// as one forward stream, which the hardware prefetcher follows.
+//
+// Per pair, per chunk of 32 rows of x: C [32, 32] fp32 in four tiles (rows 0-15 / 16-31 x
+// columns 0-15 / 16-31) = sum over K blocks of A (two tiles of x) times B (the pair's two
+// tiles): 2 + 2 loads per 4 tile products. The pair's tiles come from memory for the first
+// chunk and from L2 for the rest. Sums in fp32; y rounded to bf16 (to nearest even) after
+// the bias is added in fp32. x's rows are copied into a zero-padded buffer (M to 16, K to
+// 32) first when they are not already in that shape. Threads split the pairs.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include "amx_attention.h"
+#include "amx_tiles.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define RADIXLM_AMX_LINEAR 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kPair = 32;   // columns of y per pair of B tiles
+constexpr int64_t kKBlock = 32;  // K per tile product (16 pairs)
+constexpr int64_t kChunk = 32;   // rows of x per C block (two A tiles)
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+void check_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(),
+              "amx_pack_linear: w must be a 2-D bfloat16 CPU tensor");
+}
+
+at::Tensor pack(const at::Tensor& weight) {
+  check_weight(weight);
+  const at::Tensor w = weight.contiguous();
+  const int64_t n = w.size(0), k = w.size(1);
+  const int64_t np = round_up(n, kPair), kp = round_up(k, kKBlock), kb_count = kp / kKBlock;
+  at::Tensor packed = at::zeros({np * kp}, w.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr());
+  at::parallel_for(0, np / kPair, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t kb = 0; kb < kb_count; ++kb)
+        for (int64_t t = 0; t < 2; ++t) {
+          uint16_t* tile = dst + ((p * kb_count + kb) * 2 + t) * 16 * 32;
+          for (int64_t c = 0; c < 16; ++c) {
+            const int64_t col = p * kPair + t * 16 + c;
+            if (col >= n) continue;
+            for (int64_t r = 0; r < 16; ++r)
+              for (int64_t i = 0; i < 2; ++i) {
+                const int64_t kk = kb * kKBlock + 2 * r + i;
+                if (kk < k) tile[r * 32 + 2 * c + i] = src[col * k + kk];
+              }
+          }
+        }
+  });
+  return packed;
+}
+
+#ifdef RADIXLM_AMX_LINEAR
+
+using radixlm_amx::configure_tiles;
+
+// The weights' bytes kAhead bytes past a pair's K block (2 KiB), into L1: a decode step
+// reads each weight once, so without this every tile load waits on memory.
+#ifndef RADIXLM_AMX_LINEAR_AHEAD
+#define RADIXLM_AMX_LINEAR_AHEAD 8192
+#endif
+constexpr int64_t kAhead = RADIXLM_AMX_LINEAR_AHEAD;
+inline void prefetch_ahead(const uint16_t* bt) {
+  const char* p = reinterpret_cast<const char*>(bt) + kAhead;
+  for (int i = 0; i < 2048; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+// C [rows, 32] fp32 (row stride 32) + bias -> y's rows (columns [col0, col0 + cols)).
+void write_rows(const float* c, int64_t rows, const float* bias, uint16_t* y, int64_t ldy,
+                int64_t col0, int64_t cols) {
+  const __mmask16 lo = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 hi = cols >= 32 ? 0xFFFF
+                       : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (bias != nullptr) {
+    b0 = _mm512_maskz_loadu_ps(lo, bias + col0);
+    b1 = _mm512_maskz_loadu_ps(hi, bias + col0 + 16);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + r * 32), b0);
+    const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), b1);
+    uint16_t* out = y + r * ldy + col0;
+    _mm256_mask_storeu_epi16(out, lo, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v0)));
+    _mm256_mask_storeu_epi16(out + 16, hi, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v1)));
+  }
+}
+
+// C [16 * A, 32] = one chunk of x's rows (A tiles of 16 from a0) times a pair's tiles:
+// C tiles 4 5 (rows 0-15) and 6 7 (rows 16-31). first: the chunk that reads the pair from
+// memory, prefetching ahead.
+template <int A>
+void chunk(const uint16_t* a0, int64_t lda, const uint16_t* b, int64_t kb_count, bool first,
+           float* c) {
+  _tile_zero(4);
+  _tile_zero(5);
+  if constexpr (A == 2) {
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+  const int64_t row16 = 16 * lda / 2;  // elements from row 0 to row 16 of x
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    const uint16_t* bt = b + kb * 2 * 16 * 32;
+    if (first) prefetch_ahead(bt);
+    _tile_loadd(0, a0 + kb * kKBlock, lda);
+    _tile_loadd(2, bt, 64);
+    _tile_loadd(3, bt + 16 * 32, 64);
+    _tile_dpbf16ps(4, 0, 2);
+    if constexpr (A == 2) _tile_loadd(1, a0 + row16 + kb * kKBlock, lda);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (A == 2) {
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  _tile_stored(4, c, 128);
+  _tile_stored(5, c + 16, 128);
+  if constexpr (A == 2) {
+    _tile_stored(6, c + 16 * 32, 128);
+    _tile_stored(7, c + 16 * 32 + 16, 128);
+  }
+}
+
+// Pairs [p0, p1): every chunk of x's rows times each pair's tiles.
+void run_pairs(const uint16_t* a, int64_t mp, int64_t kp, const uint16_t* packed,
+               const float* bias, uint16_t* y, int64_t m, int64_t n, int64_t p0, int64_t p1) {
+  configure_tiles();
+  alignas(64) float c[kChunk * 32];
+  const int64_t kb_count = kp / kKBlock, lda = kp * 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint16_t* b = packed + p * kb_count * 2 * 16 * 32;
+    const int64_t col0 = p * kPair, cols = std::min<int64_t>(kPair, n - col0);
+    for (int64_t r0 = 0; r0 < mp; r0 += kChunk) {
+      if (r0 + 16 < mp)
+        chunk<2>(a + r0 * kp, lda, b, kb_count, r0 == 0, c);
+      else  // the last 16 rows
+        chunk<1>(a + r0 * kp, lda, b, kb_count, r0 == 0, c);
+      write_rows(c, std::min<int64_t>(kChunk, m - r0), bias, y + r0 * n, n, col0, cols);
+    }
+  }
+  _tile_release();
+}
+
+#endif
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
+              "amx_linear: x must be a 2-D bfloat16 CPU tensor");
+  TORCH_CHECK(amx_ready(), "amx_linear: this build or CPU has no AMX-BF16 tiles");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t np = round_up(n, kPair), kp = round_up(k, kKBlock), mp = round_up(m, 16);
+  TORCH_CHECK(n > 0 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous()
+                  && packed.numel() == np * kp,
+              "amx_linear: packed is not amx_pack_linear's packing of an [", n, ", ", k,
+              "] weight");
+  at::Tensor bias_f;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "amx_linear: bias must be [N]");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  at::Tensor a = x;
+  if (mp != m || kp != k || !x.is_contiguous()) {
+    a = at::zeros({mp, kp}, x.options());
+    a.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+  }
+#ifdef RADIXLM_AMX_LINEAR
+  const uint16_t* ap = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const uint16_t* bp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  const float* biasp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, np / kPair, 1, [&](int64_t p0, int64_t p1) {
+    run_pairs(ap, mp, kp, bp, biasp, yp, m, n, p0, p1);
+  });
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
+  m.def("amx_pack_linear(Tensor w) -> Tensor");
+  m.def("amx_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
+  m.impl("amx_pack_linear", &pack);
+  m.impl("amx_linear", &linear);
+}

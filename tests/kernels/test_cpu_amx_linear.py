@@ -1,0 +1,145 @@
+"""bfloat16 linears of few rows on AMX tiles (``kernels/amx_linear.py``,
+``csrc/amx_linear.cpp``): against a float64 oracle over the bf16 values (float32 sums, so
+each element within half a bf16 ulp of the exact result plus the sums' rounding), against
+oneDNN's bf16 linear (the counterpart it replaces in decode steps: within one bf16 ulp),
+at every tail of rows, columns and K, with and without a bias (bf16 or float32), strided
+and 3-D inputs; and the layers' dispatch: a bf16 layer on an AMX CPU holds both packed
+copies and sends products of at most MAX_ROWS rows here, the rest to oneDNN. Skipped where
+the CPU has no AMX-BF16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels import amx_linear, cpu_paged
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    Shard,
+    prepack_weights,
+)
+
+needs_amx = pytest.mark.skipif(not cpu_paged.amx(), reason="no AMX-BF16 here")
+BF16 = torch.bfloat16
+
+
+def _inputs(m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.1).to(BF16)
+    x = torch.randn(m, k, generator=g).to(BF16)
+    b = torch.randn(n, generator=g).to(BF16)
+    return x, w, b
+
+
+def _check_f64(y, x, w, bias):
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    sums = x.double().abs() @ w.double().abs().T  # bounds the float32 sums' rounding
+    err = (y.double() - exact).abs()
+    assert (err <= exact.abs() * 2.0**-8 + sums * 2.0**-20 + 1e-30).all(), err.max()
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k", [
+    (1, 32, 32), (1, 4096, 768), (3, 7, 33), (5, 40, 50), (16, 64, 64), (17, 100, 96),
+    (31, 1280, 768), (32, 768, 2048), (33, 96, 64), (48, 33, 160), (70, 768, 2048),
+])
+@pytest.mark.parametrize("bias", [None, "bf16", "f32"])
+def test_matches_float64(m, n, k, bias):
+    x, w, b = _inputs(m, n, k, seed=m * 1000 + n + k)
+    bias_t = {None: None, "bf16": b, "f32": b.float()}[bias]
+    y = amx_linear.linear(x, amx_linear.pack(w), n, bias_t)
+    assert y.shape == (m, n) and y.dtype == BF16
+    _check_f64(y, x, w, None if bias_t is None else bias_t.to(BF16))
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 8, 16, 24, 32])
+@pytest.mark.parametrize("n,k", [(1280, 768), (768, 2048), (4096, 768)])
+def test_within_one_ulp_of_onednn(m, n, k):
+    x, w, b = _inputs(m, n, k, seed=m + n)
+    ours = amx_linear.linear(x, amx_linear.pack(w), n, b).double()
+    theirs = torch.ops.mkldnn._linear_pointwise(
+        x, torch.ops.mkldnn._reorder_linear_weight(w, None), b, "none", [], "").double()
+    ulp = torch.maximum(ours.abs(), theirs.abs()) * 2.0**-7
+    assert ((ours - theirs).abs() <= ulp + 1e-30).all()
+    assert (ours == theirs).float().mean() > 0.9  # the same sums, rounded the same way
+
+
+@needs_amx
+def test_strided_3d_and_empty_inputs():
+    x, w, b = _inputs(6, 48, 64, seed=1)
+    packed = amx_linear.pack(w)
+    wide = torch.randn(6, 128).to(BF16)
+    strided = wide[:, ::2]
+    assert not strided.is_contiguous()
+    _check_f64(amx_linear.linear(strided, packed, 48, b), strided, w, b)
+    x3 = x.reshape(2, 3, 64)
+    y3 = amx_linear.linear(x3, packed, 48, b)
+    assert y3.shape == (2, 3, 48)
+    torch.testing.assert_close(y3.reshape(6, 48), amx_linear.linear(x, packed, 48, b), rtol=0,
+                               atol=0)
+    assert amx_linear.linear(x[:0], packed, 48, b).shape == (0, 48)
+
+
+@needs_amx
+def test_a_packing_of_another_shape_is_refused():
+    x, w, _ = _inputs(4, 64, 64, seed=2)
+    packed = amx_linear.pack(w)
+    with pytest.raises(RuntimeError, match="not amx_pack_linear's packing"):
+        amx_linear.linear(x, packed, 96, None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        amx_linear.linear(x, packed, 64, torch.zeros(63, dtype=BF16))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        amx_linear.linear(x.float(), packed, 64, None)
+
+
+def _bf16_layers():
+    torch.manual_seed(0)
+    col = ColumnParallelLinear(96, {"q": Shard(0, 0, 64, 64), "k": Shard(0, 0, 32, 32)}, True)
+    row = RowParallelLinear(96, 80, bias=False)
+    head = ParallelLMHead(300, 96)
+    for mod in (col, row, head):
+        with torch.no_grad():
+            for p in mod.parameters():
+                p.normal_(0, 0.2)
+    return [mod.to(BF16) for mod in (col, row, head)]
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, amx_linear.MAX_ROWS, amx_linear.MAX_ROWS + 1, 100])
+def test_layers_send_few_rows_to_the_tiles(rows, monkeypatch):
+    layers = _bf16_layers()
+    assert prepack_weights(torch.nn.ModuleList(layers)) == 3
+    assert all(m.amx_packed is not None and m.packed is not None for m in layers)
+    assert all(m.packed_nbytes() == m.weight.nbytes + m.amx_packed.nbytes for m in layers)
+    calls = []
+    real = amx_linear.linear
+    monkeypatch.setattr(amx_linear, "linear", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(rows, 96).to(BF16)
+    with torch.inference_mode():
+        for m in layers:
+            bias = getattr(m, "bias", None)
+            _check_f64(m(x), x, m.weight, bias)
+    assert len(calls) == (3 if rows <= amx_linear.MAX_ROWS else 0)
+    prepack_weights(torch.nn.ModuleList(layers), on=False)
+    assert all(m.amx_packed is None and m.packed is None for m in layers)
+
+
+def test_no_tile_copy_without_amx_or_for_float32(monkeypatch):
+    monkeypatch.setattr(cpu_paged, "amx", lambda: False)
+    layers = _bf16_layers()
+    prepack_weights(torch.nn.ModuleList(layers))
+    assert all(m.amx_packed is None for m in layers)
+    x = torch.randn(4, 96).to(BF16)
+    with torch.inference_mode():
+        for m in layers:
+            bias = getattr(m, "bias", None)
+            ref = F.linear(x.double(), m.weight.double(), None if bias is None else bias.double())
+            torch.testing.assert_close(m(x).double(), ref, rtol=2e-2, atol=2e-2)
+    monkeypatch.undo()
+    f32 = ColumnParallelLinear(64, {"q": Shard(0, 0, 32, 32)}, False)
+    prepack_weights(torch.nn.ModuleList([f32]))
+    assert f32.amx_packed is None
