@@ -5,12 +5,12 @@
 
 A decode step multiplies a few rows (one per running sequence) by every weight once, so its
 linears take the weights' bytes over the memory bandwidth they reach. oneDNN's bf16 kernels
-(the prepacked path of the other linears) reach about half of it at 32 rows: on the small
-preset's shapes, one thread, weights not in cache, 3.2-4.3 GB/s against a plain read's
+(the prepacked path of the other linears) reach about half of it: on the small preset's
+shapes, one thread, weights from memory, 2.9-4.5 GB/s at 16-32 rows against a plain read's
 7.8 GB/s. This kernel streams each thread's columns forward with the next 8 KiB prefetched
-and reaches 6.2-8.8 GB/s up to 32 rows (1.35-1.96x oneDNN; two threads 1.27-1.70x). Past
-``MAX_ROWS`` its tile products, not the memory, bound it and oneDNN's blocking is faster
-(0.7-1.2x at 48 rows, 0.6x at 1,024), so those products stay on oneDNN.
+and reaches 5.0-7.1 GB/s at 1-32 rows (1.40-1.87x oneDNN; two threads 1.33-1.88x;
+``benchmarks/cpu_linear.py --tiles``). Past ``MAX_ROWS`` its tile products, not the
+memory, bound it (0.81-1.16x at 48 rows, 0.6x at 1,024), so those products stay on oneDNN.
 Sums in float32, the bias added in float32, y rounded to nearest even.
 """
 

@@ -31,9 +31,7 @@
 #include <limits>
 #include <new>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define RADIXLM_AMX 1
-#include <immintrin.h>
+#ifdef RADIXLM_AMX
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif

@@ -30,13 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <optional>
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define RADIXLM_AMX_LINEAR 1
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -46,13 +40,10 @@ constexpr int64_t kChunk = 32;   // rows of x per C block (two A tiles)
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-void check_weight(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(),
-              "amx_pack_linear: w must be a 2-D bfloat16 CPU tensor");
-}
-
 at::Tensor pack(const at::Tensor& weight) {
-  check_weight(weight);
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16
+                  && weight.device().is_cpu(),
+              "amx_pack_linear: w must be a 2-D bfloat16 CPU tensor");
   const at::Tensor w = weight.contiguous();
   const int64_t n = w.size(0), k = w.size(1);
   const int64_t np = round_up(n, kPair), kp = round_up(k, kKBlock), kb_count = kp / kKBlock;
@@ -78,16 +69,14 @@ at::Tensor pack(const at::Tensor& weight) {
   return packed;
 }
 
-#ifdef RADIXLM_AMX_LINEAR
+#ifdef RADIXLM_AMX
 
 using radixlm_amx::configure_tiles;
 
 // The weights' bytes kAhead bytes past a pair's K block (2 KiB), into L1: a decode step
-// reads each weight once, so without this every tile load waits on memory.
-#ifndef RADIXLM_AMX_LINEAR_AHEAD
-#define RADIXLM_AMX_LINEAR_AHEAD 8192
-#endif
-constexpr int64_t kAhead = RADIXLM_AMX_LINEAR_AHEAD;
+// reads each weight once, so without this every tile load waits on memory (32 rows, one
+// thread: 5.3 GB/s without, 6.3 with).
+constexpr int64_t kAhead = 8192;
 inline void prefetch_ahead(const uint16_t* bt) {
   const char* p = reinterpret_cast<const char*>(bt) + kAhead;
   for (int i = 0; i < 2048; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
@@ -193,7 +182,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     a = at::zeros({mp, kp}, x.options());
     a.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
   }
-#ifdef RADIXLM_AMX_LINEAR
+#ifdef RADIXLM_AMX
   const uint16_t* ap = reinterpret_cast<const uint16_t*>(a.data_ptr());
   const uint16_t* bp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   const float* biasp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
