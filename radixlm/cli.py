@@ -12,8 +12,6 @@ from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
-from radixlm.runtime.entrypoints.engine.engine import Engine
-from radixlm.runtime.entrypoints.http_server import launch_server
 from radixlm.tiny_families import FAMILIES, make_family_model
 from radixlm.tiny_model import ARCHS, make_tiny_model
 
@@ -26,6 +24,8 @@ DEMO_PROMPTS = [
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from radixlm.runtime.entrypoints.engine.engine import Engine
+
     with Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args))) as eng:
         outs = eng.generate(DEMO_PROMPTS, {"max_new_tokens": 24, "temperature": 0})
         for prompt, out in zip(DEMO_PROMPTS, outs):
@@ -52,6 +52,10 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # imported here, as Engine above: a server's spawned children import this module again
+    # when it is the main one (``radixlm serve``), and seconds of imports each are theirs
+    from radixlm.runtime.entrypoints.http_server import launch_server
+
     return launch_server(ServerArgs.from_cli_args(args))
 
 

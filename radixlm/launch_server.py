@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from radixlm.cli import main
-
 if __name__ == "__main__":
+    # imported here: the server's spawned children import this module again (as the main
+    # module), and they need none of the command line's imports
+    from radixlm.cli import main
+
     sys.exit(main(["serve", *sys.argv[1:]]))

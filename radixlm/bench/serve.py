@@ -33,7 +33,6 @@ from radixlm.bench.backends import BACKENDS, ChatBackend, make_backend
 from radixlm.bench.datasets import DATASETS, Conversation, Turn, render_chat, sample_conversations
 from radixlm.bench.metrics import BenchMetrics, format_report, parse_slo, summarize
 from radixlm.bench.request import RequestInput, RequestOutput
-from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 WARMUP_PROMPT = "Hello, this is a warm-up request."
 
@@ -269,6 +268,8 @@ def check_args(args: argparse.Namespace) -> list[float]:
 
 
 def bench_tokenizer(args: argparse.Namespace) -> Any:
+    from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path  # transformers
+
     path = args.tokenizer
     if path is None and args.model and os.path.isdir(args.model):
         path = args.model

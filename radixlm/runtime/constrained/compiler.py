@@ -58,17 +58,23 @@ class GrammarCompiler:
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
         self._stopped = False  # shutdown() was called
+        self._warming: Future[None] | None = None  # warm_up's start of the worker
 
     def warm_up(self, wait: bool = False) -> None:
-        """Start the compile worker now, in the background unless ``wait`` (the server
-        does: it takes seconds and about 400 MB). Otherwise the first compile starts it;
-        an Engine that never constrains a request never pays for it."""
-        if self.worker is None:
-            return
+        """Start the compile worker now, in the background unless ``wait`` (a server does,
+        while its model loads: the child's start takes seconds of a core and about 400 MB;
+        it answers health checks once ``wait_warm`` returned). Otherwise the first compile
+        starts it; an Engine that never constrains a request never pays for it."""
+        if self.worker is not None and self._warming is None:
+            self._warming = self._pool.submit(self._start_worker)
         if wait:
-            self._start_worker()
-        else:
-            self._pool.submit(self._start_worker)
+            self.wait_warm()
+
+    def wait_warm(self) -> None:
+        """Return once a ``warm_up`` has finished (at once if none was asked for); a worker
+        that failed to start was logged, and the first compile tries again."""
+        if self._warming is not None:
+            self._warming.result()
 
     def _start_worker(self) -> None:
         try:

@@ -142,7 +142,6 @@ def launch_server(args: ServerArgs) -> int:
     model_path = resolve_model_path(args.model_path)
     if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
         return serve_node(args, model_path)
-    tokenizer = load_tokenizer(args.tokenizer_path or model_path)
     children = ChildProcesses(args.dp_size)
     names = [children.scheduler_name(r) for r in range(args.dp_size)]
     addr = {name: children.address(name) for name in (*names, "detokenizer", "tm")}
@@ -160,6 +159,8 @@ def launch_server(args: ServerArgs) -> int:
             children.start(name, run_scheduler_process, json.dumps(dataclasses.asdict(args)),
                            model_path, addr[name], addr["detokenizer"], os.getpid(),
                            children.heartbeats[rank], rank)
+        # after the children started: they import and load the model meanwhile
+        tokenizer = load_tokenizer(args.tokenizer_path or model_path)
         code = asyncio.run(_serve(args, model_path, tokenizer, addr, children))
     finally:
         children.stop(timeout=10.0 if not children.stalled else 0.0)

@@ -48,6 +48,7 @@ from radixlm.runtime.managers.scheduler.scheduler_weights import SchedulerWeight
 from radixlm.runtime.managers.validation import (
     RequestLimits,
 )
+from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +65,13 @@ def wants_kv_events(args: ServerArgs) -> bool:
 
 class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
     def __init__(self, args: ServerArgs, model_path: str, tokenizer: Any,
-                 dp_rank: int = 0, threads: ThreadSizer | None = None) -> None:
+                 dp_rank: int = 0, threads: ThreadSizer | None = None,
+                 warm_up_grammar: bool = False) -> None:
         """``threads``: this process's torch thread count on a CPU (the server's scheduler
         process passes its own; default: the Engine's, every free core of the budget split
-        between its replicas and tensor-parallel ranks)."""
+        between its replicas and tensor-parallel ranks). ``warm_up_grammar``: start the
+        grammar compile worker before the model loads (a server's scheduler, which waits for
+        it before it reports ready: ``grammar_compiler.wait_warm``)."""
         self.args = args
         self.dp_rank = dp_rank  # which of --dp-size replicas this is
         self.threads = threads or ThreadSizer(
@@ -75,6 +79,16 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.on_cpu = resolve_device(args.device).type == "cpu"
         if self.on_cpu:
             torch.set_num_threads(self.threads.threads)
+        # the grammar backend needs only config.json's vocabulary and stop tokens
+        hf_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
+                                        context_length=args.context_length)
+        self.grammar_compiler = GrammarCompiler(
+            create_grammar_backend(args.grammar_backend, tokenizer, hf_config.vocab_size,
+                                   hf_config.eos_token_ids),
+            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
+            memory_mb=args.grammar_compile_memory_mb)
+        if warm_up_grammar:
+            self.grammar_compiler.warm_up()
         self.model_runner = ModelRunner(args, model_path)
         self.model_config = self.model_runner.model_config
         self.context_len = self.model_config.context_length
@@ -106,11 +120,6 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         # --is-embedding: every request is prefill-only and ends with its pooled embedding
         self.embeddings = (EmbeddingOutputs(self, PoolingConfig.from_model_dir(
             self.model_config.model_dir)) if args.is_embedding else None)
-        self.grammar_compiler = GrammarCompiler(
-            create_grammar_backend(args.grammar_backend, tokenizer, self.model_config.vocab_size,
-                                   self.model_config.eos_token_ids),
-            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
-            memory_mb=args.grammar_compile_memory_mb)
         self.grammar_waiting: list[Req] = []  # requests whose grammar is compiling
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # requests that decode

@@ -151,9 +151,10 @@ def run_scheduler_process(
         torch.cuda.set_device(args.device)
     args, tp_ranks = start_tp_ranks(args, model_path)  # --tp-size: this process is rank 0
     tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-    scheduler = Scheduler(args, model_path, tokenizer, dp_rank, threads)
-    if warm_up_grammar:  # a server's first grammar should not wait for it
-        scheduler.grammar_compiler.warm_up()
+    # a server's compile worker starts while the model loads, and it is ready before the
+    # server is: its start-up takes seconds of a core the first requests would otherwise share
+    scheduler = Scheduler(args, model_path, tokenizer, dp_rank, threads,
+                          warm_up_grammar=warm_up_grammar)
     if tp_ranks is not None:
         tp_ranks.watch()  # a rank that exits ends this process, and so the server
     publisher = attach_publisher(scheduler, dp_rank)  # --kv-events-config
@@ -170,6 +171,7 @@ def run_scheduler_process(
         "pid": os.getpid(),
         "torch_threads": torch.get_num_threads(),
     }
+    scheduler.grammar_compiler.wait_warm()
     heartbeat.value = time.monotonic()
     push.send(encode(SchedulerReady(scheduler.get_info(), model_info, dp_rank)))
     try:
