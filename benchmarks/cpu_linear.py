@@ -13,7 +13,8 @@ both against a float64 product (max abs error).
 
 ``--tiles`` (bf16, a CPU with AMX) times the decode path instead: oneDNN's prepacked bf16
 linear against the tile kernel of ``radixlm/kernels/amx_linear.py`` at few rows (default 1,
-16, 32, 48), each over enough copies of the layer's weight to fill ``--stream-mb`` (the
+16, 32, 48); ``--fma`` the same in float32 against ``radixlm/kernels/fma_linear.py``'s
+AVX-512 panels; each over enough copies of the layer's weight to fill ``--stream-mb`` (the
 copies cycled, so every call reads its weight from memory, as a decode step does):
 ms per call and the GB/s of weight read, the two alternating, best of ``--runs`` passes.
 """
@@ -50,38 +51,44 @@ def _packed(x: torch.Tensor, w: torch.Tensor):
     return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def _tiles(a: argparse.Namespace) -> None:
-    from radixlm.kernels import amx_linear
+def _decode_kernel(a: argparse.Namespace, fma: bool) -> None:
+    """oneDNN's prepacked linear against the decode kernel of the dtype: the AMX tiles
+    (bf16, ``--tiles``) or the AVX-512 panels (float32, ``--fma``)."""
+    from radixlm.kernels import amx_linear, fma_linear
 
-    if not amx_linear.supports(torch.zeros(1, 1, dtype=torch.bfloat16)):
-        raise SystemExit("--tiles: no AMX-BF16 on this CPU (or RADIXLM_CPU_AMX=0)")
+    kernel, dtype, flag = ((fma_linear, torch.float32, "--fma") if fma
+                           else (amx_linear, torch.bfloat16, "--tiles"))
+    if not kernel.supports(torch.zeros(1, 1, dtype=dtype)):
+        raise SystemExit(f"{flag}: this CPU (or build) lacks the kernel's instructions")
+    label = "panels" if fma else "tiles"
     rows = a.rows if a.rows != DEFAULT_ROWS else [1, 16, 32, 48]
     g = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {a.threads} threads, bfloat16, weights from memory "
+    size = dtype.itemsize
+    print(f"torch {torch.__version__}, {a.threads} threads, {dtype}, weights from memory "
           f"({a.stream_mb} MB of copies); best of {a.runs} passes")
-    print("| layer | rows | oneDNN ms (GB/s) | tiles ms (GB/s) | speed-up |")
+    print(f"| layer | rows | oneDNN ms (GB/s) | {label} ms (GB/s) | speed-up |")
     print("|---|---|---|---|---|")
     for name, n_out, n_in in SHAPES:
-        copies = max(2, a.stream_mb * 2**20 // (n_out * n_in * 2))
-        ws = [(torch.randn(n_out, n_in, generator=g) * 0.02).bfloat16() for _ in range(copies)]
+        copies = max(2, a.stream_mb * 2**20 // (n_out * n_in * size))
+        ws = [(torch.randn(n_out, n_in, generator=g) * 0.02).to(dtype) for _ in range(copies)]
         onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in ws]
-        tiles = [amx_linear.pack(w) for w in ws]
+        ours = [kernel.pack(w) for w in ws]
         for m in rows:
-            x = torch.randn(m, n_in, generator=g).bfloat16()
+            x = torch.randn(m, n_in, generator=g).to(dtype)
             fns = {"onednn": lambda p, x=x: torch.ops.mkldnn._linear_pointwise(
                        x, p, None, "none", [], ""),
-                   "tiles": lambda p, x=x, n=n_out: amx_linear.linear(x, p, n)}
-            best = {"onednn": float("inf"), "tiles": float("inf")}
+                   "ours": lambda p, x=x, n=n_out: kernel.linear(x, p, n)}
+            best = {"onednn": float("inf"), "ours": float("inf")}
             for _ in range(a.runs):
-                for key, packs in (("onednn", onednn), ("tiles", tiles)):
+                for key, packs in (("onednn", onednn), ("ours", ours)):
                     t0 = time.perf_counter()
                     for p in packs:
                         fns[key](p)
                     best[key] = min(best[key], (time.perf_counter() - t0) / copies)
-            gbs = {k: n_out * n_in * 2 / v / 1e9 for k, v in best.items()}
+            gbs = {k: n_out * n_in * size / v / 1e9 for k, v in best.items()}
             print(f"| {name} | {m} | {best['onednn'] * 1e3:.3f} ({gbs['onednn']:.1f}) | "
-                  f"{best['tiles'] * 1e3:.3f} ({gbs['tiles']:.1f}) | "
-                  f"{best['onednn'] / best['tiles']:.2f} |", flush=True)
+                  f"{best['ours'] * 1e3:.3f} ({gbs['ours']:.1f}) | "
+                  f"{best['onednn'] / best['ours']:.2f} |", flush=True)
 
 
 DEFAULT_ROWS = [32, 512, 2048]
@@ -95,12 +102,14 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--tiles", action="store_true", help="oneDNN vs the AMX tile kernel at "
                     "decode rows, weights read from memory (bf16)")
+    ap.add_argument("--fma", action="store_true", help="oneDNN vs the AVX-512 panel kernel "
+                    "at decode rows, weights read from memory (float32)")
     ap.add_argument("--stream-mb", type=int, default=200)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    if a.tiles:
+    if a.tiles or a.fma:
         with torch.inference_mode():
-            _tiles(a)
+            _decode_kernel(a, a.fma)
         return
     dtype = getattr(torch, a.dtype)
     bf16 = dtype == torch.bfloat16

@@ -14,13 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels import amx_linear, cpu_paged
-from radixlm.runtime.distributed.layers import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    RowParallelLinear,
-    Shard,
-    prepack_weights,
-)
+from radixlm.runtime.distributed.layers import ColumnParallelLinear, Shard, prepack_weights
+from tests.kernels.linear_layers import small_layers
 
 needs_amx = pytest.mark.skipif(not cpu_paged.amx(), reason="no AMX-BF16 here")
 BF16 = torch.bfloat16
@@ -96,22 +91,10 @@ def test_a_packing_of_another_shape_is_refused():
         amx_linear.linear(x.float(), packed, 64, None)
 
 
-def _bf16_layers():
-    torch.manual_seed(0)
-    col = ColumnParallelLinear(96, {"q": Shard(0, 0, 64, 64), "k": Shard(0, 0, 32, 32)}, True)
-    row = RowParallelLinear(96, 80, bias=False)
-    head = ParallelLMHead(300, 96)
-    for mod in (col, row, head):
-        with torch.no_grad():
-            for p in mod.parameters():
-                p.normal_(0, 0.2)
-    return [mod.to(BF16) for mod in (col, row, head)]
-
-
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 5, amx_linear.MAX_ROWS, amx_linear.MAX_ROWS + 1, 100])
 def test_layers_send_few_rows_to_the_tiles(rows, monkeypatch):
-    layers = _bf16_layers()
+    layers = small_layers(96, BF16)
     assert prepack_weights(torch.nn.ModuleList(layers)) == 3
     assert all(m.amx_packed is not None and m.packed is not None for m in layers)
     assert all(m.packed_nbytes() == m.weight.nbytes + m.amx_packed.nbytes for m in layers)
@@ -130,7 +113,7 @@ def test_layers_send_few_rows_to_the_tiles(rows, monkeypatch):
 
 def test_no_tile_copy_without_amx_or_for_float32(monkeypatch):
     monkeypatch.setattr(cpu_paged, "amx", lambda: False)
-    layers = _bf16_layers()
+    layers = small_layers(96, BF16)
     prepack_weights(torch.nn.ModuleList(layers))
     assert all(m.amx_packed is None for m in layers)
     x = torch.randn(4, 96).to(BF16)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import amx_linear
+from radixlm.kernels import amx_linear, fma_linear
 from radixlm.kernels.int8_linear import int8_linear
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.model_config import ModelConfig, cpu_has_bf16
@@ -151,6 +151,9 @@ class Prepackable:
     # most amx_linear.MAX_ROWS rows (decode steps), which it reads at up to twice oneDNN's
     # bandwidth; oneDNN's copy takes the rest
     amx_packed: torch.Tensor | None = None
+    # float32 on an AVX-512 CPU: the panels of kernels/fma_linear.py, for products of at
+    # most fma_linear.MAX_ROWS rows, which it runs faster than oneDNN's float32 kernels
+    fma_packed: torch.Tensor | None = None
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
     scales: torch.Tensor | None = None
@@ -162,13 +165,16 @@ class Prepackable:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self.amx_packed = amx_linear.pack(self.weight) if amx_linear.supports(self.weight) \
             else None
+        self.fma_packed = fma_linear.pack(self.weight) if fma_linear.supports(self.weight) \
+            else None
 
     def drop_packed(self) -> None:
-        self.packed = self.amx_packed = None
+        self.packed = self.amx_packed = self.fma_packed = None
 
     def packed_nbytes(self) -> int:
         """Memory of the packed copies (what they hold besides the dense weight)."""
-        return self.weight.nbytes + (0 if self.amx_packed is None else self.amx_packed.nbytes)
+        return self.weight.nbytes + sum(t.nbytes for t in (self.amx_packed, self.fma_packed)
+                                        if t is not None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.qweight is not None:
@@ -177,6 +183,8 @@ class Prepackable:
             return F.linear(x, self.weight, bias)
         if self.amx_packed is not None and amx_linear.takes(x):
             return amx_linear.linear(x, self.amx_packed, self.weight.shape[0], bias)
+        if self.fma_packed is not None and fma_linear.takes(x):
+            return fma_linear.linear(x, self.fma_packed, self.weight.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 

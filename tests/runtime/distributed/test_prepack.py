@@ -11,29 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.distributed import layers as layers_module
-from radixlm.runtime.distributed.layers import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    RowParallelLinear,
-    Shard,
-    can_prepack,
-    prepack_weights,
-)
+from radixlm.runtime.distributed.layers import can_prepack, prepack_weights
+from tests.kernels.linear_layers import small_layers
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                   reason="torch built without oneDNN")
 
 
 def _layers() -> list[torch.nn.Module]:
-    torch.manual_seed(0)
-    col = ColumnParallelLinear(48, {"q": Shard(0, 0, 32, 32), "k": Shard(0, 0, 16, 16)}, True)
-    row = RowParallelLinear(48, 40, bias=True)
-    head = ParallelLMHead(300, 48)
-    for m in (col, row, head):
-        with torch.no_grad():
-            for p in m.parameters():
-                p.normal_(0, 0.2)
-    return [col, row, head]
+    return small_layers(48, row_bias=True)
 
 
 def _f64(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""float32 linears of few rows on AVX-512 FMAs (``kernels/fma_linear.py``,
+``csrc/fma_linear.cpp``): against a float64 oracle (float32 sums in order over K: within
+K float32 roundings of the exact result), against oneDNN's float32 linear (the counterpart
+it replaces in decode steps), at every tail of rows (blocks of 8), columns (panels of 48)
+and K, with and without a bias, strided and 3-D inputs; and the layers' dispatch: a float32
+layer on an AVX-512 CPU holds both packed copies and sends products of at most MAX_ROWS
+rows here, the rest to oneDNN. Skipped where the build has no AVX-512."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels import fma_linear
+from radixlm.runtime.distributed.layers import ColumnParallelLinear, Shard, prepack_weights
+from tests.kernels.linear_layers import small_layers
+
+needs_fma = pytest.mark.skipif(not fma_linear.supports(torch.zeros(1, 1)),
+                               reason="no AVX-512 build here")
+
+
+def _inputs(m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.1,
+            torch.randn(n, generator=g))
+
+
+def _check_f64(y, x, w, bias):
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    sums = x.double().abs() @ w.double().abs().T + (0 if bias is None else bias.double().abs())
+    err = (y.double() - exact).abs()
+    assert (err <= sums * (x.shape[-1] + 1) * 2.0**-24 + 1e-30).all(), err.max()
+
+
+@needs_fma
+@pytest.mark.parametrize("m,n,k", [
+    (1, 48, 1), (1, 4096, 768), (3, 7, 33), (7, 47, 50), (8, 49, 64), (9, 96, 17),
+    (16, 100, 96), (31, 1280, 768), (32, 768, 2048), (33, 97, 64), (70, 768, 200),
+])
+@pytest.mark.parametrize("bias", [None, "f32", "bf16"])
+def test_matches_float64(m, n, k, bias):
+    x, w, b = _inputs(m, n, k, seed=m * 1000 + n + k)
+    bias_t = {None: None, "f32": b, "bf16": b.bfloat16()}[bias]
+    y = fma_linear.linear(x, fma_linear.pack(w), n, bias_t)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    _check_f64(y, x, w, None if bias_t is None else bias_t.float())
+
+
+@needs_fma
+@pytest.mark.parametrize("m", [1, 8, 24, 32])
+@pytest.mark.parametrize("n,k", [(1280, 768), (768, 2048)])
+def test_close_to_onednn(m, n, k):
+    x, w, b = _inputs(m, n, k, seed=m + n)
+    ours = fma_linear.linear(x, fma_linear.pack(w), n, b)
+    theirs = torch.ops.mkldnn._linear_pointwise(
+        x, torch.ops.mkldnn._reorder_linear_weight(w, None), b, "none", [], "")
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_fma
+def test_strided_3d_and_empty_inputs():
+    x, w, b = _inputs(6, 50, 64, seed=1)
+    packed = fma_linear.pack(w)
+    strided = torch.randn(6, 128)[:, ::2]
+    assert not strided.is_contiguous()
+    _check_f64(fma_linear.linear(strided, packed, 50, b), strided, w, b)
+    rows = torch.randn(12, 64)[::2]  # rows apart, each contiguous
+    _check_f64(fma_linear.linear(rows, packed, 50, b), rows, w, b)
+    y3 = fma_linear.linear(x.reshape(2, 3, 64), packed, 50, b)
+    assert y3.shape == (2, 3, 50)
+    torch.testing.assert_close(y3.reshape(6, 50), fma_linear.linear(x, packed, 50, b),
+                               rtol=0, atol=0)
+    assert fma_linear.linear(x[:0], packed, 50, b).shape == (0, 50)
+
+
+@needs_fma
+def test_a_packing_of_another_shape_is_refused():
+    x, w, _ = _inputs(4, 64, 64, seed=2)
+    packed = fma_linear.pack(w)
+    with pytest.raises(RuntimeError, match="not fma_pack_linear's packing"):
+        fma_linear.linear(x, packed, 100, None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        fma_linear.linear(x, packed, 64, torch.zeros(63))
+    with pytest.raises(RuntimeError, match="float32"):
+        fma_linear.linear(x.bfloat16(), packed, 64, None)
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 5, fma_linear.MAX_ROWS, fma_linear.MAX_ROWS + 1, 100])
+def test_layers_send_few_rows_to_the_panels(rows, monkeypatch):
+    layers = small_layers(96)
+    assert prepack_weights(torch.nn.ModuleList(layers)) == 3
+    assert all(m.fma_packed is not None and m.packed is not None and m.amx_packed is None
+               for m in layers)
+    assert all(m.packed_nbytes() == m.weight.nbytes + m.fma_packed.nbytes for m in layers)
+    calls = []
+    real = fma_linear.linear
+    monkeypatch.setattr(fma_linear, "linear", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(rows, 96)
+    with torch.inference_mode():
+        for m in layers:
+            _check_f64(m(x), x, m.weight, getattr(m, "bias", None))
+    assert len(calls) == (3 if rows <= fma_linear.MAX_ROWS else 0)
+    prepack_weights(torch.nn.ModuleList(layers), on=False)
+    assert all(m.fma_packed is None and m.packed is None for m in layers)
+
+
+def test_no_panel_copy_for_bfloat16_or_without_the_build(monkeypatch):
+    bf16 = ColumnParallelLinear(64, {"q": Shard(0, 0, 32, 32)}, False).to(torch.bfloat16)
+    prepack_weights(torch.nn.ModuleList([bf16]))
+    assert bf16.fma_packed is None
+    monkeypatch.setattr(fma_linear, "_ready", lambda: False)
+    layers = small_layers(96)
+    prepack_weights(torch.nn.ModuleList(layers))
+    assert all(m.fma_packed is None and m.packed is not None for m in layers)
+    x = torch.randn(4, 96)
+    with torch.inference_mode():
+        for m in layers:
+            _check_f64(m(x), x, m.weight, getattr(m, "bias", None))
