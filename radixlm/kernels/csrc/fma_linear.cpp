@@ -1,7 +1,9 @@
 // A float32 linear layer, y = x W^T (+ bias), for the few-row products of decode steps,
-// on AVX-512 FMAs: the float32 counterpart of amx_linear.cpp. oneDNN's float32 kernels run
-// these at 20-50 GFLOP/s a thread here (1-32 rows), below both the FMA units' rate and the
-// memory's; this one holds an 8 x 48 block of y in registers and streams the weights once.
+// on AVX-512 FMAs: the float32 counterpart of amx_linear.cpp. oneDNN's float32 kernels
+// read the weights below the memory's rate at a few rows and multiply below the FMA units'
+// at 16-32 (one thread, 32 rows of gate_up: 52 GFLOP/s, ~80 the peak measured here); this
+// one holds an 8 x 48 block of y in registers and streams the weights once (1.03-1.36x
+// oneDNN at 1-32 rows, docs/benchmarks.md).
 //
 //   fma_pack_linear(w [N, K] f32) -> packed   the weight in panels of 48 columns
 //   fma_linear(x [M, K] f32, packed, N, bias [N] or None) -> y [M, N] f32
