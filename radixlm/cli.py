@@ -12,6 +12,7 @@ from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
+from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.tiny_families import FAMILIES, make_family_model
 from radixlm.tiny_model import ARCHS, make_tiny_model
 
@@ -52,11 +53,16 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    server_args = ServerArgs.from_cli_args(args)
+    # the port is the server's before seconds of imports (listener.py); a node that runs
+    # only tensor-parallel ranks serves no HTTP
+    sock = bind_listener(server_args.host, server_args.port) if server_args.node_rank == 0 \
+        else None
     # imported here, as Engine above: a server's spawned children import this module again
     # when it is the main one (``radixlm serve``), and seconds of imports each are theirs
     from radixlm.runtime.entrypoints.http_server import launch_server
 
-    return launch_server(ServerArgs.from_cli_args(args))
+    return launch_server(server_args, sock)
 
 
 def _serve_pd(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ from radixlm.runtime.entrypoints.lifecycle import (
     LoopWatchdog,
     scheduler_watchdog,
 )
+from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
 from radixlm.runtime.entrypoints.openai.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.openai.openai_api import OpenAIRoutes
@@ -80,6 +82,7 @@ async def _serve(
     tokenizer: Any,
     addr: dict[str, str],
     children: ChildProcesses,
+    sock: socket.socket,
 ) -> int:
     sched_addrs = [addr[children.scheduler_name(r)] for r in range(args.dp_size)]
     tm = TokenizerManager(args, model_path, tokenizer, sched_addrs, addr["tm"])
@@ -128,20 +131,22 @@ async def _serve(
     tasks = [loop.create_task(announce()),
              loop.create_task(scheduler_watchdog(tm, server, children, args.watchdog_timeout)),
              loop.create_task(LoopWatchdog(args.watchdog_timeout).beat())]
-    await server.serve()
+    await server.serve(sockets=[sock])
     for task in tasks:
         task.cancel()
     tm.close()
     return 1 if children.stalled else 0
 
 
-def launch_server(args: ServerArgs) -> int:
+def launch_server(args: ServerArgs, sock: socket.socket | None = None) -> int:
     """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
-    when the watchdog found the scheduler stuck."""
+    when the watchdog found the scheduler stuck. ``sock``: the port, bound already
+    (``listener.bind_listener``; the command line binds it before its imports)."""
     ApiKeys.from_args(args)  # a bad key file stops the server before it starts
     model_path = resolve_model_path(args.model_path)
     if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
         return serve_node(args, model_path)
+    sock = sock or bind_listener(args.host, args.port)
     children = ChildProcesses(args.dp_size)
     names = [children.scheduler_name(r) for r in range(args.dp_size)]
     addr = {name: children.address(name) for name in (*names, "detokenizer", "tm")}
@@ -161,8 +166,9 @@ def launch_server(args: ServerArgs) -> int:
                            children.heartbeats[rank], rank)
         # after the children started: they import and load the model meanwhile
         tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-        code = asyncio.run(_serve(args, model_path, tokenizer, addr, children))
+        code = asyncio.run(_serve(args, model_path, tokenizer, addr, children, sock))
     finally:
         children.stop(timeout=10.0 if not children.stalled else 0.0)
+        sock.close()
     logger.info("server stopped")
     return code
