@@ -16,7 +16,6 @@ import torch
 
 from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, KVEventRecorder
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.constrained.after_text import AfterTextMatcher
 from radixlm.runtime.cpu_threads import ThreadSizer
 from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
@@ -42,13 +41,15 @@ from radixlm.runtime.managers.scheduler.schedule_policy import (
     SchedulePolicy,
     decode_reserve,
 )
-from radixlm.runtime.managers.scheduler.scheduler_intake import SchedulerIntake
+from radixlm.runtime.managers.scheduler.scheduler_intake import (
+    SchedulerIntake,
+    make_grammar_compiler,
+)
 from radixlm.runtime.managers.scheduler.scheduler_reports import SchedulerReports
 from radixlm.runtime.managers.scheduler.scheduler_weights import SchedulerWeightUpdates
 from radixlm.runtime.managers.validation import (
     RequestLimits,
 )
-from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +80,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.on_cpu = resolve_device(args.device).type == "cpu"
         if self.on_cpu:
             torch.set_num_threads(self.threads.threads)
-        # the grammar backend needs only config.json's vocabulary and stop tokens
-        hf_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
-                                        context_length=args.context_length)
-        self.grammar_compiler = GrammarCompiler(
-            create_grammar_backend(args.grammar_backend, tokenizer, hf_config.vocab_size,
-                                   hf_config.eos_token_ids),
-            max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
-            memory_mb=args.grammar_compile_memory_mb)
+        self.grammar_compiler = make_grammar_compiler(args, model_path, tokenizer)
         if warm_up_grammar:
             self.grammar_compiler.warm_up()
         self.model_runner = ModelRunner(args, model_path)

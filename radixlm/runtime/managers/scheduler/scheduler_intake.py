@@ -5,12 +5,16 @@ aborts wherever a request is."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.disaggregation.rooms import Bootstrap
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.messages import GenerateReqInput
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
 from radixlm.runtime.managers.validation import validate_request
+from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +22,18 @@ logger = logging.getLogger(__name__)
 # manager's for a queued one
 ABORT_RUNNING = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORT_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
+
+
+def make_grammar_compiler(args: ServerArgs, model_path: str, tokenizer: Any) -> GrammarCompiler:
+    """The scheduler's grammar compiler: from config.json's vocabulary and stop tokens
+    alone, so it (and its compile worker) can start before the model loads."""
+    config = ModelConfig.from_hf(model_path, dtype=args.dtype,
+                                 context_length=args.context_length)
+    return GrammarCompiler(
+        create_grammar_backend(args.grammar_backend, tokenizer, config.vocab_size,
+                               config.eos_token_ids),
+        max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
+        memory_mb=args.grammar_compile_memory_mb)
 
 
 class SchedulerIntake:
