@@ -11,7 +11,9 @@ attention (``RadixAttention.forward``: the KV store and ``decode_attention`` /
 KV store alone; phases: extend forwards (prefill chunks, mixed batches) and decode forwards;
 ``outside`` is the CPU time of the run outside every forward (scheduling, batch building,
 sampling, output processing). ``radixlm.Engine`` with ``cpu_threads=1``, greedy, EOS
-ignored, the workloads of ``benchmarks/workloads.py``.
+ignored, the workloads of ``benchmarks/workloads.py``. ``--threads N`` (N > 1) times the same
+parts in wall time (``time.perf_counter``) with N threads instead: where two threads scale
+less than the parts' CPU time says, on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from radixlm.tiny_model import add_model_args, resolve_model
 
 CPU: collections.Counter = collections.Counter()
 PHASE = ["outside"]  # the phase of the forward running now
+CLOCK = [time.thread_time]  # per-thread CPU time; wall time with --threads > 1
 PARTS = {"linears": (Prepackable, "matmul"), "attention": (RadixAttention, "forward"),
          "kv store": (kernels, "store_kv"), "rms_norm": (kernels, "rms_norm"),
          "rotary": (kernels, "apply_rotary"), "silu_and_mul": (kernels, "silu_and_mul")}
@@ -40,11 +43,11 @@ PARTS = {"linears": (Prepackable, "matmul"), "attention": (RadixAttention, "forw
 
 def _timed(part: str, fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.thread_time()
+        t0 = CLOCK[0]()
         try:
             return fn(*args, **kwargs)
         finally:
-            CPU[PHASE[0], part] += time.thread_time() - t0
+            CPU[PHASE[0], part] += CLOCK[0]() - t0
     return wrapper
 
 
@@ -63,11 +66,12 @@ def run(eng: radixlm.Engine, name: str) -> None:
     sps = [{"max_new_tokens": o, "temperature": 0, "ignore_eos": True} for _, o in reqs]
     eng.flush_cache()
     CPU.clear()
-    t0 = time.thread_time()
+    t0 = CLOCK[0]()
     eng.generate(input_ids=[p for p, _ in reqs], sampling_params=sps)
-    total = time.thread_time() - t0
+    total = CLOCK[0]() - t0
     inside = sum(v for (phase, part), v in CPU.items() if part == "forward")
-    print(f"{name}: {total:.2f} s CPU, outside the forwards {total - inside:.2f} s")
+    unit = "CPU" if CLOCK[0] is time.thread_time else "wall"
+    print(f"{name}: {total:.2f} s {unit}, outside the forwards {total - inside:.2f} s")
     for phase in ("extend", "decode"):
         parts = ", ".join(f"{part} {CPU[phase, part]:.3f}" for part in ["forward", *PARTS])
         print(f"  {phase}: {parts}")
@@ -77,13 +81,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", nargs="+", default=["shared-prefix", "unique", "variable"])
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="--cpu-threads; above 1 the parts are timed in wall time")
     add_model_args(ap)
     a = ap.parse_args()
+    if a.threads > 1:
+        CLOCK[0] = time.perf_counter
     for part, (owner, name) in PARTS.items():
         setattr(owner, name, _timed(part, getattr(owner, name)))
     ModelRunner.forward = _phased(ModelRunner.forward)
     eng = radixlm.Engine(model_path=resolve_model(a.model_path, a.preset), dtype=a.dtype,
-                         random_seed=0, cpu_threads=1, max_total_tokens=65536)
+                         random_seed=0, cpu_threads=a.threads, max_total_tokens=65536)
     eng.generate(input_ids=[[1, 2, 3]], sampling_params={"max_new_tokens": 2})  # warm up
     for name in a.workload:
         run(eng, name)

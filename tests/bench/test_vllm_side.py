@@ -255,3 +255,23 @@ def test_profile_self_times(tmp_path):
                       "step_N(N)": 10}
     assert "aten::linear [[4, 8]]" in self_times(load_events(path), shapes=True)
     assert top_table(totals, 1).splitlines()[2] == "| `aten::mm` | 0.1 | 50.0% |"
+
+
+def test_warmup_rounds_run_every_system_and_keep_nothing(monkeypatch, tmp_path):
+    import vllm_side_by_side as side
+
+    calls = []
+
+    def fake_worker(system, setup, model, dtype, names, seed, log):
+        calls.append((system, dtype))
+        return {"workloads": {n: {"output_tokens": 10, "seconds": 1.0, "output_ids": [[1]],
+                                  "texts": []} for n in names}}
+
+    monkeypatch.setattr(side, "run_worker", fake_worker)
+    args = side.build_parser().parse_args(["--warmup-rounds", "2", "--modes", "offline",
+                                           "--workloads", "unique"])
+    side.warm_up(args, Setup(2, 1024, ""), tmp_path, "float32")
+    assert calls == [("radixlm", "float32"), ("vllm", "float32")] * 2
+    with pytest.raises(ValueError, match="--warmup-rounds"):
+        side.check(side.build_parser().parse_args(["--warmup-rounds", "-1"]))
+    assert side.build_parser().parse_args([]).warmup_rounds == 1
