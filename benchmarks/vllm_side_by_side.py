@@ -105,6 +105,12 @@ def check(args: argparse.Namespace) -> ServedLoad:
     return ServedLoad(rates, args.serve_prompts, args.serve_input_len, args.serve_output_len)
 
 
+def tok_s(worker_out: dict) -> dict[str, float]:
+    """A worker's output tok/s per workload (its log line)."""
+    return {n: round(r["output_tokens"] / r["seconds"], 1)
+            for n, r in worker_out["workloads"].items()}
+
+
 def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: str, order: list[str],
                   results: dict) -> None:
     outs = {}
@@ -114,9 +120,8 @@ def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: st
         outs[system] = out
         valid = {n: count_valid(r["texts"]) for n, r in out["workloads"].items() if r["texts"]}
         add_offline(results, dtype, system, out, valid)
-        logging.warning("%s %s offline: %s (%.0f s with loading)", system, dtype, {
-            n: round(r["output_tokens"] / r["seconds"], 1)
-            for n, r in out["workloads"].items()}, time.perf_counter() - t0)
+        logging.warning("%s %s offline: %s (%.0f s with loading)", system, dtype,
+                        tok_s(out), time.perf_counter() - t0)
     if len(outs) == 2:
         for name in args.workloads:
             a, b = (outs[s]["workloads"][name]["output_ids"] for s in SYSTEMS)
@@ -132,9 +137,8 @@ def warm_up(args: argparse.Namespace, setup: Setup, model: Path, dtype: str) -> 
         for system in args.systems:
             t0 = time.perf_counter()
             out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
-            logging.warning("%s %s offline warm-up (not kept): %s (%.0f s)", system, dtype, {
-                n: round(r["output_tokens"] / r["seconds"], 1)
-                for n, r in out["workloads"].items()}, time.perf_counter() - t0)
+            logging.warning("%s %s offline warm-up (not kept): %s (%.0f s)", system, dtype,
+                            tok_s(out), time.perf_counter() - t0)
 
 
 def run(args: argparse.Namespace) -> dict:
