@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,9 +14,37 @@ from typing import IO, Any
 
 import httpx
 
+# Ports the kernel hands out by itself (bind to port 0, a connect's local port): a port
+# taken from this range and released is the next such socket's as likely as any other.
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST = 10_000  # below this, registered services' ports are common
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, EPHEMERAL.read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+    return low, high
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback TCP port free now, outside the kernel's ephemeral range where it can:
+    between this call and the caller's bind (a server's import and model load, seconds),
+    a zmq socket bound to a random port or an outgoing connection takes its port from
+    that range, and could otherwise take this one (a CI run failed on exactly that).
+    Another caller of this function picking the same port in the gap is a 1 in
+    thousands chance per overlapping pair, not a steady one."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(LOWEST, 65_536) if not low <= p <= high]
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything outside the range taken: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

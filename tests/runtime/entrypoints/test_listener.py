@@ -71,3 +71,22 @@ def test_a_port_in_use_ends_the_launch_at_once(tiny_llama_dir):
     assert proc.returncode == 1
     assert f"cannot bind 127.0.0.1:{port} (--host / --port)" in proc.stderr
     assert "scheduler" not in proc.stderr  # nothing was started
+
+
+def test_a_free_port_is_not_one_the_kernel_hands_out_by_itself():
+    """Between ``free_port`` and the caller's bind, a socket bound to port 0 (zmq's random
+    port) or a connect's local port comes from the ephemeral range; the chosen port lies
+    outside it, so none of those can take it (a CI run lost a PD test's bootstrap port to
+    one)."""
+    from radixlm.runtime.entrypoints.server_process import _ephemeral_range
+
+    low, high = _ephemeral_range()
+    ports = {free_port() for _ in range(32)}
+    assert all(not low <= p <= high and p >= 10_000 for p in ports), sorted(ports)
+    assert len(ports) > 1  # chosen at random, not one fixed port
+    with socket.socket() as s:  # and the kernel's own choice is inside it
+        s.bind(("127.0.0.1", 0))
+        assert low <= s.getsockname()[1] <= high
+    for port in list(ports)[:4]:  # and each is bindable
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
