@@ -39,7 +39,7 @@ from radixlm.kernels.paged_segments import (
     flat_decode_segments,
     run_passes,
 )
-from radixlm.kernels.reference import length_groups
+from radixlm.kernels.reference import _GROUP_KV_ELEMS, length_groups
 
 PrefixGroups = list[tuple[int, list[int]]]
 
@@ -179,10 +179,23 @@ def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend
     shared = _plan_groups(rows, slots) if groups else None
     q_lens = [qo[b + 1] - qo[b] for b in range(len(qo) - 1)]
     kv_lens = [kv[b + 1] - kv[b] - skip[b] for b in range(len(kv) - 1)]
+    # a new prompt with nothing cached takes torch's causal attention (is_causal skips the
+    # key blocks past each query block: about half the work of a mask at 1,024 tokens and
+    # up), so it goes in a pass only with prompts of its own length (no padding, no mask)
+    fresh: dict[int, list[int]] = {}
+    if extend:
+        for b in rest:
+            if kv_lens[b] == 0 and not skip[b]:
+                fresh.setdefault(q_lens[b], []).append(b)
+    others = [b for b in rest if not (extend and kv_lens[b] == 0 and not skip[b])]
+    subs = [[others[i] for i in sub]
+            for sub in length_groups([q_lens[b] for b in others], [kv_lens[b] for b in others],
+                                     kv_elems_per_token)]
+    for length, members in fresh.items():  # as many as length_groups would put together
+        per = max(1, _GROUP_KV_ELEMS // (length * kv_elems_per_token))
+        subs += [members[i:i + per] for i in range(0, len(members), per)]
     padded = []
-    for sub in length_groups([q_lens[b] for b in rest], [kv_lens[b] for b in rest],
-                             kv_elems_per_token):
-        g = [rest[i] for i in sub]
+    for g in subs:
         p = _plan_padded([qo[b] for b in g], [kv[b] + skip[b] for b in g],
                          [q_lens[b] for b in g], [kv_lens[b] for b in g], kv_indices, extend)
         p.needs_lse = any(skip[b] for b in g)

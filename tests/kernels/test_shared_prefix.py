@@ -111,3 +111,36 @@ def test_groups_that_do_not_share_are_rejected():
     with pytest.raises(ValueError, match="two groups"):
         AttentionPlan.build(qo, kvp, kvi, 64, extend=False,
                             prefix_groups=[(40, [0, 1]), (17, [1, 3])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_prompts_take_causal_passes_of_their_own_length(dtype):
+    """Prompts with nothing cached go through torch's causal attention in passes of one
+    length (no padding, no mask: is_causal skips the blocks past the diagonal); prompts
+    with a cached prefix keep the masked passes. Both against float64."""
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, d = 6, 2, 32
+    q_lens = [7, 3, 7, 12, 1, 5]
+    cached = [0, 0, 0, 0, 0, 9]  # the last one continues a prompt (a chunk, a cache hit)
+    slots = torch.randperm(200, generator=g)
+    kv_indices = slots[: sum(cached)]
+    kv_indptr = torch.tensor([0, *cached]).cumsum(0)
+    qo_indptr = torch.tensor([0, *q_lens]).cumsum(0)
+    n = sum(q_lens)
+    q = torch.randn(n, hq, d, generator=g).to(dtype)
+    k, v = (torch.randn(n, hkv, d, generator=g).to(dtype) for _ in range(2))
+    kb, vb = (torch.randn(200, hkv, d, generator=g).to(dtype) for _ in range(2))
+    plan = AttentionPlan.build(qo_indptr, kv_indptr, kv_indices, hkv * d, extend=True,
+                               dtype=dtype)
+    causal = [p for p in plan.padded if p.slots.shape[1] == 0
+              and p.valid.numel() == p.q_rows.numel()]
+    assert sorted(p.q_rows.shape for p in causal) == [(1, 1), (1, 3), (1, 12), (2, 7)]
+    assert len(plan.padded) == len(causal) + 1  # the continued prompt: a masked pass
+    out = torch.full_like(q, float("nan"))
+    kernels.extend_attention(q, k, v, kb, vb, qo_indptr, kv_indptr, kv_indices, 0.2,
+                             backend="torch", out=out, plan=plan)
+    assert not torch.isnan(out).any(), "rows left unwritten"
+    ref = _dense_f64(q.float(), k.float(), v.float(), kb.float(), vb.float(), qo_indptr,
+                     kv_indptr, kv_indices, 0.2)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert ((out.double() - ref).norm() / ref.norm()).item() < tol
