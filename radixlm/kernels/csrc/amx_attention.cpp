@@ -260,7 +260,8 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
 void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   const int64_t d = t.d, r_count = t.n_rows * t.grp, stride = t.hkv * d;
   if (r_count == 0) return;
-  const int64_t k0 = t.lo(0), k1 = std::min(t.n_keys, t.hi(r_count - 1));
+  const int64_t k1 = std::min(t.n_keys, t.hi(r_count - 1));
+  const int64_t k0 = t.grid_start(t.lo(0), kKeys), kend = t.grid_end(k1);
   const int64_t blocks = std::max<int64_t>(0, (k1 - k0 + kKeys - 1) / kKeys);
   const int64_t chunks = d / 32, cols = d / 16, tiles = (r_count + kRows - 1) / kRows;
   const int64_t k_block = kKeys / 16 * chunks * 256, v_block = kKeys / 32 * cols * 256;
@@ -273,7 +274,7 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
   const uint16_t* kh = t.k + h * d;
   const uint16_t* vh = t.v + h * d;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n = std::min(kKeys, k1 - k0 - b * kKeys);
+    const int64_t n = std::min(kKeys, kend - k0 - b * kKeys);
     const int64_t* slots = t.slots + k0 + b * kKeys;
     pack_k(kh, slots, n, stride, d, kp + b * k_block);
     pack_v(vh, slots, n, stride, d, vp + b * v_block);

@@ -26,6 +26,17 @@ struct Task {
   const float* lse_init = nullptr;
   int64_t window = 0;  // > 0: row i of n sees only keys j > n_keys - n + i - window
   float cap = 0.f;     // > 0: scores become cap * tanh(score / cap)
+  // a piece of a segment (its rows cut for the threads): the segment's first key block
+  // start and last block end (-1: this task's own), so that key blocks fall where they
+  // fall in the whole segment and every score and softmax sum is computed as it is there
+  int64_t grid0 = -1, grid1 = -1;
+
+  // where the task's blocks of `block` keys start (k0: its first row's first key) and
+  // where its last block ends (k1: its last row's last key)
+  int64_t grid_start(int64_t k0, int64_t block) const {
+    return grid0 < 0 ? k0 : grid0 + (k0 - grid0) / block * block;
+  }
+  int64_t grid_end(int64_t k1) const { return grid1 < 0 ? k1 : grid1; }
 
   // the keys [lo, hi) of the segment that row r (of a head) sees: row i of n is at key
   // position n_keys - n + i (decode: its one row is the last key; extend: the new tokens

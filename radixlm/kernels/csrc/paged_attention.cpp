@@ -26,7 +26,8 @@
 // row's softmax starts from that pass's state (m = lse, l = 1, acc = o): the result is the
 // attention over both key sets, merged exactly; rows in no segment keep the initial values.
 //
-// One task per (segment, KV head), or per segment when there are enough: its rows are
+// A task is a piece of a segment (cut_pieces: all its KV heads or one, all its rows or a
+// range of them), taken by the threads costliest first; its rows are
 // (query row, query head of that KV head), in tiles of up to 4 rows whose accumulators
 // stay in registers, so each key row is loaded once per tile of the GQA group. Keys go in
 // blocks of kBlock: scores, then an online-softmax update (running max m, sum l,
@@ -50,6 +51,7 @@
 #include "vec_math.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -206,15 +208,15 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
     }
   // the keys some row of the task sees: a window skips the blocks before the first row's,
   // causality those after the last row's (rows' positions grow with r)
-  const int64_t k0 = r_count > 0 ? t.lo(0) : 0;
   const int64_t k1 = r_count > 0 ? std::min(t.n_keys, t.hi(r_count - 1)) : 0;
+  const int64_t k0 = t.grid_start(r_count > 0 ? t.lo(0) : 0, kBlock), kend = t.grid_end(k1);
   for (int64_t j = k0; j < std::min(k0 + kBlock, k1); ++j) {
     prefetch_row<KV>(t.k + (t.slots[j] * t.hkv + h0) * d, d);
     prefetch_row<KV>(t.v + (t.slots[j] * t.hkv + h0) * d, d);
   }
   constexpr int RT = DC == 0 ? 1 : std::max(1, std::min(4, 16 / DC));
   for (int64_t b = k0; b < k1; b += kBlock) {
-    const int64_t nb = std::min(kBlock, k1 - b);
+    const int64_t nb = std::min(kBlock, kend - b);
     for (int64_t h = 0; h < nh; ++h) {
       const bool last = h + 1 == nh;  // next visit: the next block's first head
       const int64_t* ahead = t.slots + (last ? b + kBlock : b);
@@ -241,30 +243,96 @@ void run_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
     }
 }
 
+// One piece of a call's work: query rows [r0, r1) of segment seg over KV heads [h0, h1),
+// and what it costs (the scores it computes, about).
+struct Piece {
+  int64_t seg, r0, r1, h0, h1;
+  double cost;
+};
+
+// Rows of a segment below which it is not cut further: enough rows per piece that a key
+// block loaded into cache serves several tiles (and AMX gets whole tiles).
+constexpr int64_t kMinPieceRows = 32;
+
+// The call's segments cut into pieces for the threads. A segment whose cost is above a
+// share of the whole (a long prompt beside decode rows) is cut by KV head and, causally,
+// by query rows: rows [r0, r1) of n see exactly what they see in the whole segment when
+// the keys past the last one's position are dropped (row i of n stands at n_keys - n + i).
+// Without that cut a mixed batch (prompts first, then decode rows) put every prompt on
+// the first thread: two threads took as long as one.
+template <class KV>
+std::vector<Piece> cut_pieces(const Task<KV>& base, const int64_t* qi, const int64_t* ki,
+                              int64_t segs, int threads) {
+  const int64_t hkv = base.hkv;
+  auto row_keys = [&](int64_t s, int64_t i) {  // keys row i of segment s sees (about)
+    const int64_t n = qi[s + 1] - qi[s], keys = ki[s + 1] - ki[s];
+    const int64_t hi = base.causal ? keys - n + i + 1 : keys;
+    return static_cast<double>(base.window > 0 ? std::min(hi, base.window) : hi);
+  };
+  auto cost = [&](int64_t s, int64_t r0, int64_t r1) {
+    double c = 0;
+    for (int64_t i = r0; i < r1; ++i) c += row_keys(s, i) + 1;  // + 1: a row's fixed work
+    return c;
+  };
+  std::vector<double> seg_cost(segs);
+  double total = 0;
+  for (int64_t s = 0; s < segs; ++s) total += seg_cost[s] = cost(s, 0, qi[s + 1] - qi[s]);
+  const double share = total / (4.0 * threads);  // pieces about this size balance well
+  std::vector<Piece> pieces;
+  for (int64_t s = 0; s < segs; ++s) {
+    const int64_t n = qi[s + 1] - qi[s];
+    // few segments, or a costly one: a piece per KV head
+    const int64_t by_head = (segs < 2 * threads || seg_cost[s] > share) ? hkv : 1;
+    int64_t by_row = 1;  // causal rows cut too, each piece at least kMinPieceRows
+    if ((base.causal || base.window == 0) && seg_cost[s] / by_head > share)
+      by_row = std::clamp<int64_t>(static_cast<int64_t>(seg_cost[s] / by_head / share), 1,
+                                   std::max<int64_t>(1, n / kMinPieceRows));
+    for (int64_t p = 0; p < by_row; ++p) {
+      const int64_t r0 = p * n / by_row, r1 = (p + 1) * n / by_row;
+      const double c = cost(s, r0, r1) / by_head;
+      for (int64_t h = 0; h < by_head; ++h)
+        pieces.push_back({s, r0, r1, h * hkv / by_head, (h + 1) * hkv / by_head, c});
+    }
+  }
+  // costliest first, each thread taking the next when it is free: the last to finish
+  // are short ones
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.cost > b.cost; });
+  return pieces;
+}
+
 template <class KV, int DC>
 void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t segs,
              float* op, float* lp) {
-  // a task is a whole segment (all KV heads) when there are segments enough to keep every
-  // thread busy, else one KV head of a segment
-  const int64_t hkv = base.hkv;
   const bool amx = base.q16 != nullptr && base.d % 32 == 0 && base.d <= 256 && amx_ready();
-  const int64_t split = segs >= 2 * at::get_num_threads() ? 1 : hkv;
-  at::parallel_for(0, segs * split, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = task / split, part = task % split;
+  const int threads = at::get_num_threads();
+  const std::vector<Piece> pieces = cut_pieces(base, qi, ki, segs, threads);
+  const int64_t count = static_cast<int64_t>(pieces.size());
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(threads, count), 1, [&](int64_t, int64_t) {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+      const Piece& pc = pieces[i];
+      const int64_t s = pc.seg, n = qi[s + 1] - qi[s];
       Task<KV> t = base;
       t.rows = base.rows + qi[s];
-      t.n_rows = qi[s + 1] - qi[s];
       t.slots = base.slots + ki[s];
       t.n_keys = ki[s + 1] - ki[s];
-      const int64_t h0 = part * hkv / split, h1 = (part + 1) * hkv / split;
+      t.n_rows = n;
+      if (pc.r1 - pc.r0 < n) {  // a cut: blocks on the whole segment's grid
+        t.grid0 = t.lo(0);
+        t.grid1 = std::min(t.n_keys, t.hi(n * t.grp - 1));
+        t.rows += pc.r0;
+        t.n_rows = pc.r1 - pc.r0;
+        // rows past r1 dropped: causally, so are the keys only they see
+        t.n_keys -= base.causal ? n - pc.r1 : 0;
+      }
       if constexpr (std::is_same_v<KV, BF16>) {  // a bf16 q with rows enough: AMX tiles
         if (amx && t.n_rows * t.grp >= kAmxMinRows) {
-          amx_task(t, h0, h1, op, lp);
+          amx_task(t, pc.h0, pc.h1, op, lp);
           continue;
         }
       }
-      run_task<KV, DC>(t, h0, h1, op, lp);
+      run_task<KV, DC>(t, pc.h0, pc.h1, op, lp);
     }
   });
 }
