@@ -32,6 +32,14 @@ The kernel alone over one decode step's K/V at ``decode_step.py``'s shape (32 se
 huge-page pool, Hq=12, Hkv=4, D=64), per pool dtype: ``cold`` reads K/V from memory as a
 step does; ``hot`` has every sequence read the same 512 slots, so K/V come from cache and
 the kernel's own arithmetic is what is timed.
+
+    python benchmarks/kernels_cpu.py --thread-scaling [--threads 2]
+
+The kernel on one thread against ``--threads`` (default 2) over the batches a step
+hands it, at the small preset's shape (Hq=12, Hkv=2, D=64), float32 and bfloat16 (AMX
+where the CPU has it): mixed batches (prompts of new tokens first, then decode rows, as
+the scheduler orders them), prompts alone and decode rows alone; slots shuffled. Each
+thread count gives the same bits (checked); the table is the time of each and the ratio.
 """
 
 from __future__ import annotations
@@ -275,6 +283,49 @@ def run_decode_pool(rounds: int) -> None:
               f"{nbytes / t['cold'] / 1e9:.1f} | {t['hot'] * 1e3:.2f} |")
 
 
+def _mixed_call(dtype: torch.dtype, prompts: int, new: int, rows: int, ctx: int,
+                gen: torch.Generator) -> Callable:
+    """One kernel call over ``prompts`` prompts of ``new`` tokens (nothing cached) and then
+    ``rows`` decode rows over ``ctx`` keys each, causal, slots shuffled."""
+    hq, hkv, d = 12, 2, 64
+    q_lens, k_lens = [new] * prompts + [1] * rows, [new] * prompts + [ctx] * rows
+    n, size = sum(q_lens), sum(k_lens)
+    q = torch.randn(n, hq, d, generator=gen).to(dtype)
+    k_buf, v_buf = (torch.randn(size, hkv, d, generator=gen).to(dtype) for _ in range(2))
+    slots = torch.randperm(size, generator=gen)
+    q_rows = torch.arange(n)
+    q_indptr = torch.tensor([0, *q_lens]).cumsum(0)
+    kv_indptr = torch.tensor([0, *k_lens]).cumsum(0)
+    return lambda: cpu_paged.paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr,
+                                             slots, d**-0.5, causal=True)
+
+
+def run_thread_scaling(threads: int, budget_s: float) -> None:
+    if not cpu_paged.available():
+        raise SystemExit("the CPU kernel is not built (no C++ compiler?)")
+    gen = torch.Generator().manual_seed(0)
+    cases = [(8, 256, 24, 300), (1, 1024, 30, 600), (3, 700, 8, 400), (8, 256, 0, 0),
+             (0, 0, 48, 600), (0, 0, 4, 2000)]
+    print(f"torch {torch.__version__}, Hq=12 Hkv=2 D=64, causal, shuffled slots; ms, min "
+          f"of runs")
+    print(f"| dtype | prompts x new | decode rows x keys | 1 thread (ms) | {threads} threads "
+          f"(ms) | ratio |")
+    print("|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for prompts, new, rows, ctx in cases:
+            call = _mixed_call(dtype, prompts, new, rows, ctx, gen)
+            times, outs = {}, {}
+            for n in (1, threads):
+                torch.set_num_threads(n)
+                outs[n] = call()
+                times[n] = time_ms(call, (), budget_s)
+            same = all(torch.equal(a, b) for a, b in zip(outs[1], outs[threads]))
+            assert same, f"{threads} threads changed the bits of {prompts, new, rows, ctx}"
+            print(f"| {str(dtype).removeprefix('torch.')} | {prompts} x {new} | {rows} x {ctx} "
+                  f"| {times[1]:.2f} | {times[threads]:.2f} | "
+                  f"{times[1] / times[threads]:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
@@ -285,7 +336,12 @@ def main() -> None:
                         help="a bf16 model's paths: padded, the kernel in fp32, on AMX tiles")
     parser.add_argument("--decode-pool", action="store_true",
                         help="the compiled kernel over a decode step's pool, per K/V dtype")
+    parser.add_argument("--thread-scaling", action="store_true",
+                        help="the compiled kernel on one thread against --threads (2)")
     args = parser.parse_args()
+    if args.thread_scaling:
+        run_thread_scaling(args.threads or 2, 0.05 if args.quick else 0.3)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decode_pool:
