@@ -182,12 +182,11 @@ def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend
     # a new prompt with nothing cached takes torch's causal attention (is_causal skips the
     # key blocks past each query block: about half the work of a mask at 1,024 tokens and
     # up), so it goes in a pass only with prompts of its own length (no padding, no mask)
+    new = {b for b in rest if extend and kv_lens[b] == 0 and not skip[b]}
     fresh: dict[int, list[int]] = {}
-    if extend:
-        for b in rest:
-            if kv_lens[b] == 0 and not skip[b]:
-                fresh.setdefault(q_lens[b], []).append(b)
-    others = [b for b in rest if not (extend and kv_lens[b] == 0 and not skip[b])]
+    for b in sorted(new):
+        fresh.setdefault(q_lens[b], []).append(b)
+    others = [b for b in rest if b not in new]
     subs = [[others[i] for i in sub]
             for sub in length_groups([q_lens[b] for b in others], [kv_lens[b] for b in others],
                                      kv_elems_per_token)]
