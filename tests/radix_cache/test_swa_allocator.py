@@ -83,7 +83,11 @@ class SWACacheMachine(RuleBasedStateMachine):
         self.next_rid += 1
         if not self.cache.admit(req):
             return
-        if not self._extend(req, data.draw(st.integers(1, length))):
+        # a prefill chunk of the prompt past its cached prefix (never past the prompt: a
+        # scheduler does not extend a prefill beyond it; drawing up to `length` from the
+        # prefix on did, and the cached tail then held one slot too many)
+        room = req.seq_len - req.kv_len
+        if room < 1 or not self._extend(req, min(data.draw(st.integers(1, length)), room)):
             self.cache.release(req, cache=False)
 
     @precondition(lambda self: self.cache.running)
