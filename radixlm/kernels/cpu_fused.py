@@ -10,15 +10,22 @@ cached once per machine; ``cpu_paged.available()`` says whether it loaded, and
 tensors with ``backend=None`` when ``supports`` holds; ``backend="torch"`` keeps the torch
 reference, which these kernels match in formula and order of operations (float32
 arithmetic, the residual sum rounded to the input dtype before it is normalised), except
-for the order of the sum of squares and a polynomial ``exp`` in SiLU (~2e-7 relative).
+for a polynomial ``exp`` in SiLU (~2e-7 relative) and, in bfloat16, the order of the sum of
+squares (16 lanes; float32 rows of 8 or more elements sum in torch's own order, so a
+float32 RMSNorm gives the reference's bits: ``exact_float32_norm``).
 """
 
 from __future__ import annotations
 
+import logging
+from functools import cache
+
 import torch
 
-from radixlm.kernels import cpu_paged
+from radixlm.kernels import cpu_paged, reference
 from radixlm.kernels.reference import check_store_layout
+
+logger = logging.getLogger(__name__)
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -33,10 +40,44 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+# float32 rows narrower than this go through torch's scalar sum, whose order the kernel
+# does not follow (its sum of squares follows torch's 8-lane vector sum)
+EXACT_MIN_WIDTH = 8
+
+
+@cache
+def _float32_norm_matches() -> bool:
+    """Whether the kernel's float32 RMSNorm gives ``reference.rms_norm``'s bits on this
+    torch build (with and without the residual, rows of several widths, one thread and
+    the process's threads). Checked once; False sends float32 back to the reference."""
+    gen = torch.Generator().manual_seed(0)
+    for n, h in ((1, 64), (3, 768), (40, 1000), (64, 4096)):
+        x, res = (torch.randn(n, h, generator=gen) * 3 for _ in range(2))
+        w = torch.randn(h, generator=gen)
+        for eps in (1e-5, 1e-6):
+            ours = (_norm(x, w, eps), *_norm(x, w, eps, res))
+            ref = (reference.rms_norm(x, w, eps), *reference.rms_norm(x, w, eps, res))
+            if not all(torch.equal(a, b) for a, b in zip(ours, ref)):
+                logger.info("the fused float32 RMSNorm differs from torch's bits on this "
+                            "build: float32 models keep the torch reference")
+                return False
+    return True
+
+
+def exact_float32_norm(width: int) -> bool:
+    """Whether a float32 row of ``width`` elements takes the fused RMSNorm (bit-for-bit
+    the reference's: see ``_float32_norm_matches``)."""
+    return width >= EXACT_MIN_WIDTH and cpu_paged.available() and _float32_norm_matches()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``reference.rms_norm`` for 2-D ``x`` (new tensors; nothing is written in place)."""
+    return _norm(x, weight, eps, residual)
+
+
+def _norm(x, weight, eps, residual=None):
     w = weight if weight.dtype in (x.dtype, torch.float32) else weight.float()
     if residual is None:
         return torch.ops.radixlm_cpu.rms_norm(_rows(x), w.contiguous(), float(eps))

@@ -2,8 +2,8 @@
 formulas: RMSNorm with and without the residual add, neox rotary on strided q/k views, and
 SiLU-and-mul, in float32 and bfloat16, over widths on and off the 16-lane vector path and
 empty batches; the KV pool's write against torch's indexed assignment; plus the dispatch
-(backend None on CPU takes them, "torch" does not; float32 RMSNorm keeps the reference, see
-``kernels.rms_norm``)."""
+(backend None on CPU takes them, "torch" does not); float32 RMSNorm bit-for-bit the
+reference's (see ``kernels.rms_norm``)."""
 
 from __future__ import annotations
 
@@ -67,15 +67,40 @@ def test_rms_norm_float32_weight_and_strided_rows() -> None:
     _close(cpu_fused.rms_norm(x, w, 1e-5), _norm_f64(x, w, 1e-5), torch.bfloat16)
 
 
-def test_rms_norm_float32_matches_the_reference_to_an_ulp() -> None:
-    # same formula and order as the torch reference; only the sum of squares is reordered
-    x, r = _randn(64, 768, dtype=torch.float32, seed=7), _randn(64, 768, dtype=torch.float32,
-                                                                     seed=8)
-    w = _randn(768, dtype=torch.float32, seed=9)
-    out, s = cpu_fused.rms_norm(x, w, 1e-5, r)
-    ref, ref_s = reference.rms_norm(x, w, 1e-5, r)
-    assert torch.equal(s, ref_s)
-    torch.testing.assert_close(out, ref, rtol=4e-7, atol=1e-6)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_float32_rms_norm_gives_the_reference_bits(threads, rows) -> None:
+    # torch's own order of the sum of squares (8-lane vectors in cascade levels), then
+    # sum / H, 1 / sqrt(mean + eps), (x * r) * w: bit-for-bit, so a float32 model's logits
+    # are the reference's; widths around the vector and cascade boundaries, strided rows
+    assert cpu_fused.exact_float32_norm(768)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed, h in enumerate([8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
+                                  255, 257, 768, 1025, 2047, 4096, 5120]):
+            buf = _randn(rows, h + 3, dtype=torch.float32, seed=seed, scale=3.0)
+            x, w = buf[:, :h], _randn(h, dtype=torch.float32, seed=100 + seed)
+            r = _randn(rows, h, dtype=torch.float32, seed=200 + seed, scale=10.0)
+            for eps in (1e-5, 1e-6):
+                assert torch.equal(cpu_fused.rms_norm(x, w, eps), reference.rms_norm(x, w, eps))
+                out, s = cpu_fused.rms_norm(x, w, eps, r)
+                ref, ref_s = reference.rms_norm(x, w, eps, r)
+                assert torch.equal(out, ref) and torch.equal(s, ref_s), (h, eps)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_float32_rms_norm_keeps_the_reference_where_the_bits_would_differ(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(cpu_fused, "rms_norm", lambda *a, **k: calls.append(a[0].shape))
+    x, w = torch.randn(3, 7), torch.ones(7)  # under 8 wide: torch sums another way
+    kernels.rms_norm(x, w, 1e-5)
+    monkeypatch.setattr(cpu_fused, "_float32_norm_matches", lambda: False)  # another torch
+    kernels.rms_norm(torch.randn(3, 64), torch.ones(64), 1e-5)
+    assert calls == []
+    kernels.rms_norm(torch.randn(3, 64).bfloat16(), torch.ones(64).bfloat16(), 1e-5)
+    assert calls == [(3, 64)]
 
 
 def _rotary_f64(x, cs, pos):
@@ -136,14 +161,14 @@ def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
     buf, loc = torch.zeros(8, 1, 32), torch.tensor([5, 2, 7])
     kernels.store_kv(buf, buf.clone(), loc, k, k, backend="torch")
     assert calls == []
-    kernels.rms_norm(x, w, 1e-5)  # float32 RMSNorm: the reference (see kernels.rms_norm)
+    kernels.rms_norm(x, w, 1e-5)  # float32 RMSNorm: the kernel, the reference's bits
     kernels.rms_norm(xb, wb, 1e-5)
     kernels.apply_rotary(q, k, cs, pos)
     kernels.silu_and_mul(x)
     kernels.silu_and_mul(x.half())  # float16: not a kernel dtype, the reference
     kernels.store_kv(buf, buf.clone(), loc, k, k)
     kernels.store_kv(buf.half(), buf.half(), loc, k, k)  # float32 into float16: the reference
-    assert calls == ["rms_norm", "apply_rotary", "silu_and_mul", "store_kv"]
+    assert calls == ["rms_norm", "rms_norm", "apply_rotary", "silu_and_mul", "store_kv"]
     with pytest.raises(ValueError, match="backend"):
         kernels.silu_and_mul(x, backend="cuda")
 

@@ -12,12 +12,15 @@
 // float32 in the order of the torch reference (radixlm/kernels/reference.py): the residual
 // sum is rounded to the input dtype before it is normalised, mean = sum(x^2) / H,
 // out = (x * rsqrt(mean + eps)) * w; rotary x1 * cos - x2 * sin, x2 * cos + x1 * sin;
-// silu(g) = g / (1 + exp(-g)). Only the order of the sum of squares differs (16 lanes),
-// and exp is a polynomial (relative error ~2e-7). bfloat16 results round to nearest even,
+// silu(g) = g / (1 + exp(-g)). The sum of squares adds in torch's own order in float32
+// rows of 8 or more (torch_order_rms_scale: the reference's bits), in 16 lanes in
+// bfloat16; exp is a polynomial (relative error ~2e-7). bfloat16 results round to nearest even,
 // as torch does. Rows are split across threads with at::parallel_for. Multiply-adds are not
 // contracted into FMAs here (GCC contracts by default in C++), so that float32 products
-// round as torch's separate mul / sub / add kernels round them.
-#pragma GCC optimize("fp-contract=off")
+// round as torch's separate mul / sub / add kernels round them, and neither reassociated
+// nor turned into reciprocals (the library's flags allow both for the attention kernel):
+// (x * r) * w stays two products in that order, sum / H a division.
+#pragma GCC optimize("fp-contract=off", "no-associative-math", "no-reciprocal-math")
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -30,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 
 namespace {
 
@@ -118,6 +122,54 @@ int64_t grain(int64_t row_elems) { return std::max<int64_t>(1, kGrainElems / std
 
 // ------------------------------------------------------------------------- RMSNorm
 
+// float32: rsqrt(mean(x^2) + eps) of one row with torch's own sum (SumKernel.cpp's
+// cascade_sum over a contiguous row, as torch's x86 builds dispatch it: vectors of 8
+// lanes, four of them side by side, in cascade levels of 2^max(4, ceil(log2 n)/4)
+// iterations; the tail and then the 8 lanes added one by one), mean = sum / H, and
+// 1 / sqrt(mean + eps): the bits of the reference's pow(2).mean(-1) + eps and rsqrt, so a
+// float32 model stays bit-for-bit where transformers' does (a 16-lane sum drifted its
+// logits by 1.4e-4 over 12 layers). cpu_fused checks the bits against torch once per
+// process before it uses this.
+typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
+
+float torch_order_rms_scale(const float* x, int64_t h, float eps) {
+  const int64_t vs = h / 8;      // whole vectors of 8
+  const int64_t size = vs / 4;   // rows of four vectors
+  int64_t lg = 1;
+  if (size > 2) lg = 64 - __builtin_clzll(static_cast<uint64_t>(size - 1));
+  const int64_t power = std::max<int64_t>(4, lg / 4), step = int64_t{1} << power;
+  const int64_t mask = step - 1;
+  auto sq = [&](int64_t v) {
+    const v8f a = *reinterpret_cast<const v8f*>(x + 8 * v);
+    return a * a;
+  };
+  v8f acc[4][4] = {};
+  int64_t i = 0;
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; ++j, ++i)
+      for (int k = 0; k < 4; ++k) acc[0][k] += sq(4 * i + k);
+    for (int j = 1; j < 4; ++j) {
+      for (int k = 0; k < 4; ++k) {
+        acc[j][k] += acc[j - 1][k];
+        acc[j - 1][k] = v8f{};
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < 4; ++k) acc[0][k] += sq(4 * i + k);
+  for (int j = 1; j < 4; ++j)
+    for (int k = 0; k < 4; ++k) acc[0][k] += acc[j][k];
+  v8f part = acc[0][0];
+  for (int64_t v = size * 4; v < vs; ++v) part += sq(v);
+  for (int k = 1; k < 4; ++k) part += acc[0][k];
+  float sum = 0.0f;
+  for (int64_t k = vs * 8; k < h; ++k) sum += x[k] * x[k];
+  for (int k = 0; k < 8; ++k) sum += part[k];
+  const float mean = sum / static_cast<float>(h);
+  return 1.0f / std::sqrt(mean + eps);
+}
+
 // One row: pass 1 sums (and with a residual stores x + residual, rounded to the dtype),
 // pass 2 normalises what pass 1 left (the rounded sum, or x).
 template <class IO, class W>
@@ -135,8 +187,13 @@ void rms_row(const typename IO::S* x, const typename IO::S* res, typename IO::S*
     if ((j / 16) % 2 == 0) acc0 += v * v; else acc1 += v * v;
   }
   if (res != nullptr) src = sum;
-  const float mean = hsum16(acc0 + acc1) / static_cast<float>(h);
-  const float r = 1.0f / std::sqrt(mean + eps);
+  float r;
+  if constexpr (std::is_same_v<IO, IoF32>) {
+    r = torch_order_rms_scale(src, h, eps);
+  } else {
+    const float mean = hsum16(acc0 + acc1) / static_cast<float>(h);
+    r = 1.0f / std::sqrt(mean + eps);
+  }
   for (int64_t j = 0; j < h; j += 16) {
     const int64_t m = std::min<int64_t>(16, h - j);
     store_n<IO>(out + j, (load_n<IO>(src + j, m) * r) * load_n<W>(w + j, m), m);
