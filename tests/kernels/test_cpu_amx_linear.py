@@ -71,6 +71,9 @@ def test_strided_3d_and_empty_inputs():
     strided = wide[:, ::2]
     assert not strided.is_contiguous()
     _check_f64(amx_linear.linear(strided, packed, 48, b), strided, w, b)
+    rows_of_wider = wide[:, 32:96]  # contiguous rows 128 apart: copied row by row
+    assert rows_of_wider.stride() == (128, 1)
+    _check_f64(amx_linear.linear(rows_of_wider, packed, 48, b), rows_of_wider, w, b)
     x3 = x.reshape(2, 3, 64)
     y3 = amx_linear.linear(x3, packed, 48, b)
     assert y3.shape == (2, 3, 48)

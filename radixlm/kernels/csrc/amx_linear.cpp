@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 namespace {
@@ -179,8 +180,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   if (m == 0) return y;
   at::Tensor a = x;
   if (mp != m || kp != k || !x.is_contiguous()) {
-    a = at::zeros({mp, kp}, x.options());
-    a.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+    // rows copied and zero-padded here: torch's zeros + narrow().copy_() took ~40 us,
+    // more than a 768 x 768 product's share of a decode step
+    a = at::empty({mp, kp}, x.options());
+    uint16_t* dst = reinterpret_cast<uint16_t*>(a.data_ptr());
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    if (x.stride(1) == 1) {
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(dst + r * kp, src + r * x.stride(0), k * sizeof(uint16_t));
+        std::memset(dst + r * kp + k, 0, (kp - k) * sizeof(uint16_t));
+      }
+      std::memset(dst + m * kp, 0, (mp - m) * kp * sizeof(uint16_t));
+    } else {
+      a.zero_();
+      a.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+    }
   }
 #ifdef RADIXLM_AMX
   const uint16_t* ap = reinterpret_cast<const uint16_t*>(a.data_ptr());
