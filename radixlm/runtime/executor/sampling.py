@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.kernels import cpu_paged
 from radixlm.runtime.constrained.base import apply_token_bitmask_
 from radixlm.runtime.executor.sampling_params import SamplingParams
 
@@ -305,8 +306,12 @@ def row_seed(seed: int, step: int) -> int:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(dim=-1)``: the first maximal index of each row (NaN counts as the
-    maximum), through ``max``'s indices, which torch's CPU build vectorises (its argmax
-    over a [32, 32k] float32 batch took 3x as long on one thread)."""
+    maximum). On a CPU the compiled kernel (``csrc/argmax.cpp``: a [32, 32k] float32 batch
+    in ~0.3 ms on two threads, against ~1 ms through torch's ``max``); else ``max``'s
+    indices, which torch's CPU build vectorises (its argmax took 3x as long)."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.shape[1] > 0 and x.stride(1) == 1 and cpu_paged.available()):
+        return torch.ops.radixlm_cpu.argmax_rows(x)
     return x.max(dim=-1).indices
 
 
