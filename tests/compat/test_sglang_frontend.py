@@ -38,25 +38,30 @@ COLORS = ["red", "green", "blue"]
 
 def _stub_if_missing(name: str, **submodules: dict[str, object]) -> None:
     """An empty module ``name`` (and ``name.sub`` with the given attributes) unless the
-    real package is installed."""
+    real package is installed. Returns the names it put in ``sys.modules``."""
     if name in sys.modules or importlib.util.find_spec(name) is not None:
-        return
+        return []
     sys.modules[name] = types.ModuleType(name)
     for sub, attrs in submodules.items():
         module = types.ModuleType(f"{name}.{sub}")
         module.__dict__.update(attrs)
         sys.modules[f"{name}.{sub}"] = module
+    return [name, *(f"{name}.{sub}" for sub in submodules)]
 
 
 @pytest.fixture(scope="module")
 def sglang():
     """SGLang's frontend API module (``sglang.lang.api``) and its ``RuntimeEndpoint``."""
-    _stub_if_missing("IPython", display={"HTML": None, "display": None})
-    _stub_if_missing("aiohttp")
-    import_sglang_lang()
-    api = importlib.import_module("sglang.lang.api")
-    endpoint = importlib.import_module("sglang.lang.backend.runtime_endpoint")
-    return types.SimpleNamespace(api=api, RuntimeEndpoint=endpoint.RuntimeEndpoint)
+    stubs = [*_stub_if_missing("IPython", display={"HTML": None, "display": None}),
+             *_stub_if_missing("aiohttp")]
+    try:
+        import_sglang_lang()
+        api = importlib.import_module("sglang.lang.api")
+        endpoint = importlib.import_module("sglang.lang.backend.runtime_endpoint")
+        yield types.SimpleNamespace(api=api, RuntimeEndpoint=endpoint.RuntimeEndpoint)
+    finally:  # later tests (matplotlib looks for IPython) see the real world again
+        for name in stubs:
+            sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
