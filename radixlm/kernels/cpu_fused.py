@@ -48,8 +48,10 @@ EXACT_MIN_WIDTH = 8
 @cache
 def _float32_norm_matches() -> bool:
     """Whether the kernel's float32 RMSNorm gives ``reference.rms_norm``'s bits on this
-    torch build (with and without the residual, rows of several widths, one thread and
-    the process's threads). Checked once; False sends float32 back to the reference."""
+    torch build (with and without the residual, rows of several widths, at the threads the
+    process runs with when first asked). Checked once; False sends float32 back to the
+    reference. Calls the op through ``_norm``, not ``rms_norm``, so a patched ``rms_norm``
+    cannot poison the cached answer."""
     gen = torch.Generator().manual_seed(0)
     for n, h in ((1, 64), (3, 768), (40, 1000), (64, 4096)):
         x, res = (torch.randn(n, h, generator=gen) * 3 for _ in range(2))
@@ -77,7 +79,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return _norm(x, weight, eps, residual)
 
 
-def _norm(x, weight, eps, residual=None):
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+          residual: torch.Tensor | None = None):
     w = weight if weight.dtype in (x.dtype, torch.float32) else weight.float()
     if residual is None:
         return torch.ops.radixlm_cpu.rms_norm(_rows(x), w.contiguous(), float(eps))
