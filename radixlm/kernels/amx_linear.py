@@ -1,4 +1,5 @@
-"""bfloat16 linears of few rows on AMX-BF16 tiles (``csrc/amx_linear.cpp``).
+"""bfloat16 linears of few rows on AMX-BF16 tiles, or AVX512-BF16 dot products on a CPU
+without AMX (``csrc/amx_linear.cpp``).
 
     pack(w [N, K] bf16) -> the weight in tile order (as many bytes as w, padded to 32 x 32)
     linear(x [..., K] bf16, packed, N, bias [N] | None) -> y [..., N] bf16
@@ -12,9 +13,18 @@ and reaches 5.0-7.1 GB/s at 1-32 rows (1.40-1.87x oneDNN; two threads 1.33-1.88x
 ``benchmarks/cpu_linear.py --tiles``). Past ``MAX_ROWS`` its tile products, not the
 memory, bound it (0.81-1.16x at 48 rows, 0.6x at 1,024), so those products stay on oneDNN.
 Sums in float32, the bias added in float32, y rounded to nearest even.
+
+Without AMX (AVX512-BF16 alone: AMD Zen 4, Intel Cooper Lake) the same packing is read one
+tile row (16 columns x a pair of K) at a time by VDPBF16PS, 12 rows of x x 32 columns in
+registers, each pair of 16-column blocks packed as one forward stream (their rows side by
+side): 1.2-1.9x oneDNN at 1-8 rows, 1.0-1.4x at 16-32 but for K = 2,048 (0.7x), which
+stays on oneDNN past ``DOT_FEW_ROWS`` (two threads, AMD EPYC Zen 4; docs/benchmarks.md,
+"bf16 without AMX").
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 
@@ -24,12 +34,21 @@ from radixlm.kernels import cpu_paged
 MAX_ROWS = 32
 
 
+@cache
+def _dot_only() -> bool:
+    """The library runs this kernel on AVX512-BF16 dot products: built for a CPU with
+    them, and no AMX tiles granted."""
+    return (cpu_paged.available() and bool(torch.ops.radixlm_cpu.amx_linear_ready())
+            and not torch.ops.radixlm_cpu.amx_ready())
+
+
 def supports(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can be packed for this kernel: a 2-D bfloat16 CPU tensor, the
     library built for an AMX-BF16 CPU whose tiles the OS grants (``cpu_paged.amx``:
-    ``RADIXLM_CPU_AMX=0`` turns this path off with the attention's)."""
+    ``RADIXLM_CPU_AMX=0`` turns this path off with the attention's) or for one with
+    AVX512-BF16 and no AMX."""
     return (weight.dim() == 2 and weight.dtype == torch.bfloat16
-            and weight.device.type == "cpu" and cpu_paged.amx())
+            and weight.device.type == "cpu" and (cpu_paged.amx() or _dot_only()))
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -43,6 +62,16 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int,
     return y.reshape(*x.shape[:-1], n)
 
 
+# without AMX: a K past this with more than DOT_FEW_ROWS rows stays on oneDNN (down_proj,
+# K = 2,048: 0.66-0.70x oneDNN at 16-32 rows; every K up to 1,024 1.0-1.9x)
+DOT_MAX_K = 1024
+DOT_FEW_ROWS = 4
+
+
 def takes(x: torch.Tensor) -> bool:
-    """Whether a product with ``x`` goes through this kernel (bf16, at most MAX_ROWS rows)."""
-    return x.dtype == torch.bfloat16 and x.numel() <= MAX_ROWS * x.shape[-1]
+    """Whether a product with ``x`` goes through this kernel (bf16, at most MAX_ROWS rows;
+    without AMX, a long K only at a few rows)."""
+    k = x.shape[-1]
+    rows = x.numel() // max(k, 1)
+    return (x.dtype == torch.bfloat16 and rows <= MAX_ROWS
+            and (k <= DOT_MAX_K or rows <= DOT_FEW_ROWS or not _dot_only()))
