@@ -119,9 +119,10 @@ def available() -> bool:
 def amx() -> bool:
     """Whether the kernel multiplies a bfloat16 q over a bfloat16 pool on AMX-BF16 tiles
     (``csrc/amx_attention.cpp``: the library built for a CPU with AMX, and the OS granting
-    its tiles); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
+    its tiles; on a CPU with AVX512-BF16 and no AMX, the same code on emulated tiles,
+    ``csrc/amx_tiles.h``); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
     return (available() and os.environ.get("RADIXLM_CPU_AMX", "1") != "0"
-            and bool(torch.ops.radixlm_cpu.amx_ready()))
+            and bool(torch.ops.radixlm_cpu.bf16_tiles_ready()))
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,

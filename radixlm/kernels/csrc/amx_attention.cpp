@@ -65,11 +65,12 @@ T* scratch(int64_t n) {
 
 }  // namespace
 
-#ifdef RADIXLM_AMX
+#ifdef RADIXLM_TILES
 
 namespace {
 
 using radixlm_amx::configure_tiles;
+
 
 // r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
 // rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.
@@ -229,30 +230,30 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
 // product just issued, added into S tiles 2-5 (consecutive products: other accumulators).
 #define SCORES_CHUNK(QT, q, ld, k, step)   \
   do {                                     \
-    _tile_loadd(QT, q, ld);                \
-    _tile_loadd(1, k, 64);                 \
-    _tile_dpbf16ps(2, QT, 1);              \
-    _tile_loadd(6, (k) + (step), 64);      \
-    _tile_dpbf16ps(3, QT, 6);              \
-    _tile_loadd(1, (k) + 2 * (step), 64);  \
-    _tile_dpbf16ps(4, QT, 1);              \
-    _tile_loadd(6, (k) + 3 * (step), 64);  \
-    _tile_dpbf16ps(5, QT, 6);              \
+    TILE_LOADD(QT, q, ld);                \
+    TILE_LOADD(1, k, 64);                 \
+    TILE_DPBF16PS(2, QT, 1);              \
+    TILE_LOADD(6, (k) + (step), 64);      \
+    TILE_DPBF16PS(3, QT, 6);              \
+    TILE_LOADD(1, (k) + 2 * (step), 64);  \
+    TILE_DPBF16PS(4, QT, 1);              \
+    TILE_LOADD(6, (k) + 3 * (step), 64);  \
+    TILE_DPBF16PS(5, QT, 6);              \
   } while (0)
 
 // P V for one half of a block (P tile PT: 16 rows x 32 keys) and nc (2 or 4) columns of
 // 16 of d: V tiles into 1 and 5 in turn, added into tiles 0, 2, 3, 4.
 #define VALUES_HALF(PT, v, nc)        \
   do {                                \
-    _tile_loadd(1, v, 64);            \
-    _tile_dpbf16ps(0, PT, 1);         \
-    _tile_loadd(5, (v) + 256, 64);    \
-    _tile_dpbf16ps(2, PT, 5);         \
+    TILE_LOADD(1, v, 64);            \
+    TILE_DPBF16PS(0, PT, 1);         \
+    TILE_LOADD(5, (v) + 256, 64);    \
+    TILE_DPBF16PS(2, PT, 5);         \
     if ((nc) > 2) {                   \
-      _tile_loadd(1, (v) + 512, 64);  \
-      _tile_dpbf16ps(3, PT, 1);       \
-      _tile_loadd(5, (v) + 768, 64);  \
-      _tile_dpbf16ps(4, PT, 5);       \
+      TILE_LOADD(1, (v) + 512, 64);  \
+      TILE_DPBF16PS(3, PT, 1);       \
+      TILE_LOADD(5, (v) + 768, 64);  \
+      TILE_DPBF16PS(4, PT, 5);       \
     }                                 \
   } while (0)
 
@@ -308,39 +309,39 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
       }
       // S = Q K^T: four tiles of 16 keys (2-5); chunks of d alternate their Q tile
       const uint32_t* kt = kp + b * k_block;
-      _tile_zero(2);
-      _tile_zero(3);
-      _tile_zero(4);
-      _tile_zero(5);
+      TILE_ZERO(2);
+      TILE_ZERO(3);
+      TILE_ZERO(4);
+      TILE_ZERO(5);
       for (int64_t c = 0; c < chunks; ++c) {
         if (c % 2 == 0)
           SCORES_CHUNK(0, qt + c * 32, d * sizeof(uint16_t), kt + c * 256, chunks * 256);
         else
           SCORES_CHUNK(7, qt + c * 32, d * sizeof(uint16_t), kt + c * 256, chunks * 256);
       }
-      _tile_stored(2, &s[0][0], kKeys * sizeof(float));
-      _tile_stored(3, &s[0][16], kKeys * sizeof(float));
-      _tile_stored(4, &s[0][32], kKeys * sizeof(float));
-      _tile_stored(5, &s[0][48], kKeys * sizeof(float));
+      TILE_STORED(2, &s[0][0], kKeys * sizeof(float));
+      TILE_STORED(3, &s[0][16], kKeys * sizeof(float));
+      TILE_STORED(4, &s[0][32], kKeys * sizeof(float));
+      TILE_STORED(5, &s[0][48], kKeys * sizeof(float));
       softmax_block(s, lo, hi, t.scale, t.cap, m, l, alpha, p);
       // P V: P as two tiles of 32 keys (6, 7), four columns of 16 at a time (0, 2, 3, 4)
-      _tile_loadd(6, &p[0][0], kKeys * sizeof(uint16_t));
-      _tile_loadd(7, &p[0][32], kKeys * sizeof(uint16_t));
+      TILE_LOADD(6, &p[0][0], kKeys * sizeof(uint16_t));
+      TILE_LOADD(7, &p[0][32], kKeys * sizeof(uint16_t));
       const uint32_t* vt = vp + b * v_block;
       for (int64_t c0 = 0; c0 < cols; c0 += 4) {
         const int64_t nc = std::min<int64_t>(4, cols - c0);
-        _tile_zero(0);
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_zero(4);
+        TILE_ZERO(0);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
+        TILE_ZERO(4);
         // V block layout: [half of 32 keys][column][16 pairs][16 of d]
         VALUES_HALF(6, vt + c0 * 256, nc);
         VALUES_HALF(7, vt + (cols + c0) * 256, nc);
-        _tile_stored(0, &pv[0][0][0], 64);
-        if (nc > 1) _tile_stored(2, &pv[1][0][0], 64);
+        TILE_STORED(0, &pv[0][0][0], 64);
+        if (nc > 1) TILE_STORED(2, &pv[1][0][0], 64);
         if (nc > 2) {  // columns come in pairs (d a multiple of 32): 2 or 4
-          _tile_stored(3, &pv[2][0][0], 64);
-          _tile_stored(4, &pv[3][0][0], 64);
+          TILE_STORED(3, &pv[2][0][0], 64);
+          TILE_STORED(4, &pv[3][0][0], 64);
         }
         for (int64_t r = 0; r < nr; ++r) {
           const __m512 ar = _mm512_set1_ps(alpha[r]);
@@ -358,22 +359,35 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
 
 }  // namespace
 
+#ifdef RADIXLM_AMX
 bool amx_ready() {
   // Linux hands out the tiles' state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
   // XTILEDATA), once per process
   static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   return ok;
 }
+#else
+bool amx_ready() { return false; }
+#endif
+
+bool tiles_ready() {
+#ifdef RADIXLM_AMX
+  return amx_ready();
+#else
+  return true;  // the emulation: AVX512-BF16 alone
+#endif
+}
 
 void amx_task(const Task<BF16>& t, int64_t h0, int64_t h1, float* o, float* lse) {
   configure_tiles();
   for (int64_t h = h0; h < h1; ++h) amx_head(t, h, o, lse);
-  _tile_release();
+  TILE_RELEASE();
 }
 
-#else  // no AMX-BF16 in this build: paged_attention never calls amx_task
+#else  // neither AMX-BF16 nor AVX512-BF16 in this build: paged_attention never calls amx_task
 
 bool amx_ready() { return false; }
+bool tiles_ready() { return false; }
 
 void amx_task(const Task<BF16>&, int64_t, int64_t, float*, float*) { std::abort(); }
 

@@ -10,6 +10,10 @@
 // for once; false on CPUs without AMX, where paged_attention keeps the FMA path).
 bool amx_ready();
 
+// Whether paged_attention takes bf16 rows to amx_task: AMX tiles granted, or a build for
+// AVX512-BF16 without AMX, whose tile operations amx_tiles.h emulates.
+bool tiles_ready();
+
 // Heads [h0, h1) of one segment: t.q16 (bfloat16 q) over a bfloat16 pool, d a multiple of
 // 32 up to 256. Same contract as the FMA path's run_task (o, lse of the rows; o_init /
 // lse_init, window, cap, causal), with q, K, V and the probabilities multiplied as bf16
@@ -19,3 +23,10 @@ void amx_task(const Task<BF16>& t, int64_t h0, int64_t h1, float* o, float* lse)
 // The least rows per head (query rows x heads of the group) a task needs to take the AMX
 // path: below it, packing the keys into tiles costs more than the FMA path's products.
 constexpr int64_t kAmxMinRows = 16;
+// On emulated tiles (AVX512-BF16 without AMX) the products cost as much as the FMA path's
+// per multiply-add pair, so only tasks whose packed keys serve many rows gain: extend
+// chunks, not a decode step's shared-prefix groups (24 rows per head: about 1.2x the FMA
+// path's time, against the step's linears on a noisy host).
+constexpr int64_t kEmulatedMinRows = 48;
+
+inline int64_t tiles_min_rows() { return amx_ready() ? kAmxMinRows : kEmulatedMinRows; }
