@@ -71,7 +71,6 @@ namespace {
 
 using radixlm_amx::configure_tiles;
 
-
 // r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
 // rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.
 inline void transpose16(const __m512i* r, __m512i* out) {
@@ -228,33 +227,33 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
 // One chunk of 32 of d of S = Q K^T: the chunk's Q rows into tile QT, the four quarters'
 // K tiles (k, k + step, ...) into tiles 1 and 6 in turn, so a load never waits for the
 // product just issued, added into S tiles 2-5 (consecutive products: other accumulators).
-#define SCORES_CHUNK(QT, q, ld, k, step)   \
-  do {                                     \
-    TILE_LOADD(QT, q, ld);                \
-    TILE_LOADD(1, k, 64);                 \
-    TILE_DPBF16PS(2, QT, 1);              \
-    TILE_LOADD(6, (k) + (step), 64);      \
-    TILE_DPBF16PS(3, QT, 6);              \
-    TILE_LOADD(1, (k) + 2 * (step), 64);  \
-    TILE_DPBF16PS(4, QT, 1);              \
-    TILE_LOADD(6, (k) + 3 * (step), 64);  \
-    TILE_DPBF16PS(5, QT, 6);              \
+#define SCORES_CHUNK(QT, q, ld, k, step) \
+  do {                                   \
+    TILE_LOADD(QT, q, ld);               \
+    TILE_LOADD(1, k, 64);                \
+    TILE_DPBF16PS(2, QT, 1);             \
+    TILE_LOADD(6, (k) + (step), 64);     \
+    TILE_DPBF16PS(3, QT, 6);             \
+    TILE_LOADD(1, (k) + 2 * (step), 64); \
+    TILE_DPBF16PS(4, QT, 1);             \
+    TILE_LOADD(6, (k) + 3 * (step), 64); \
+    TILE_DPBF16PS(5, QT, 6);             \
   } while (0)
 
 // P V for one half of a block (P tile PT: 16 rows x 32 keys) and nc (2 or 4) columns of
 // 16 of d: V tiles into 1 and 5 in turn, added into tiles 0, 2, 3, 4.
-#define VALUES_HALF(PT, v, nc)        \
-  do {                                \
-    TILE_LOADD(1, v, 64);            \
-    TILE_DPBF16PS(0, PT, 1);         \
-    TILE_LOADD(5, (v) + 256, 64);    \
-    TILE_DPBF16PS(2, PT, 5);         \
-    if ((nc) > 2) {                   \
-      TILE_LOADD(1, (v) + 512, 64);  \
-      TILE_DPBF16PS(3, PT, 1);       \
-      TILE_LOADD(5, (v) + 768, 64);  \
-      TILE_DPBF16PS(4, PT, 5);       \
-    }                                 \
+#define VALUES_HALF(PT, v, nc)      \
+  do {                              \
+    TILE_LOADD(1, v, 64);           \
+    TILE_DPBF16PS(0, PT, 1);        \
+    TILE_LOADD(5, (v) + 256, 64);   \
+    TILE_DPBF16PS(2, PT, 5);        \
+    if ((nc) > 2) {                 \
+      TILE_LOADD(1, (v) + 512, 64); \
+      TILE_DPBF16PS(3, PT, 1);      \
+      TILE_LOADD(5, (v) + 768, 64); \
+      TILE_DPBF16PS(4, PT, 5);      \
+    }                               \
   } while (0)
 
 // One KV head of a task: its rows over the keys [k0, k1) the rows see.
