@@ -68,15 +68,15 @@ class _Padded:
 # in place, new tokens from the pool where store_kv just put them); longer ones through
 # the padded passes, where torch's fused attention does the matmuls (MKL's sgemm) as fast
 # or faster. Where that is depends on the CPU (`benchmarks/kernels_cpu.py --paged`, one
-# thread). On an Intel CPU with AMX (two 512-bit FMA ports), two runs: over a 512-token
-# prefix the kernel is 2.6-3.7x faster at 8 new tokens, 1.13-1.48x at 128, 1.03-1.18x at
-# 256, even at 512, 0.96x at 1024; from an empty prefix 1.12-1.35x at 256, 0.55-0.75x at
-# 1024-2048. On an AMD EPYC (Zen 4, no AMX) the kernel is 0.82-1.12x at 4 x 512 + 256,
-# 1.27-1.38x at 512 + 512 and 512 + 1024, 1.49-1.66x from an empty prefix at 512, 1.05-1.08x
-# at 1024, 0.89-1.05x at 2048; in the engine there (float32, small preset, two threads,
-# two alternating rounds) a limit of 1024 took the extend attention of the shared-prefix
-# workload from 0.52-0.58 s to 0.39-0.46 s and of the variable one (16-1024 tokens) from
-# 1.31-1.35 s to 0.71-0.76 s. CPUs with AMX tiles take 256, others 1024.
+# thread). On an Intel CPU with AMX, two runs: over a 512-token prefix the kernel is
+# 2.6-3.7x faster at 8 new tokens, 1.13-1.48x at 128, 1.03-1.18x at 256, even at 512,
+# 0.96x at 1024; from an empty prefix 1.12-1.35x at 256, 0.55-0.75x at 1024-2048. On an
+# AMD EPYC (Zen 4, no AMX), one run: 0.82x at 4 x 512 + 256, 1.38x at 512 + 512, 1.35x at
+# 512 + 1024, from an empty prefix 1.49x at 512, 1.05x at 1024, 0.89x at 2048; in the engine
+# there (float32, small preset, two threads, two alternating rounds) a limit of 1024 took
+# the extend attention of the shared-prefix workload from 0.52-0.58 s to 0.39-0.46 s and of
+# the variable one (16-1024 tokens) from 1.31-1.35 s to 0.71-0.76 s. CPUs with AMX tiles
+# take 256, others 1024.
 KERNEL_MAX_EXTEND_ROWS = 256 if torch.cpu._is_amx_tile_supported() else 1024
 # The same for a bfloat16 model: the padded passes then run torch's fused attention in
 # bf16 (AMX / AVX512-BF16 matmuls) while the kernel computes in float32 FMAs. Over a
