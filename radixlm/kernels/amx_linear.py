@@ -35,20 +35,23 @@ MAX_ROWS = 32
 
 
 @cache
+def _ready() -> bool:
+    """The library runs this kernel here (AMX tiles, or AVX512-BF16 dot products) and
+    ``RADIXLM_CPU_AMX=0`` has not turned it off with the attention's bf16 path."""
+    return cpu_paged.bf16_kernels_on() and bool(torch.ops.radixlm_cpu.amx_linear_ready())
+
+
+@cache
 def _dot_only() -> bool:
-    """The library runs this kernel on AVX512-BF16 dot products: built for a CPU with
-    them, and no AMX tiles granted."""
-    return (cpu_paged.available() and bool(torch.ops.radixlm_cpu.amx_linear_ready())
-            and not torch.ops.radixlm_cpu.amx_ready())
+    """The kernel runs on AVX512-BF16 dot products: no AMX tiles granted."""
+    return _ready() and not torch.ops.radixlm_cpu.amx_ready()
 
 
 def supports(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can be packed for this kernel: a 2-D bfloat16 CPU tensor, the
-    library built for an AMX-BF16 CPU whose tiles the OS grants (``cpu_paged.amx``:
-    ``RADIXLM_CPU_AMX=0`` turns this path off with the attention's) or for one with
-    AVX512-BF16 and no AMX."""
+    library built for a CPU with AMX-BF16 or AVX512-BF16 (``_ready``)."""
     return (weight.dim() == 2 and weight.dtype == torch.bfloat16
-            and weight.device.type == "cpu" and (cpu_paged.amx() or _dot_only()))
+            and weight.device.type == "cpu" and _ready())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

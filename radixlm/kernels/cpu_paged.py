@@ -116,13 +116,19 @@ def available() -> bool:
 
 
 @cache
+def bf16_kernels_on() -> bool:
+    """The kernel is loaded and ``RADIXLM_CPU_AMX=0`` has not turned its bfloat16 paths off
+    (the attention's tiles, ``amx``, and the decode linears, ``amx_linear``)."""
+    return available() and os.environ.get("RADIXLM_CPU_AMX", "1") != "0"
+
+
+@cache
 def amx() -> bool:
     """Whether the kernel multiplies a bfloat16 q over a bfloat16 pool on AMX-BF16 tiles
     (``csrc/amx_attention.cpp``: the library built for a CPU with AMX, and the OS granting
     its tiles; on a CPU with AVX512-BF16 and no AMX, the same code on emulated tiles,
     ``csrc/amx_tiles.h``); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
-    return (available() and os.environ.get("RADIXLM_CPU_AMX", "1") != "0"
-            and bool(torch.ops.radixlm_cpu.bf16_tiles_ready()))
+    return bf16_kernels_on() and bool(torch.ops.radixlm_cpu.bf16_tiles_ready())
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,

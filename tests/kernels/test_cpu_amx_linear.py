@@ -10,11 +10,15 @@ the CPU has neither (the path the CPU takes is the one tested)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels import amx_linear, cpu_paged
+from radixlm.kernels import amx_linear
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, Shard, prepack_weights
 from tests.kernels.linear_layers import small_layers
 
@@ -120,8 +124,7 @@ def test_layers_send_few_rows_to_the_tiles(rows, monkeypatch):
 
 
 def test_no_tile_copy_without_amx_or_for_float32(monkeypatch):
-    monkeypatch.setattr(cpu_paged, "amx", lambda: False)
-    monkeypatch.setattr(amx_linear, "_dot_only", lambda: False)
+    monkeypatch.setattr(amx_linear, "_ready", lambda: False)
     layers = small_layers(96, BF16)
     prepack_weights(torch.nn.ModuleList(layers))
     assert all(m.amx_packed is None for m in layers)
@@ -147,3 +150,13 @@ def test_without_amx_a_long_k_takes_the_kernel_only_at_a_few_rows(dot_only, monk
     assert amx_linear.takes(torch.zeros(amx_linear.MAX_ROWS, amx_linear.DOT_MAX_K, dtype=BF16))
     assert not amx_linear.takes(torch.zeros(amx_linear.MAX_ROWS + 1, 64, dtype=BF16))
     assert not amx_linear.takes(torch.zeros(2, 64))
+
+
+@needs_amx
+def test_radixlm_cpu_amx_0_turns_the_linears_off_with_the_attention():
+    code = ("import torch; from radixlm.kernels import amx_linear, cpu_paged; "
+            "print(amx_linear.supports(torch.zeros(2, 2, dtype=torch.bfloat16)), cpu_paged.amx())")
+    env = {**os.environ, "RADIXLM_CPU_AMX": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=600).stdout.split()
+    assert out == ["False", "False"]
