@@ -126,8 +126,8 @@ def bf16_kernels_on() -> bool:
 def amx() -> bool:
     """Whether the kernel multiplies a bfloat16 q over a bfloat16 pool on AMX-BF16 tiles
     (``csrc/amx_attention.cpp``: the library built for a CPU with AMX, and the OS granting
-    its tiles; on a CPU with AVX512-BF16 and no AMX, the same code on emulated tiles,
-    ``csrc/amx_tiles.h``); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
+    its tiles; on a CPU with AVX512-BF16 and no AMX, the same packing with the products on
+    VDPBF16PS); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
     return bf16_kernels_on() and bool(torch.ops.radixlm_cpu.bf16_tiles_ready())
 
 

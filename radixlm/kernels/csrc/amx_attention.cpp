@@ -69,7 +69,9 @@ T* scratch(int64_t n) {
 
 namespace {
 
+#ifdef RADIXLM_AMX
 using radixlm_amx::configure_tiles;
+#endif
 
 // r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
 // rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.
@@ -221,6 +223,82 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
   _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), a, _mm512_load_ps(sum)));
 }
 
+#ifndef RADIXLM_AMX
+// Without AMX (AVX512-BF16 alone: AMD Zen 4) the two products of a block run on VDPBF16PS
+// directly, over the same packed tiles: emulating each tile op would load and store its
+// accumulator around every 16 x 16 x 32 product and broadcast one pair of A per
+// multiply; here 4 rows x 4 columns of 16 stay in registers for the whole product (half a
+// load per VDPBF16PS). A tile's rows go in fours up to its last row, nr (the rows past it
+// have zero probabilities and their results are not kept).
+
+// A's pair (row, 2p) as a 16-lane broadcast
+inline __m512bh pair_of(const uint16_t* a) {
+  int32_t pair;
+  std::memcpy(&pair, a, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+// S [16][kKeys] = Q K^T over the block's packed K (pack_k's tiles: (quarter, chunk), 16
+// pairs of d x 16 keys): rows [0, nr) rounded up to 4.
+void scores_direct(const uint16_t* q, int64_t d, const uint32_t* kt, int64_t nr,
+                   float (*s)[kKeys]) {
+  const int64_t chunks = d / 32;
+  for (int64_t r0 = 0; r0 < nr; r0 += 4) {
+    __m512 acc[4][4];
+    for (auto& row : acc)
+      for (auto& x : row) x = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t p = 0; p < 16; ++p) {
+        __m512bh k[4];
+        for (int64_t j = 0; j < 4; ++j)
+          k[j] = (__m512bh)_mm512_load_si512(kt + (j * chunks + c) * 256 + p * 16);
+        for (int64_t r = 0; r < 4; ++r) {
+          const __m512bh a = pair_of(q + (r0 + r) * d + c * 32 + 2 * p);
+          for (int64_t j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, k[j]);
+        }
+      }
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t j = 0; j < 4; ++j) _mm512_store_ps(s[r0 + r] + 16 * j, acc[r][j]);
+  }
+}
+
+// acc [nr][d] = acc * alpha + P V for NC columns of 16 of d from c0, over the block's
+// packed V (pack_v's tiles: [half][column][16 pairs of keys][16 of d]).
+template <int NC>
+void values_columns(const uint16_t (*p)[kKeys], const uint32_t* vt, int64_t cols, int64_t c0,
+                    const float* alpha, float* acc, int64_t d, int64_t nr) {
+  for (int64_t r0 = 0; r0 < nr; r0 += 4) {
+    const int64_t rn = std::min<int64_t>(4, nr - r0);
+    __m512 o[4][NC];
+    for (int64_t r = 0; r < 4; ++r) {
+      const __m512 ar = _mm512_set1_ps(alpha[r0 + r]);
+      for (int64_t c = 0; c < NC; ++c)
+        o[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + (r0 + r) * d + (c0 + c) * 16), ar);
+    }
+    for (int64_t pair = 0; pair < kKeys / 2; ++pair) {
+      const uint32_t* vrow = vt + ((pair / 16) * cols + c0) * 256 + (pair % 16) * 16;
+      __m512bh v[NC];
+      for (int64_t c = 0; c < NC; ++c) v[c] = (__m512bh)_mm512_load_si512(vrow + c * 256);
+      for (int64_t r = 0; r < 4; ++r) {
+        const __m512bh a = pair_of(&p[r0 + r][2 * pair]);
+        for (int64_t c = 0; c < NC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], a, v[c]);
+      }
+    }
+    for (int64_t r = 0; r < rn; ++r)
+      for (int64_t c = 0; c < NC; ++c)
+        _mm512_storeu_ps(acc + (r0 + r) * d + (c0 + c) * 16, o[r][c]);
+  }
+}
+
+void values_direct(const uint16_t (*p)[kKeys], const uint32_t* vt, int64_t d,
+                   const float* alpha, float* acc, int64_t nr) {
+  const int64_t cols = d / 16;  // even: d is a multiple of 32
+  int64_t c0 = 0;
+  for (; c0 + 4 <= cols; c0 += 4) values_columns<4>(p, vt, cols, c0, alpha, acc, d, nr);
+  if (c0 < cols) values_columns<2>(p, vt, cols, c0, alpha, acc, d, nr);
+}
+#endif
+
 // GCC's tile intrinsics take the tile's number as a literal (it is pasted into the
 // instruction), so the two helpers below are macros.
 //
@@ -280,7 +358,9 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
     pack_v(vh, slots, n, stride, d, vp + b * v_block);
   }
   alignas(64) float s[kRows][kKeys];
+#ifdef RADIXLM_AMX
   alignas(64) float pv[4][kRows][16];
+#endif
   alignas(64) uint16_t p[kRows][kKeys];
   alignas(64) float m[kRows], l[kRows], alpha[kRows];
   int64_t lo[kRows], hi[kRows], row_lo[kRows], row_hi[kRows];
@@ -306,8 +386,9 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
         lo[r] = std::clamp<int64_t>(row_lo[r] - kb, 0, kKeys);
         hi[r] = std::clamp<int64_t>(row_hi[r] - kb, 0, kKeys);
       }
-      // S = Q K^T: four tiles of 16 keys (2-5); chunks of d alternate their Q tile
       const uint32_t* kt = kp + b * k_block;
+#ifdef RADIXLM_AMX
+      // S = Q K^T: four tiles of 16 keys (2-5); chunks of d alternate their Q tile
       TILE_ZERO(2);
       TILE_ZERO(3);
       TILE_ZERO(4);
@@ -322,11 +403,15 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
       TILE_STORED(3, &s[0][16], kKeys * sizeof(float));
       TILE_STORED(4, &s[0][32], kKeys * sizeof(float));
       TILE_STORED(5, &s[0][48], kKeys * sizeof(float));
+#else
+      scores_direct(qt, d, kt, nr, s);
+#endif
       softmax_block(s, lo, hi, t.scale, t.cap, m, l, alpha, p);
+      const uint32_t* vt = vp + b * v_block;
+#ifdef RADIXLM_AMX
       // P V: P as two tiles of 32 keys (6, 7), four columns of 16 at a time (0, 2, 3, 4)
       TILE_LOADD(6, &p[0][0], kKeys * sizeof(uint16_t));
       TILE_LOADD(7, &p[0][32], kKeys * sizeof(uint16_t));
-      const uint32_t* vt = vp + b * v_block;
       for (int64_t c0 = 0; c0 < cols; c0 += 4) {
         const int64_t nc = std::min<int64_t>(4, cols - c0);
         TILE_ZERO(0);
@@ -350,6 +435,9 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
           }
         }
       }
+#else
+      values_direct(p, vt, d, alpha, acc, nr);
+#endif
     }
     for (int64_t r = 0; r < nr; ++r)
       t.finish(t.head_of(h, r0 + r), m[r], l[r], acc + r * d, o, lse);
@@ -373,14 +461,18 @@ bool tiles_ready() {
 #ifdef RADIXLM_AMX
   return amx_ready();
 #else
-  return true;  // the emulation: AVX512-BF16 alone
+  return true;  // VDPBF16PS on the packed tiles: AVX512-BF16 alone
 #endif
 }
 
 void amx_task(const Task<BF16>& t, int64_t h0, int64_t h1, float* o, float* lse) {
+#ifdef RADIXLM_AMX
   configure_tiles();
   for (int64_t h = h0; h < h1; ++h) amx_head(t, h, o, lse);
   TILE_RELEASE();
+#else
+  for (int64_t h = h0; h < h1; ++h) amx_head(t, h, o, lse);
+#endif
 }
 
 #else  // neither AMX-BF16 nor AVX512-BF16 in this build: paged_attention never calls amx_task

@@ -432,6 +432,7 @@ TORCH_LIBRARY(radixlm_cpu, m) {
         "-> (Tensor, Tensor)");
   m.def("amx_ready() -> bool", &amx_ready);  // no tensors: a catch-all kernel
   m.def("bf16_tiles_ready() -> bool", &tiles_ready);
+  m.def("bf16_tiles_min_rows() -> int", &tiles_min_rows);
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
