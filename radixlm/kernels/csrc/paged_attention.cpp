@@ -91,7 +91,43 @@ bool tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   v16 qv[RT][DC];  // the tile's query rows, held in registers over the block
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < DC; ++c) qv[r][c] = load16(qr[r] + c * 16);
-  for (int64_t j = 0; j < nb; ++j) {
+#if defined(__AVX512BF16__)
+  // a bf16 q over a bf16 pool (q widened from bf16: exact both ways): the scores on
+  // VDPBF16PS, pairs of d multiplied and added in float32 from the key rows as they are
+  // (no widening of K), the products the float32 path makes, summed in another order
+  if constexpr (std::is_same_v<KV, BF16> && DC % 2 == 0) {
+    if (t.q16 != nullptr) {
+      __m512bh qp[RT][DC / 2];
+      for (int r = 0; r < RT; ++r)
+        for (int c = 0; c < DC / 2; ++c) {
+          __m512 lo, hi;
+          std::memcpy(&lo, &qv[r][2 * c], sizeof lo);
+          std::memcpy(&hi, &qv[r][2 * c + 1], sizeof hi);
+          qp[r][c] = _mm512_cvtne2ps_pbh(hi, lo);
+        }
+      for (int64_t j = 0; j < nb; ++j) {
+        const uint16_t* kp = kh + slots[j] * stride;
+        if (j < n_ahead) prefetch_row<KV>(kn + ahead[j] * stride, D);
+        __m512 a[RT];
+        for (int r = 0; r < RT; ++r) a[r] = _mm512_setzero_ps();
+        for (int c = 0; c < DC / 2; ++c) {
+          const __m512bh k = (__m512bh)_mm512_loadu_si512(kp + c * 32);
+          for (int r = 0; r < RT; ++r) a[r] = _mm512_dpbf16_ps(a[r], qp[r][c], k);
+        }
+        for (int r = 0; r < RT; ++r) std::memcpy(&part[r][j % 16], &a[r], sizeof a[r]);
+        if (j % 16 == 15)
+          for (int r = 0; r < RT; ++r) {
+            const v16 x = reduce16(part[r]) * t.scale;
+            std::memcpy(&s[r][j - 15], &x, sizeof x);
+          }
+      }
+    }
+  }
+  const bool scored = std::is_same_v<KV, BF16> && DC % 2 == 0 && t.q16 != nullptr;
+#else
+  constexpr bool scored = false;
+#endif
+  for (int64_t j = 0; j < (scored ? 0 : nb); ++j) {
     const typename KV::S* kp = kh + slots[j] * stride;
     if (j < n_ahead) prefetch_row<KV>(kn + ahead[j] * stride, D);
     v16 a[RT] = {};
