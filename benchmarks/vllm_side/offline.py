@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from vllm_side.checkpoint import vocab_size
-from vllm_side.systems import REPO_DIR, Setup, kv_gib, python_and_env
+from vllm_side.systems import REPO_DIR, Setup, kv_gib, own_tmpdir, python_and_env
 from vllm_side.worker import RESULT_PREFIX
 from vllm_side.workloads import SCHEMA
 
@@ -34,9 +34,10 @@ def run_worker(system: str, setup: Setup, model: Path, dtype: str, workloads: li
             "kv_tokens": setup.kv_tokens,
             "profile_dir": setup.profile_dir if system == "vllm" else None}
     python, env = python_and_env(system, setup, kv_gib(setup.kv_tokens, config, dtype))
-    proc = subprocess.run([python, "-m", "vllm_side.worker", json.dumps(spec)], env=env,
-                          cwd=REPO_DIR, capture_output=True, text=True,
-                          timeout=WORKER_TIMEOUT_S, check=False)
+    with own_tmpdir(env) as env:
+        proc = subprocess.run([python, "-m", "vllm_side.worker", json.dumps(spec)], env=env,
+                              cwd=REPO_DIR, capture_output=True, text=True,
+                              timeout=WORKER_TIMEOUT_S, check=False)
     with open(log_path, "a") as f:
         f.write(f"=== {system} {dtype} {workloads}\n{proc.stdout}\n{proc.stderr}\n")
     if proc.returncode != 0:

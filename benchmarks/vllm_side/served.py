@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from radixlm.runtime.entrypoints.server_process import free_port
-from vllm_side.systems import REPO_DIR, Setup, kv_gib, python_and_env, server_command
+from vllm_side.systems import REPO_DIR, Setup, kv_gib, own_tmpdir, python_and_env, server_command
 
 HEALTH_TIMEOUT_S = 900.0  # vLLM compiles its model on a first start
 KEEP = ("completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms",
@@ -87,25 +87,26 @@ def run_served(system: str, setup: Setup, model: Path, dtype: str, load: ServedL
     """``{rate: record}`` for one system: one server, every rate in turn."""
     config = json.loads((model / "config.json").read_text())
     _, env = python_and_env(system, setup, kv_gib(setup.kv_tokens, config, dtype))
-    server = Server(server_command(system, setup, model, dtype, free_port()), env, log_path)
     results = {}
-    try:
-        server.wait_healthy()
-        for i, rate in enumerate(load.rates):
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "runs.jsonl"
-                bench_env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
-                proc = subprocess.run(bench_command(server.url, model, load, rate, 1 + i, out),
-                                      env=bench_env, cwd=REPO_DIR, capture_output=True,
-                                      text=True, check=False)
-                with open(log_path, "a") as f:
-                    f.write(f"=== bench {system} {dtype} rate {rate}\n{proc.stdout}"
-                            f"{proc.stderr}\n")
-                if not out.exists():
-                    raise RuntimeError(f"bench serve against {system} wrote no record "
-                                       f"(exit {proc.returncode}), see {log_path}")
-                record = json.loads(out.read_text().splitlines()[-1])
-            results[f"{rate:g}"] = {k: record.get(k) for k in KEEP}
-    finally:
-        server.stop()
+    with own_tmpdir(env) as env:  # the server's, removed once it has stopped
+        server = Server(server_command(system, setup, model, dtype, free_port()), env, log_path)
+        try:
+            server.wait_healthy()
+            for i, rate in enumerate(load.rates):
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp) / "runs.jsonl"
+                    bench_env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
+                    proc = subprocess.run(bench_command(server.url, model, load, rate, 1 + i, out),
+                                          env=bench_env, cwd=REPO_DIR, capture_output=True,
+                                          text=True, check=False)
+                    with open(log_path, "a") as f:
+                        f.write(f"=== bench {system} {dtype} rate {rate}\n{proc.stdout}"
+                                f"{proc.stderr}\n")
+                    if not out.exists():
+                        raise RuntimeError(f"bench serve against {system} wrote no record "
+                                           f"(exit {proc.returncode}), see {log_path}")
+                    record = json.loads(out.read_text().splitlines()[-1])
+                results[f"{rate:g}"] = {k: record.get(k) for k in KEEP}
+        finally:
+            server.stop()
     return results

@@ -4,14 +4,19 @@ radixlm runs under this Python with the worktree on ``PYTHONPATH``; vLLM under i
 Python with only this package on it. Both get the same number of threads: radixlm through
 ``cpu_threads`` (torch.set_num_threads) and ``OMP_NUM_THREADS``; vLLM's CPU worker through
 ``VLLM_CPU_OMP_THREADS_BIND`` (its OpenMP threads, one per listed core, bound), its KV
-cache through ``VLLM_CPU_KVCACHE_SPACE`` (GiB).
+cache through ``VLLM_CPU_KVCACHE_SPACE`` (GiB). Each process gets a temporary directory
+of its own (``TMPDIR``), removed when it has stopped: vLLM leaves its IPC sockets
+(``ipc://<tmp>/<uuid>``, seven a start) and ``vllm_dist_*`` files there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +69,14 @@ def python_and_env(system: str, setup: Setup, kv_gib_: int) -> tuple[str, dict[s
                VLLM_CPU_KVCACHE_SPACE=str(kv_gib_),
                VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"))
     return setup.vllm_python, env
+
+
+@contextlib.contextmanager
+def own_tmpdir(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` with ``TMPDIR`` a fresh directory, removed (with what the process left in
+    it) when the block ends: run the process to its end inside."""
+    with tempfile.TemporaryDirectory(prefix="vllm-side-") as tmp:
+        yield {**env, "TMPDIR": tmp}
 
 
 def server_command(system: str, setup: Setup, model: Path, dtype: str, port: int

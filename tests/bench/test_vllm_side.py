@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from vllm_side import report, stats, venv, workloads  # noqa: E402
 from vllm_side.checkpoint import checkpoint_in  # noqa: E402
 from vllm_side.offline import count_valid, parse_result  # noqa: E402
-from vllm_side.systems import Setup, kv_gib  # noqa: E402
+from vllm_side.systems import Setup, kv_gib, own_tmpdir  # noqa: E402
 from vllm_side.worker import RESULT_PREFIX  # noqa: E402
 
 
@@ -216,6 +216,24 @@ VLLM_VENV = venv.VenvSpec(Path.home() / ".cache" / "radixlm" / "vllm-venv")
 
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_VENV.bin_python.exists(), reason="vLLM's venv is not there")
+def test_own_tmpdir_holds_what_a_process_leaves_and_goes_with_it():
+    """vLLM leaves IPC sockets and dist files in its TMPDIR: a process run inside the block
+    gets a directory of its own, removed with what it left once the block ends."""
+    base = {"PATH": os.environ.get("PATH", ""), "KEEP": "1"}
+    script = ("import os, socket, tempfile; s = socket.socket(socket.AF_UNIX); "
+              "s.bind(os.path.join(tempfile.gettempdir(), 'left-behind')); "
+              "open(os.path.join(tempfile.gettempdir(), 'vllm_dist_x'), 'w').close(); "
+              "print(tempfile.gettempdir())")
+    with own_tmpdir(base) as env:
+        assert env["KEEP"] == "1" and "TMPDIR" not in base
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        tmp = Path(env["TMPDIR"])
+        assert Path(out) == tmp and {p.name for p in tmp.iterdir()} == {"left-behind",
+                                                                         "vllm_dist_x"}
+    assert not tmp.exists()
+
+
 def test_smoke_round_through_both(tmp_path, tiny_llama_dir):
     """One tiny round on each system: every request gets its 8 tokens, and float32 greedy
     outputs agree."""
