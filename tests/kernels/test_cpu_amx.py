@@ -104,14 +104,20 @@ def test_amx_matches_f64(heads, d, causal):
     ro, rl = _oracle(q, kb, vb, rows, qi, ki, idx, d**-0.5, causal)
     _check(o, lse, ro, rl, vb.abs().max().item())
     # the tile tasks really ran: their probabilities were rounded to bf16 (differences of
-    # about 5e-4 from a float32 q's FMA path), while rows below the tiles' least took the
-    # FMA path (the same products, bf16 scores summed in another order: about 1e-7)
+    # about 5e-4 from a float32 q's FMA path), while segments below the tiles' least rows per
+    # head or keys took the FMA path (the same products, bf16 scores summed in another
+    # order: about 1e-7)
     o32, _ = cpu_paged.paged_attention(q.float(), kb, vb, rows, qi, ki, idx, d**-0.5, causal)
-    big = slice(int(qi[2]), int(qi[3]))  # 64 rows x the group
-    assert (o[big] - o32[big]).abs().max() > 1e-4
-    small = slice(int(qi[1]), int(qi[2]))  # 5 rows: on the FMA path below the tiles' least
-    if 5 * (hq // hkv) < torch.ops.radixlm_cpu.bf16_tiles_min_rows():
-        assert (o[small] - o32[small]).abs().max() < 1e-5
+    min_rows = torch.ops.radixlm_cpu.bf16_tiles_min_rows()
+    min_keys = torch.ops.radixlm_cpu.bf16_tiles_min_keys()
+    for seg in (1, 2, 5):  # (5, 5), (64, 300), (20, 20): not cut into pieces
+        n, keys = SHAPE[seg]
+        part = slice(int(qi[seg]), int(qi[seg + 1]))
+        diff = (o[part] - o32[part]).abs().max().item()
+        if n * (hq // hkv) >= min_rows and keys >= min_keys:
+            assert diff > 1e-4, (seg, diff)
+        else:
+            assert diff < 1e-5, (seg, diff)
 
 
 @needs_amx

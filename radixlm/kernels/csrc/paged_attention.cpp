@@ -341,7 +341,7 @@ template <class KV, int DC>
 void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t segs,
              float* op, float* lp) {
   const bool amx = base.q16 != nullptr && base.d % 32 == 0 && base.d <= 256 && tiles_ready();
-  const int64_t min_rows = tiles_min_rows();
+  const int64_t min_rows = tiles_min_rows(), min_keys = tiles_min_keys();
   const int threads = at::get_num_threads();
   const std::vector<Piece> pieces = cut_pieces(base, qi, ki, segs, threads);
   const int64_t count = static_cast<int64_t>(pieces.size());
@@ -364,7 +364,7 @@ void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t
         t.n_keys -= base.causal ? n - pc.r1 : 0;
       }
       if constexpr (std::is_same_v<KV, BF16>) {  // a bf16 q with rows enough: AMX tiles
-        if (amx && t.n_rows * t.grp >= min_rows) {
+        if (amx && t.n_rows * t.grp >= min_rows && t.n_keys >= min_keys) {
           amx_task(t, pc.h0, pc.h1, op, lp);
           continue;
         }
@@ -469,6 +469,7 @@ TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("amx_ready() -> bool", &amx_ready);  // no tensors: a catch-all kernel
   m.def("bf16_tiles_ready() -> bool", &tiles_ready);
   m.def("bf16_tiles_min_rows() -> int", &tiles_min_rows);
+  m.def("bf16_tiles_min_keys() -> int", &tiles_min_keys);
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
