@@ -211,11 +211,6 @@ def test_kv_gib_and_bind_mask():
         Setup(len(cores) + 1, 100, "").bind_mask()
 
 
-VLLM_VENV = venv.VenvSpec(Path.home() / ".cache" / "radixlm" / "vllm-venv")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not VLLM_VENV.bin_python.exists(), reason="vLLM's venv is not there")
 def test_own_tmpdir_holds_what_a_process_leaves_and_goes_with_it():
     """vLLM leaves IPC sockets and dist files in its TMPDIR: a process run inside the block
     gets a directory of its own, removed with what it left once the block ends."""
@@ -234,6 +229,11 @@ def test_own_tmpdir_holds_what_a_process_leaves_and_goes_with_it():
     assert not tmp.exists()
 
 
+VLLM_VENV = venv.VenvSpec(Path.home() / ".cache" / "radixlm" / "vllm-venv")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_VENV.bin_python.exists(), reason="vLLM's venv is not there")
 def test_smoke_round_through_both(tmp_path, tiny_llama_dir):
     """One tiny round on each system: every request gets its 8 tokens, and float32 greedy
     outputs agree."""

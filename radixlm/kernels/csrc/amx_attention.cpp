@@ -3,19 +3,22 @@
 // prefix groups). Per (task, KV head):
 //
 //   1. pack: the head's rows of q into Q [R16, D] bf16 (R16: rows rounded up to 16, zeros
-//      past R), and the keys it sees, in blocks of 32, into tiles: K as B of S = Q K^T
-//      (tile (half, c): 16 pairs of d x 16 keys, each a u32 of two bf16: the VNNI layout)
-//      and V as B of O = P V (tile t: 16 pairs of keys x 16 of d);
-//   2. for each tile of 16 rows, for each block of 32 keys its rows see:
-//        S [16, 32] fp32 = Q K^T           (D / 32 tile products per 16 keys)
+//      past R), and the keys it sees, in blocks of kKeys (64), into tiles: K as B of
+//      S = Q K^T (tile (quarter, c): 16 pairs of d x 16 keys, each a u32 of two bf16: the
+//      VNNI layout) and V as B of O = P V (tile (half, t): 16 pairs of keys x 16 of d);
+//   2. for each tile of 16 rows, for each block its rows see:
+//        S [16, 64] fp32 = Q K^T           (D / 32 tile products per 16 keys)
 //        online softmax per row (scale, soft cap, window / causal bounds; running max m,
-//        sum l), probabilities rounded to bf16 into P [16, 32]
-//        acc [16, D] = acc * alpha + P V   (one tile product per 16 of d)
+//        sum l), probabilities rounded to bf16 into P [16, 64]
+//        acc [16, D] = acc * alpha + P V   (two tile products per 16 of d)
 //   3. o = acc / l, lse = m + log l.
 //
 // Tiles (all 16 rows x 64 bytes): S phase 0/7 Q, 1/6 K, 2-5 S (16 keys each); P V phase
 // 6-7 P (32 keys each), 1/5 V, 0/2/3/4 the products (16 of d each). Consecutive tile
 // operations use other tiles where they can, so loads overlap products.
+// Without AMX (AVX512-BF16 alone: AMD Zen 4) the same packing and steps, the two products
+// on VDPBF16PS (scores_direct, values_direct), for tasks of at least kDirectMinRows rows
+// per head and kDirectMinKeys keys.
 // Differences from the FMA path: q and the probabilities are rounded to bf16 before their
 // products (sums in fp32), as torch's bf16 attention rounds them; the tests bound the
 // result against float64 over the rounded inputs.
