@@ -91,6 +91,15 @@ bool tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
   v16 qv[RT][DC];  // the tile's query rows, held in registers over the block
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < DC; ++c) qv[r][c] = load16(qr[r] + c * 16);
+  // part[r][j % 16]: key j's 16 lane sums for row r; every 16 keys, their scores into s
+  const auto reduce_part = [&](int64_t j) {
+    if (j % 16 == 15)
+      for (int r = 0; r < RT; ++r) {
+        const v16 x = reduce16(part[r]) * t.scale;
+        std::memcpy(&s[r][j - 15], &x, sizeof x);
+      }
+  };
+  bool scored = false;
 #if defined(__AVX512BF16__)
   // a bf16 q over a bf16 pool (q widened from bf16: exact both ways): the scores on
   // VDPBF16PS, pairs of d multiplied and added in float32 from the key rows as they are
@@ -115,19 +124,13 @@ bool tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
           for (int r = 0; r < RT; ++r) a[r] = _mm512_dpbf16_ps(a[r], qp[r][c], k);
         }
         for (int r = 0; r < RT; ++r) std::memcpy(&part[r][j % 16], &a[r], sizeof a[r]);
-        if (j % 16 == 15)
-          for (int r = 0; r < RT; ++r) {
-            const v16 x = reduce16(part[r]) * t.scale;
-            std::memcpy(&s[r][j - 15], &x, sizeof x);
-          }
+        reduce_part(j);
       }
+      scored = true;
     }
   }
-  const bool scored = std::is_same_v<KV, BF16> && DC % 2 == 0 && t.q16 != nullptr;
-#else
-  constexpr bool scored = false;
 #endif
-  for (int64_t j = 0; j < (scored ? 0 : nb); ++j) {
+  for (int64_t j = 0; j < (scored ? 0 : nb); ++j) {  // the float32 products
     const typename KV::S* kp = kh + slots[j] * stride;
     if (j < n_ahead) prefetch_row<KV>(kn + ahead[j] * stride, D);
     v16 a[RT] = {};
@@ -136,11 +139,7 @@ bool tile_block(const Task<KV>& t, const typename KV::S* kh, const typename KV::
       for (int r = 0; r < RT; ++r) a[r] += qv[r][c] * k;
     }
     for (int r = 0; r < RT; ++r) part[r][j % 16] = a[r];
-    if (j % 16 == 15)
-      for (int r = 0; r < RT; ++r) {
-        const v16 x = reduce16(part[r]) * t.scale;
-        std::memcpy(&s[r][j - 15], &x, sizeof x);
-      }
+    reduce_part(j);
   }
   for (int64_t j = nb - nb % 16; j < nb; ++j)
     for (int r = 0; r < RT; ++r) s[r][j] = hsum(part[r][j % 16]) * t.scale;
