@@ -234,12 +234,7 @@ void softmax_block(float (*s)[kKeys], const int64_t* lo, const int64_t* hi, floa
 // load per VDPBF16PS). A tile's rows go in fours up to its last row, nr (the rows past it
 // have zero probabilities and their results are not kept).
 
-// A's pair (row, 2p) as a 16-lane broadcast
-inline __m512bh pair_of(const uint16_t* a) {
-  int32_t pair;
-  std::memcpy(&pair, a, sizeof pair);
-  return (__m512bh)_mm512_set1_epi32(pair);
-}
+using radixlm_amx::bf16_pair;
 
 // S [16][kKeys] = Q K^T over the block's packed K (pack_k's tiles: (quarter, chunk), 16
 // pairs of d x 16 keys): rows [0, nr) rounded up to 4.
@@ -256,7 +251,7 @@ void scores_direct(const uint16_t* q, int64_t d, const uint32_t* kt, int64_t nr,
         for (int64_t j = 0; j < 4; ++j)
           k[j] = (__m512bh)_mm512_load_si512(kt + (j * chunks + c) * 256 + p * 16);
         for (int64_t r = 0; r < 4; ++r) {
-          const __m512bh a = pair_of(q + (r0 + r) * d + c * 32 + 2 * p);
+          const __m512bh a = bf16_pair(q + (r0 + r) * d + c * 32 + 2 * p);
           for (int64_t j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, k[j]);
         }
       }
@@ -283,7 +278,7 @@ void values_columns(const uint16_t (*p)[kKeys], const uint32_t* vt, int64_t cols
       __m512bh v[NC];
       for (int64_t c = 0; c < NC; ++c) v[c] = (__m512bh)_mm512_load_si512(vrow + c * 256);
       for (int64_t r = 0; r < 4; ++r) {
-        const __m512bh a = pair_of(&p[r0 + r][2 * pair]);
+        const __m512bh a = bf16_pair(&p[r0 + r][2 * pair]);
         for (int64_t c = 0; c < NC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], a, v[c]);
       }
     }
@@ -471,10 +466,10 @@ bool tiles_ready() {
 void amx_task(const Task<BF16>& t, int64_t h0, int64_t h1, float* o, float* lse) {
 #ifdef RADIXLM_AMX
   configure_tiles();
+#endif
   for (int64_t h = h0; h < h1; ++h) amx_head(t, h, o, lse);
+#ifdef RADIXLM_AMX
   TILE_RELEASE();
-#else
-  for (int64_t h = h0; h < h1; ++h) amx_head(t, h, o, lse);
 #endif
 }
 

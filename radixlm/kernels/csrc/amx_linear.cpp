@@ -122,9 +122,7 @@ void dot_block(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kb_cou
       const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bt + r * 64);
       const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bt + r * 64 + 32);
       for (int m = 0; m < R; ++m) {
-        int32_t pair;
-        std::memcpy(&pair, ak + m * lda + 2 * r, sizeof pair);
-        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+        const __m512bh av = radixlm_amx::bf16_pair(ak + m * lda + 2 * r);
         acc[m][0] = _mm512_dpbf16_ps(acc[m][0], av, b0);
         acc[m][1] = _mm512_dpbf16_ps(acc[m][1], av, b1);
       }

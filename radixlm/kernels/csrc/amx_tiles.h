@@ -49,3 +49,20 @@ inline void configure_tiles() {
 
 #include <cstdint>
 #endif
+
+#if defined(__AVX512BF16__)
+#include <cstring>
+
+namespace radixlm_amx {
+
+// Two bf16 of one row of A (a pair of its columns) broadcast to the 16 lanes: the A operand
+// of VDPBF16PS, whose lane j then adds A's pair times B's pair j (the dot-product linear
+// without AMX, the attention's products without AMX)
+inline __m512bh bf16_pair(const uint16_t* a) {
+  int32_t pair;
+  std::memcpy(&pair, a, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+}  // namespace radixlm_amx
+#endif
