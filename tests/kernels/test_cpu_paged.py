@@ -322,3 +322,32 @@ def test_builds_for_other_machines_compute_the_same(march, tmp_path):
     proc = subprocess.run([sys.executable, "-c", _PORTABLE_CHECK, f"-march={march}"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@needs_kernel
+def test_indices_outside_their_tensors_are_errors():
+    # every index the call names is checked before a row is read: a bad call raises, where
+    # it read or wrote out of bounds before (an indptr past its indices killed the process)
+    q, kb, vb, kvp, kvi = _paged_batch(4, [5, 7], 1, 4, 2, 16)
+    rows, qptr = torch.arange(2), torch.arange(3)
+    ok = cpu_paged.paged_attention(q, kb, vb, rows, qptr, kvp, kvi, 0.2)
+    assert torch.isfinite(ok[0]).all()
+    slots = kb.shape[0]
+    bad = {
+        "kv_indptr ends at": (rows, qptr, torch.tensor([0, 5, 12 + 100]), kvi),
+        "past q_rows": (rows, torch.tensor([0, 1, 3]), kvp, kvi),
+        "non-decreasing": (rows, qptr, torch.tensor([0, 8, 7]), kvi),
+        "from 0 up": (rows, torch.tensor([-1, 1, 2]), kvp, kvi),
+        "q_rows: rows of q": (torch.tensor([0, 2]), qptr, kvp, kvi),
+        "kv_indices: slots of the pool": (rows, qptr, kvp,
+                                          torch.cat([kvi[:-1], torch.tensor([slots])])),
+        "slots of the pool": (rows, qptr, kvp, torch.cat([torch.tensor([-1]), kvi[1:]])),
+    }
+    for message, idx in bad.items():
+        with pytest.raises(RuntimeError, match=message):
+            cpu_paged.paged_attention(q, kb, vb, *idx, 0.2)
+    # the same checks on the causal (extend) and initial-state forms
+    o, lse = ok
+    with pytest.raises(RuntimeError, match="kv_indptr ends at"):
+        cpu_paged.paged_attention(q, kb, vb, rows, qptr, torch.tensor([0, 5, 13]), kvi, 0.2,
+                                  causal=True, o_init=o, lse_init=lse)

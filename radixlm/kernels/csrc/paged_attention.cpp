@@ -57,6 +57,7 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -403,6 +404,39 @@ void launch(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_bu
   dispatch_width<KV>(base, qi, ki, segs, op, lp);
 }
 
+// The smallest and largest of x[0:n) (n > 0), in one pass the compiler vectorises.
+std::pair<int64_t, int64_t> extent(const int64_t* x, int64_t n) {
+  int64_t lo = x[0], hi = x[0];
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  return {lo, hi};
+}
+
+// The index tensors name rows of q and slots of the pool: a call whose pointers or
+// indices leave them is an error, never a read or write out of bounds. O(segments + rows
+// + slots) per call, against the kernel's rows x slots.
+void check_indices(const int64_t* qi, const int64_t* ki, int64_t segs, const at::Tensor& q_rows,
+                   const at::Tensor& kv_indices, int64_t n, int64_t pool) {
+  TORCH_CHECK(qi[0] >= 0 && ki[0] >= 0, "q_indptr and kv_indptr: from 0 up");
+  for (int64_t s = 0; s < segs; ++s)
+    TORCH_CHECK(qi[s] <= qi[s + 1] && ki[s] <= ki[s + 1],
+                "q_indptr and kv_indptr: non-decreasing");
+  TORCH_CHECK(qi[segs] <= q_rows.numel(), "q_indptr ends at ", qi[segs], ", past q_rows' ",
+              q_rows.numel());
+  TORCH_CHECK(ki[segs] <= kv_indices.numel(), "kv_indptr ends at ", ki[segs],
+              ", past kv_indices' ", kv_indices.numel());
+  if (qi[segs] > qi[0]) {
+    const auto [lo, hi] = extent(q_rows.data_ptr<int64_t>() + qi[0], qi[segs] - qi[0]);
+    TORCH_CHECK(lo >= 0 && hi < n, "q_rows: rows of q, in [0, ", n, ")");
+  }
+  if (ki[segs] > ki[0]) {
+    const auto [lo, hi] = extent(kv_indices.data_ptr<int64_t>() + ki[0], ki[segs] - ki[0]);
+    TORCH_CHECK(lo >= 0 && hi < pool, "kv_indices: slots of the pool, in [0, ", pool, ")");
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_attention(
     const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
     const at::Tensor& q_rows, const at::Tensor& q_indptr, const at::Tensor& kv_indptr,
@@ -439,6 +473,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   const float* li = init ? lse_init->data_ptr<float>() : nullptr;
   const int64_t* qi = q_indptr.data_ptr<int64_t>();
   const int64_t* ki = kv_indptr.data_ptr<int64_t>();
+  check_indices(qi, ki, segs, q_rows, kv_indices, n, k_buf.size(0));
   float* op = o.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
