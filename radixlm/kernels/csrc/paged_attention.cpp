@@ -57,8 +57,8 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -465,15 +465,15 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
                     o_init->is_contiguous() && lse_init->is_contiguous() &&
                     o_init->sizes() == q.sizes() && lse_init->sizes() == at::IntArrayRef({n, hq}),
                 "o_init [N, Hq, D] and lse_init [N, Hq]: contiguous float32");
+  const int64_t* qi = q_indptr.data_ptr<int64_t>();
+  const int64_t* ki = kv_indptr.data_ptr<int64_t>();
+  check_indices(qi, ki, segs, q_rows, kv_indices, n, k_buf.size(0));
   // rows in no segment keep the initial state (an earlier pass's o and lse), or 0 / -inf
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor o = init ? o_init->clone() : at::zeros({n, hq, d}, f32);
   at::Tensor lse = init ? lse_init->clone() : at::full({n, hq}, kNegInf, f32);
   const float* oi = init ? o_init->data_ptr<float>() : nullptr;
   const float* li = init ? lse_init->data_ptr<float>() : nullptr;
-  const int64_t* qi = q_indptr.data_ptr<int64_t>();
-  const int64_t* ki = kv_indptr.data_ptr<int64_t>();
-  check_indices(qi, ki, segs, q_rows, kv_indices, n, k_buf.size(0));
   float* op = o.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
