@@ -14,7 +14,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
 from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.tiny_families import FAMILIES, make_family_model
-from radixlm.tiny_model import ARCHS, make_tiny_model
+from radixlm.tiny_model import ARCHS, add_shape_args, make_tiny_model, shape_from_args
 
 DEMO_PROMPTS = [
     "The capital of France is",
@@ -43,11 +43,17 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_tiny(args: argparse.Namespace) -> int:
+def _make_tiny(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    shape = shape_from_args(args)
     if args.arch in FAMILIES:  # written by transformers' own classes (tiny_families.py)
+        if shape is not None:
+            parser.error(f"--preset and the size flags are for llama / qwen2, not {args.arch}")
         path = make_family_model(args.dir, args.arch, seed=args.seed)
     else:
-        path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed)
+        try:
+            path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed, shape=shape)
+        except ValueError as e:  # a shape that cannot be built (heads vs kv heads, ...)
+            parser.error(str(e))
     print(path)
     return 0
 
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="llama / qwen2: the built-in models; the others: hidden 64, 3 "
                            "layers, each family's special features on (radixlm/tiny_families.py)")
     tiny.add_argument("--seed", type=int, default=0)
+    add_shape_args(tiny)
     bench = sub.add_parser("bench", help="benchmarks against a running server")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_serve.add_cli_args(bench_sub.add_parser(
@@ -110,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(args, "log_level", "info").upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
     )
-    handlers = {"demo": _demo, "make-tiny-model": _make_tiny, "serve": _serve, "bench": _bench,
+    handlers = {"demo": _demo, "make-tiny-model": lambda a: _make_tiny(a, tiny),
+                "serve": _serve, "bench": _bench,
                 "serve-pd": _serve_pd,
                 "prefix-report": _prefix_report}
     return handlers[args.command](args)

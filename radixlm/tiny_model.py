@@ -322,24 +322,21 @@ _SHAPE_FLAGS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "h
                 "intermediate_size": "intermediate", "vocab_size": "vocab"}
 
 
-def main_make_tiny_model(argv: list[str] | None = None) -> int:
-    """``radixlm make-tiny-model DIR [--arch llama|qwen2] [--seed N] [--preset tiny|small]
-    [--hidden-size N --num-layers N ...]``: size flags override the preset's."""
-    parser = argparse.ArgumentParser(
-        prog="radixlm make-tiny-model", description="Write a built-in model to DIR."
-    )
-    parser.add_argument("dir", type=Path)
-    parser.add_argument("--arch", choices=ARCHS, default="llama")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+def add_shape_args(parser: argparse.ArgumentParser) -> None:
+    """``--preset tiny|small`` and ``--hidden-size N --num-layers N ...`` (each overrides
+    the preset's) for ``radixlm make-tiny-model``; read back by ``shape_from_args``."""
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="the built-in model's size (default tiny; small: hidden 768, 12 "
+                             "layers, 32k vocabulary); llama / qwen2 only")
     for flag in _SHAPE_FLAGS:
-        parser.add_argument("--" + flag.replace("_", "-"), type=int, default=None)
-    args = parser.parse_args(argv)
+        parser.add_argument("--" + flag.replace("_", "-"), type=int, default=None,
+                            help="overrides the preset's (llama / qwen2 only)")
+
+
+def shape_from_args(args: argparse.Namespace) -> ModelShape | None:
+    """The shape ``add_shape_args``' flags name; None when none of them was given."""
     changes = {field: getattr(args, flag) for flag, field in _SHAPE_FLAGS.items()
                if getattr(args, flag) is not None}
-    try:
-        make_tiny_model(args.dir, arch=args.arch, seed=args.seed,
-                        shape=replace(PRESETS[args.preset], **changes))
-    except ValueError as e:
-        parser.error(str(e))
-    return 0
+    if args.preset is None and not changes:
+        return None
+    return replace(PRESETS[args.preset or "tiny"], **changes)

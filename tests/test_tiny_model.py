@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from radixlm import cli
 from radixlm.tiny_model import (
     CORPUS_PATH,
     default_tiny_model_path,
-    main_make_tiny_model,
     make_tiny_model,
 )
 
@@ -48,7 +48,7 @@ def model_dir(request):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_builds_are_byte_identical(tmp_path, arch):
     a = make_tiny_model(tmp_path / "a", arch=arch)
-    assert main_make_tiny_model([str(tmp_path / "b"), "--arch", arch]) == 0
+    assert cli.main(["make-tiny-model", str(tmp_path / "b"), "--arch", arch]) == 0
     for name in FILES:
         assert (a / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     c = make_tiny_model(tmp_path / "c", arch=arch, seed=1)
@@ -155,3 +155,21 @@ def test_greedy_does_not_stop_at_once(model_dir):
     stopped_early = sum(bool(stops & set(row)) for row in out)
     assert stopped_early <= len(out) // 4
     assert min(len(set(row)) for row in out) >= 8  # not stuck repeating one token
+
+
+def test_cli_sizes_override_the_preset(tmp_path):
+    sizes = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "4", "--num-kv-heads",
+             "2", "--head-dim", "16", "--intermediate-size", "96"]
+    assert cli.main(["make-tiny-model", str(tmp_path / "m"), "--preset", "tiny", *sizes]) == 0
+    c = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
+            c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]) == (2, 64, 4, 2,
+                                                                                16, 96)
+    assert c["vocab_size"] == json.loads(
+        (default_tiny_model_path() / "config.json").read_text())["vocab_size"]  # the preset's
+    # a shape that cannot be built, and sizes for a family written by transformers: errors
+    with pytest.raises(SystemExit):
+        cli.main(["make-tiny-model", str(tmp_path / "x"), "--num-heads", "3"])
+    with pytest.raises(SystemExit):
+        cli.main(["make-tiny-model", str(tmp_path / "y"), "--arch", "olmo2", "--preset", "tiny"])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
