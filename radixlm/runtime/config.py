@@ -142,6 +142,11 @@ class ServerArgs:
         "help": "on a CPU in float32, multiply by the dense weights (torch's matmul repacks "
                 "them on every call) instead of oneDNN-prepacked copies made at startup; "
                 "the copies hold the linear and LM-head weights a second time"})
+    disable_cpu_malloc_cache: bool = field(default=False, metadata={
+        "help": "on a CPU (Linux, glibc), keep glibc's defaults during forwards: by default "
+                "a forward's activations come from the heap, which keeps them for the next "
+                "forward (the process holds its largest forward's activations) instead of "
+                "mapping and faulting in fresh pages for every large one"})
     random_seed: int | None = None
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads, fixed (split evenly between --dp-size replicas and "

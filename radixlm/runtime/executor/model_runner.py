@@ -38,6 +38,7 @@ from radixlm.runtime.distributed.quantization import (
 from radixlm.runtime.executor.batch_builder import ForwardBatchBuilder
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_heap import ForwardHeap
 from radixlm.runtime.executor.models import decode_windows, get_model_class, load_model
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
@@ -124,6 +125,8 @@ class ModelRunner(ForwardBatchBuilder):
             logger.info("%d linear layers multiply by oneDNN-prepacked weights, %.2f GiB "
                         "besides the dense ones (--disable-cpu-weight-prepack: dense only)",
                         self.prepacked_layers, self.prepacked_weight_bytes / (1 << 30))
+        # made last: the weights and the pool are mapped as glibc decides (forward_heap.py)
+        self.heap = ForwardHeap(self.device.type == "cpu" and not args.disable_cpu_malloc_cache)
         self.graph_runner = self._capture_cuda_graphs(args)
 
     def _make_pool(self) -> KVPool | SWAKVPool:
@@ -262,7 +265,8 @@ class ModelRunner(ForwardBatchBuilder):
         return self._run_model(fb)
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
-        return self.model.hidden_states(fb) if self.is_embedding else self.model(fb)
+        with self.heap:  # on a CPU, its activations from the heap the last one left
+            return self.model.hidden_states(fb) if self.is_embedding else self.model(fb)
 
     def _tp_forward(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> torch.Tensor:
         """Rank 0 first tells the others."""
