@@ -35,8 +35,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 DEFAULT_MMAP_MAX = 65536  # glibc's
 TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: 2 GiB
-
-
+# what the user may have set already (then it stands)
 USER_SETTINGS = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                  "MALLOC_TOP_PAD_")
 USER_TUNABLES = ("glibc.malloc.mmap_max", "glibc.malloc.mmap_threshold",
@@ -75,8 +74,8 @@ class ForwardHeap:
         self.mallopt = _mallopt() if on else None
         why = user_tuned_malloc() if self.mallopt is not None else None
         if why is not None:
-            logger.info("malloc left as configured (%s is set): a forward's activations "
-                        "are allocated as glibc decides", why)
+            logger.info("%s is set: malloc is left as configured during forwards (no "
+                        "heap kept between them, forward_heap.py)", why)
             self.mallopt = None
         if self.mallopt is not None and not self.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
             self.mallopt = None
