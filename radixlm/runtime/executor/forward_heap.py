@@ -79,6 +79,9 @@ class ForwardHeap:
             self.mallopt = None
         if self.mallopt is not None and not self.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
             self.mallopt = None
+        if self.mallopt is not None:
+            logger.info("forwards take their activations from the heap, which keeps them "
+                        "for the next one (--disable-cpu-malloc-cache: glibc's defaults)")
 
     @property
     def on(self) -> bool:
