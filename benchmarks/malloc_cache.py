@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -27,15 +28,11 @@ from pathlib import Path
 
 from workloads import workload
 
+from radixlm.runtime.constrained.compile_worker import rss_bytes
 from radixlm.tiny_model import add_model_args, resolve_model
 
 SETTINGS = {"cache": False, "no cache": True}  # name -> disable_cpu_malloc_cache
 WORKLOADS = ("unique", "shared-prefix", "variable")
-
-
-def _rss_mb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() >> 20
 
 
 def run_one(model: str, dtype: str, threads: int, disable: bool, names: list[str],
@@ -61,7 +58,8 @@ def run_one(model: str, dtype: str, threads: int, disable: bool, names: list[str
             rows.append({"workload": name, "repeat": r,
                          "tok_s": sum(o for _, o in reqs) / seconds,
                          "sys_s": after.ru_stime - before.ru_stime,
-                         "faults": after.ru_minflt - before.ru_minflt, "rss_mb": _rss_mb()})
+                         "faults": after.ru_minflt - before.ru_minflt,
+                         "rss_mb": rss_bytes(os.getpid()) >> 20})
     eng.shutdown()
     return rows
 

@@ -309,11 +309,15 @@ def resolve_model(model_path: str | None, preset: str | None) -> str:
     return model_path or str(default_tiny_model_path(preset=preset or "tiny"))
 
 
+def _add_preset_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="a built-in model's size (default tiny; small: hidden 768, 12 "
+                             f"layers, 32k vocabulary){note}")
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """``--preset tiny|small`` and ``--model-path DIR`` (benchmarks; see resolve_model)."""
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="a built-in model (default tiny; small: hidden 768, 12 layers, "
-                             "32k vocabulary)")
+    _add_preset_arg(parser)
     parser.add_argument("--model-path", default=None, help="a local Hugging Face model")
 
 
@@ -325,9 +329,7 @@ _SHAPE_FLAGS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "h
 def add_shape_args(parser: argparse.ArgumentParser) -> None:
     """``--preset tiny|small`` and ``--hidden-size N --num-layers N ...`` (each overrides
     the preset's) for ``radixlm make-tiny-model``; read back by ``shape_from_args``."""
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="the built-in model's size (default tiny; small: hidden 768, 12 "
-                             "layers, 32k vocabulary); llama / qwen2 only")
+    _add_preset_arg(parser, "; llama / qwen2 only")
     for flag in _SHAPE_FLAGS:
         parser.add_argument("--" + flag.replace("_", "-"), type=int, default=None,
                             help="overrides the preset's (llama / qwen2 only)")
