@@ -91,6 +91,18 @@ KERNEL_MAX_EXTEND_ROWS_BF16 = 16
 # An extend with shared-prefix groups goes through the kernel (each group's pass, then each
 # sequence's own keys continuing from it) when no group has more new rows than this.
 KERNEL_MAX_GROUP_ROWS = 256
+# There a group gets a pass of its own only when its shared prefix has at least this many
+# keys per new row of a member (on average); the others' members read their shared keys in
+# their own segments. A member of many rows already reuses each key block over its tiles,
+# and the group's pass then costs more (its rows' state, a second pass) than the reads it
+# saves. Group / flat time, 4 groups x 8 members over a shared prefix of L, 12 / 4 heads,
+# 2 threads, AMD Zen 4: float32 (FMA path) at L = 544 0.96x with 4 new rows a member, 1.06x
+# at 8, 1.18x at 16-32; at L = 2,048 0.93x at 4, 0.96x at 8, 1.04x at 16-32; at L = 128
+# 1.08-1.33x at 4-32. A bf16 q (the tiles) at L = 544 0.81x at 4, 0.93x at 8, 0.97x at 16,
+# 1.07-1.15x at 32; at L = 2,048 0.64-0.93x at 4-32; at L = 128 1.04x at 4, 1.35-1.48x at
+# 8-32. Decode rows (one a member) keep the groups: 0.74-0.88x.
+KERNEL_GROUP_KEYS_PER_ROW = 128
+KERNEL_GROUP_KEYS_PER_ROW_BF16 = 64
 
 
 @dataclass
@@ -101,7 +113,10 @@ class AttentionPlan:
     in decode every sequence (past its shared prefix, then each group over its shared
     prefix, merged); in extend without groups the sequences of at most
     ``KERNEL_MAX_EXTEND_ROWS`` new tokens (``KERNEL_MAX_EXTEND_ROWS_BF16`` in a 16-bit
-    model), causally. The padded passes gather K/V rows once per layer for the rest.
+    model), causally; in extend with groups (every sequence within those rows, no group past
+    ``KERNEL_MAX_GROUP_ROWS`` unless on the tiles) the same, each group worth it
+    (``KERNEL_GROUP_KEYS_PER_ROW``) first over its shared prefix. The padded passes gather
+    K/V rows once per layer for the rest.
 
     Layers with a sliding window or a soft cap run in the kernel too (``masked_passes``),
     whatever the rows' number: ``flat`` is every sequence over all its keys from position 0
@@ -157,8 +172,10 @@ class AttentionPlan:
             flat = extend_segments(everything, qo, kv, kv_indices, new_slots)
             group_rows = max(sum(q_lens[b] for b in m) for _, m in groups)
             if fits and (amx or group_rows <= KERNEL_MAX_GROUP_ROWS):
-                # every group's pass, then each sequence's own keys from its state
-                paged = extend_group_segments(groups, qo, kv, kv_indices, new_slots)
+                # the groups worth a pass, then each sequence's own keys from its state
+                kept = _groups_worth_a_pass(groups, q_lens, amx)
+                paged = (extend_group_segments(kept, qo, kv, kv_indices, new_slots) if kept
+                         else (flat, None))
                 return cls(extend, None, [], paged, flat, amx)
             return cls(extend, *_padded_plan(everything, qo, kv, kv_indices, groups,
                                              kv_elems_per_token, extend), flat=flat, amx=amx)
@@ -169,6 +186,14 @@ class AttentionPlan:
         flat = paged[0] if paged and not rest else extend_segments(everything, qo, kv,
                                                                    kv_indices, new_slots)
         return cls(extend, shared, padded, paged, flat, amx)
+
+
+def _groups_worth_a_pass(groups: PrefixGroups, q_lens: list[int], amx: bool) -> PrefixGroups:
+    """The extend groups whose shared prefix is long against their members' new rows
+    (``KERNEL_GROUP_KEYS_PER_ROW``; ``_BF16`` for a bf16 q on the tiles)."""
+    per_row = KERNEL_GROUP_KEYS_PER_ROW_BF16 if amx else KERNEL_GROUP_KEYS_PER_ROW
+    return [(length, members) for length, members in groups
+            if length * len(members) >= per_row * sum(q_lens[b] for b in members)]
 
 
 def _padded_plan(rest, qo, kv, kv_indices, groups, kv_elems_per_token, extend

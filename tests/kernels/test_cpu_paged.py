@@ -254,6 +254,7 @@ def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
     kernel's row limit sends the whole batch to the padded passes."""
     from radixlm.kernels import shared_prefix
 
+    monkeypatch.setattr(shared_prefix, "KERNEL_GROUP_KEYS_PER_ROW", 0)  # 8 keys, 2.5 rows
     q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(
         4, [prefix_len, prefix_len, 5], [2, 3, 4], 4, 2, 16)
     kvi[prefix_len:prefix_len + 8] = kvi[:8]  # sequences 0 and 1 share their first 8 slots
@@ -272,6 +273,40 @@ def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
     plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
                                new_slots=new_slots, prefix_groups=groups)
     assert plan.paged is None and plan.shared is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("amx", [False, True])
+def test_an_extend_group_gets_its_pass_only_over_a_prefix_long_against_its_rows(amx):
+    """A group's pass in extend needs KERNEL_GROUP_KEYS_PER_ROW (_BF16 for a bf16 q on the
+    tiles) shared keys per new row of a member: 64 shared keys with decode rows (one a
+    member) keep it; with 20 new rows a member its members read the keys in their own
+    segments. Either way the float64 reference's result."""
+    from radixlm.kernels import shared_prefix
+
+    per_row = (shared_prefix.KERNEL_GROUP_KEYS_PER_ROW_BF16 if amx
+               else shared_prefix.KERNEL_GROUP_KEYS_PER_ROW)
+    for rows, grouped in (([1, 1, 1, 1], True), ([20, 20, 3, 4], False)):
+        shared = per_row  # one row a member: exactly enough
+        q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend_batch(
+            5, [shared + 3, shared, shared + 7, 9], rows, 4, 2, 16)
+        seqs = list(kvi.split(torch.diff(kvp).tolist()))
+        seqs[1][:shared], seqs[2][:shared] = seqs[0][:shared], seqs[0][:shared]
+        kvi = torch.cat(seqs)
+        dtype = torch.bfloat16 if amx else torch.float32
+        plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
+                                   new_slots=new_slots, prefix_groups=[(shared, [0, 1, 2])],
+                                   dtype=dtype, amx=amx)
+        assert plan.paged is not None and not plan.padded
+        assert (plan.paged[1] is not None) == grouped
+        assert plan.paged[0].kv_indptr[-1] == (
+            len(kvi) + int(new_slots.numel()) - (3 * shared if grouped else 0))
+        out = torch.full_like(q, float("nan"))
+        kernels.extend_attention(q, k, v, kb, vb, qo, kvp, kvi, 0.25, backend="torch",
+                                 out=out, plan=plan)
+        ref = reference.extend_attention(q.double(), k.double(), v.double(), kb.double(),
+                                         vb.double(), qo, kvp, kvi, 0.25)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
 @needs_kernel

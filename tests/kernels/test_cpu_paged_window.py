@@ -129,7 +129,10 @@ def test_decode_matches_f64(dtype, window, cap, monkeypatch):
 def test_groups_keep_the_cap_and_leave_windows_to_flat_segments(monkeypatch):
     """With shared-prefix groups a capped layer runs the groups' passes (cap in both), a
     windowed one the group-free segments (a group's rows stand at their own positions)."""
+    from radixlm.kernels import shared_prefix
+
     _refuse_masked(monkeypatch)
+    monkeypatch.setattr(shared_prefix, "KERNEL_GROUP_KEYS_PER_ROW", 0)  # 30 keys, 7 rows
     prefix_lens, q_lens = [40, 40, 12], [5, 9, 3]
     q, kb, vb, seqs = _pool(11, prefix_lens, q_lens, 4, 2, 32, torch.float32)
     seqs[1][:30] = seqs[0][:30]  # sequences 0 and 1 share their first 30 slots
