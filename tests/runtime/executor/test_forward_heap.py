@@ -3,8 +3,10 @@ heap, which keeps them for the next forward; the user's own malloc settings stan
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
+import subprocess
 import sys
 
 import pytest
@@ -39,23 +41,33 @@ def _mapping_of_a_block(nbytes: int) -> str:
     raise AssertionError(f"{t.data_ptr():#x} is in no mapping")
 
 
-@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
-def test_a_large_block_freed_in_a_forward_is_reused_without_page_faults(monkeypatch):
-    for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD"):
-        monkeypatch.delenv(name, raising=False)
+def _check_reuse() -> None:
+    """Run in a fresh process (``test_a_large_block_...``)."""
     heap = ForwardHeap(True)
     assert heap.on
     # glibc maps a block this large by itself (above its largest mmap threshold, 32 MiB) and
     # unmaps it when freed: every block faults in afresh
     assert _mapping_of_a_block(BLOCK) != "[heap]"
     assert _faults_to_fill(BLOCK) > BLOCK // 4096 // 2
-    with heap:  # the brk heap (this test runs on the main thread), which keeps its pages
+    with heap:  # the brk heap (this runs on the main thread), which keeps its pages
         _faults_to_fill(BLOCK)
         # the next forward's blocks land in those pages (a smaller one here: a block of the
         # same size may land past a small one placed at the old one's start meanwhile)
         again = _faults_to_fill(BLOCK // 2)
         assert _mapping_of_a_block(BLOCK) == "[heap]"
     assert again < BLOCK // 4096 // 20, again  # a fresh mapping: 10,240 faults
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
+def test_a_large_block_freed_in_a_forward_is_reused_without_page_faults():
+    """In a process of its own: one that ran other tests first may hold a free chunk of its
+    heap as large as the block (kept there by an earlier runner's trim threshold), which
+    glibc then serves the block from outside a forward too."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES",
+                        "LD_PRELOAD")}
+    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 def test_the_users_malloc_settings_stand(monkeypatch):
@@ -82,3 +94,7 @@ def test_the_engine_flag(make_engine):
     assert make_engine().scheduler.model_runner.heap.on
     runner = make_engine(disable_cpu_malloc_cache=True).scheduler.model_runner
     assert not runner.heap.on
+
+
+if __name__ == "__main__":  # test_a_large_block_freed_in_a_forward_is_reused_...
+    _check_reuse()
