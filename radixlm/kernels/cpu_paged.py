@@ -25,7 +25,11 @@ capped scores). o and lse are float32; the pool may hold any of ``KV_DTYPES`` (w
 to float32 as loaded). q is float32, or bfloat16: where ``amx()``, a bf16 q over a bf16
 pool is multiplied on AMX tiles in every task with at least 16 rows per KV head (query
 rows x the heads of a group; ``csrc/amx_attention.cpp``), its products rounded as torch's
-bf16 attention rounds them; elsewhere it is widened to float32.
+bf16 attention rounds them; elsewhere it is widened to float32. A float32 q, where
+``packed()``, takes the packed path in every task with at least ``packed_min_rows`` rows
+per KV head and ``packed_min_keys`` keys (torch ops of those names; ``csrc/
+packed_attention.cpp``: each block of keys transposed once for all of the task's rows,
+whose scores are then outer products); ``RADIXLM_CPU_PACKED=0`` keeps it on the FMA path.
 """
 
 from __future__ import annotations
@@ -129,6 +133,13 @@ def amx() -> bool:
     its tiles; on a CPU with AVX512-BF16 and no AMX, the same packing with the products on
     VDPBF16PS); ``RADIXLM_CPU_AMX=0`` keeps such rows on the float32 FMA path."""
     return bf16_kernels_on() and bool(torch.ops.radixlm_cpu.bf16_tiles_ready())
+
+
+@cache
+def packed() -> bool:
+    """Whether a float32 q with rows enough takes the kernel's packed path (a build with
+    AVX-512, and ``RADIXLM_CPU_PACKED`` not 0)."""
+    return available() and bool(torch.ops.radixlm_cpu.packed_on())
 
 
 def paged_attention(q, k_buf, v_buf, q_rows, q_indptr, kv_indptr, kv_indices, sm_scale,

@@ -24,6 +24,8 @@
 // result against float64 over the rounded inputs.
 #include "amx_attention.h"
 #include "amx_tiles.h"
+#include "scratch.h"
+#include "transpose16.h"
 
 #include "vec_math.h"
 
@@ -45,27 +47,6 @@ constexpr int64_t kKeys = 64;  // keys per block: two P tiles of 32 (64 bytes a 
 constexpr int64_t kRows = 16;  // rows per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 64-byte aligned scratch (tile loads and stores of whole cache lines), one per thread and
-// purpose, kept between calls: a fresh allocation of this size each call would be mapped
-// anew (glibc maps blocks over 128 KiB) and fault in every page again.
-template <class T, int Purpose>
-T* scratch(int64_t n) {
-  struct Buffer {
-    void* p = nullptr;
-    size_t bytes = 0;
-    ~Buffer() { std::free(p); }
-  };
-  thread_local Buffer b;
-  const size_t bytes = ((std::max<int64_t>(n, 1) * sizeof(T) + 63) / 64) * 64;
-  if (bytes > b.bytes) {
-    std::free(b.p);
-    b.p = std::aligned_alloc(64, bytes);
-    if (b.p == nullptr) throw std::bad_alloc();
-    b.bytes = bytes;
-  }
-  return static_cast<T*>(b.p);
-}
-
 }  // namespace
 
 #ifdef RADIXLM_TILES
@@ -75,32 +56,6 @@ namespace {
 #ifdef RADIXLM_AMX
 using radixlm_amx::configure_tiles;
 #endif
-
-// r[0:16) -> their transpose, as 16 x 16 u32: out[c] lane j = r[j] lane c. Pairs of
-// rows interleaved by 32 bits, then by 64, then 128-bit lanes gathered in two rounds.
-inline void transpose16(const __m512i* r, __m512i* out) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // u[4i + k], 128-bit lane L: column 4L + k of rows 4i..4i+3
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512i x0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
-    const __m512i x1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
-    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
-    const __m512i y1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
-    out[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-    out[4 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-    out[8 + k] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
-    out[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-  }
-}
 
 // A block's K (keys slots[0:n), n <= kKeys; the rest zero) as the B tiles of S = Q K^T:
 // tile (quarter, c), 16 keys by 32 of d, row p column j = the u32 (K[key][c*32 + 2p],

@@ -48,6 +48,7 @@
 #include "amx_attention.h"
 #include "attention_task.h"
 #include "kv_load.h"
+#include "packed_attention.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -342,6 +343,7 @@ void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t
              float* op, float* lp) {
   const bool amx = base.q16 != nullptr && base.d % 32 == 0 && base.d <= 256 && tiles_ready();
   const int64_t min_rows = tiles_min_rows(), min_keys = tiles_min_keys();
+  const bool packed = packed_on();
   const int threads = at::get_num_threads();
   const std::vector<Piece> pieces = cut_pieces(base, qi, ki, segs, threads);
   const int64_t count = static_cast<int64_t>(pieces.size());
@@ -366,6 +368,13 @@ void run_all(const Task<KV>& base, const int64_t* qi, const int64_t* ki, int64_t
       if constexpr (std::is_same_v<KV, BF16>) {  // a bf16 q with rows enough: AMX tiles
         if (amx && t.n_rows * t.grp >= min_rows && t.n_keys >= min_keys) {
           amx_task(t, pc.h0, pc.h1, op, lp);
+          continue;
+        }
+      }
+      if constexpr (DC > 0) {  // a float32 q with rows and keys enough: the packed path
+        if (packed && t.q != nullptr && t.n_rows * t.grp >= kPackedMinRows &&
+            t.n_keys >= kPackedMinKeys) {
+          packed_task<KV, DC>(t, pc.h0, pc.h1, op, lp);
           continue;
         }
       }
@@ -504,6 +513,9 @@ TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("bf16_tiles_ready() -> bool", &tiles_ready);
   m.def("bf16_tiles_min_rows() -> int", &tiles_min_rows);
   m.def("bf16_tiles_min_keys() -> int", &tiles_min_keys);
+  m.def("packed_on() -> bool", &packed_on);
+  m.def("packed_min_rows() -> int", [] { return kPackedMinRows; });
+  m.def("packed_min_keys() -> int", [] { return kPackedMinKeys; });
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,31 @@
+// The packed float32 path of the CPU attention kernel (packed_attention.cpp): a float32 q
+// over any pool dtype, for tasks with rows enough per KV head (extend chunks, shared-prefix
+// groups). Each block of 64 keys is widened and transposed once per (task, head) into
+// K^T [d][64], then every tile of 6 rows takes its 6 x 64 scores as outer products (q's
+// element broadcast times 16 keys' elements: no lane sums) and its values from the rows in
+// place, its accumulators in registers. The FMA path (paged_attention.cpp: tiles of 4 rows,
+// each key's 16 lane sums reduced) is left to short tasks, where packing a block costs
+// more than it saves.
+#pragma once
+
+#include "attention_task.h"
+
+#include <cstdint>
+
+// Whether paged_attention takes the path: a build with AVX-512 (its tiles keep 28 vectors in
+// registers), unless RADIXLM_CPU_PACKED=0 (read once) keeps every float32 q on the FMA path.
+bool packed_on();
+
+// Heads [h0, h1) of one segment with a float32 q (t.q), d = 16 * DC. Same contract as the
+// FMA path's run_task: o, lse of the rows; o_init / lse_init, window, cap, causal.
+template <class KV, int DC>
+void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse);
+
+// The least rows per head (query rows x heads of the group) and keys a task needs to take
+// the packed path. Measured on AMD Zen 4 (2 threads, 32 segments of scattered keys, heads
+// of 64 in groups of 6, causal or not; packed / FMA time): 0.97-1.02x at 6 rows per head
+// (one tile: nothing to share a packed block with), 0.85-0.92x at 12 over 64-512 keys,
+// 0.79-0.86x at 24, 0.77-0.80x at 48; over 32 keys 1.08-1.15x slower at every row count (a
+// block is scored as 64 keys whatever it holds).
+constexpr int64_t kPackedMinRows = 12;
+constexpr int64_t kPackedMinKeys = 48;
