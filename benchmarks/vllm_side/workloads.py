@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-WORKLOADS = ("unique", "shared-prefix", "variable", "json")
+WORKLOADS = ("unique", "shared-prefix", "variable", "json", "long-prompt")
 SMOKE = "smoke"  # 4 x 32 in, 8 out: the test that runs both systems, not a benchmark
 
 # long fixed keys (jump-forward has something to skip), bounded values
@@ -50,7 +50,9 @@ class Request:
 def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
     """``unique``: 32 x 256 in, 64 out; ``shared-prefix``: 4 groups x 8, a 512-token prefix
     per group + 32, 32 out; ``variable``: 48 prompts of 16-1024 tokens, 8-256 out;
-    ``json``: 16 prompts of 32-96 tokens, a JSON object of ``SCHEMA`` each."""
+    ``json``: 16 prompts of 32-96 tokens, a JSON object of ``SCHEMA`` each;
+    ``long-prompt``: 4 prompts of 3,000 tokens, 16 out (a RAG-sized context: the prefill's
+    attention, chunked, is most of it; fits the presets' 4,096-token context)."""
     if vocab <= FIRST_ID:
         raise ValueError(f"vocab must be above {FIRST_ID}, got {vocab}")
     rng = random.Random(f"{name}:{seed}")
@@ -68,6 +70,8 @@ def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
         return out
     if name == "variable":
         return [Request(ids(rng.randint(16, 1024)), rng.randint(8, 256)) for _ in range(48)]
+    if name == "long-prompt":
+        return [Request(ids(3000), 16) for _ in range(4)]
     if name == SMOKE:
         return [Request(ids(32), 8) for _ in range(4)]
     if name == "json":

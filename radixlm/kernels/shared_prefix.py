@@ -63,9 +63,14 @@ PrefixGroups = list[tuple[int, list[int]]]
 # 512 + 1024, from an empty prefix 1.49x at 512, 1.05x at 1024, 0.89x at 2048; in the engine
 # there (float32, small preset, two threads, two alternating rounds) a limit of 1024 took
 # the extend attention of the shared-prefix workload from 0.52-0.58 s to 0.39-0.46 s and of
-# the variable one (16-1024 tokens) from 1.31-1.35 s to 0.71-0.76 s. CPUs with AMX tiles
-# take 256, others 1024.
-KERNEL_MAX_EXTEND_ROWS = 256 if torch.cpu._is_amx_tile_supported() else 1024
+# the variable one (16-1024 tokens) from 1.31-1.35 s to 0.71-0.76 s. With the kernel's
+# packed float32 path (AVX-512 builds, csrc/packed_attention.cpp) the same EPYC, prompts
+# from an empty prefix, padded / kernel time: 1.73x at 1024, 1.39x at 2048, 1.08x at 4096
+# on one thread, 1.41x, 1.50x, 1.14x on two; 2048 new over 2048 cached 1.67x / 1.87x (the
+# FMA path: 0.96x / 1.08x at 2048, 0.76x / 0.94x at 4096). CPUs with AMX tiles take 256,
+# others with AVX-512 4096, the rest 1024.
+KERNEL_MAX_EXTEND_ROWS = (256 if torch.cpu._is_amx_tile_supported()
+                          else 4096 if torch.cpu._is_avx512_supported() else 1024)
 # The same for a bfloat16 model: the padded passes then run torch's fused attention in
 # bf16 (AMX / AVX512-BF16 matmuls) while the kernel computes in float32 FMAs. Over a
 # 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the

@@ -36,7 +36,9 @@ def test_workload_shapes():
     assert len({r.max_tokens for r in variable}) > 10  # lengths do vary
     js = workloads.make_workload("json", 2000)
     assert len(js) == 16 and all(r.json_schema for r in js)
-    assert not any(r.json_schema for r in unique + shared + variable)
+    long = workloads.make_workload("long-prompt", 2000)
+    assert len(long) == 4 and {(len(r.prompt_ids), r.max_tokens) for r in long} == {(3000, 16)}
+    assert not any(r.json_schema for r in unique + shared + variable + long)
     every = [i for name in workloads.WORKLOADS for r in workloads.make_workload(name, 2000)
              for i in r.prompt_ids]
     assert min(every) >= workloads.FIRST_ID and max(every) < 2000
