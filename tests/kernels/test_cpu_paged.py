@@ -251,7 +251,8 @@ def test_extend_matches_f64(heads, max_rows, monkeypatch):
 def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
     """Each group's new rows over its shared slots, then each sequence's own keys causally
     from that state (o_init / lse_init): equal to the float64 reference; a member past the
-    kernel's row limit sends the whole batch to the padded passes."""
+    kernel's row limit, or a group past its limit, sends the whole batch to the padded
+    passes."""
     from radixlm.kernels import shared_prefix
 
     monkeypatch.setattr(shared_prefix, "KERNEL_GROUP_KEYS_PER_ROW", 0)  # 8 keys, 2.5 rows
@@ -269,10 +270,13 @@ def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
     ref = reference.extend_attention(q.double(), k.double(), v.double(), kb.double(),
                                      vb.double(), qo, kvp, kvi, 0.25)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
-    monkeypatch.setattr(shared_prefix, "KERNEL_MAX_EXTEND_ROWS", 3)
-    plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
-                               new_slots=new_slots, prefix_groups=groups)
-    assert plan.paged is None and plan.shared is not None
+    for limit, rows in (("KERNEL_MAX_EXTEND_ROWS", 3), ("KERNEL_MAX_GROUP_ROWS", 4)):
+        # a member past the row limit, or a group past the group limit (its 5 new rows)
+        monkeypatch.setattr(shared_prefix, limit, rows)
+        plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
+                                   new_slots=new_slots, prefix_groups=groups)
+        assert plan.paged is None and plan.shared is not None
+        monkeypatch.undo()
 
 
 @needs_kernel
