@@ -82,14 +82,14 @@ KERNEL_MAX_EXTEND_ROWS_BF16 = 16
 # key blocks behind each row; a cap of 50 alone: 4.6-15x), float32 and bfloat16 alike
 # (12 / 4 heads of 64, 2 threads, busy machine; docs/benchmarks.md has the model's figure).
 # An extend with shared-prefix groups goes through the kernel (each group's pass, then each
-# sequence's own keys continuing from it) when no group has more new rows than this. On an
-# AVX-512 CPU without AMX, whose float32 tasks take the packed path (AMD Zen 4, small
-# preset, 2 threads, the engine's whole run of 4 groups x 8 requests of a 512-token shared
-# prefix + n new tokens, 8 out, three alternations): n = 64 (512 rows a group) 3.80 s
-# against 4.27 through the padded passes, n = 256 (2,048 rows) 9.87 against 14.14, n = 1,024
-# (8,192 rows) 35.0 against 67.2: no group is too large there. Elsewhere 256.
-KERNEL_MAX_GROUP_ROWS = (math.inf if torch.cpu._is_avx512_supported()
-                         and not torch.cpu._is_amx_tile_supported() else 256)
+# sequence's own keys continuing from it) when no group has more new rows than this. On AMD
+# Zen 4 (no AMX; small preset, float32, 2 threads, the engine's whole run of 4 groups x 8
+# requests of a 512-token shared prefix + n new tokens, 8 out, three alternations): n = 64
+# (512 rows a group) 3.80 s against 4.27 through the padded passes, n = 256 (2,048 rows)
+# 9.87 against 14.14 (the FMA path alone, RADIXLM_CPU_PACKED=0: 9.99 against 14.18), n =
+# 1,024 (8,192 rows) 35.0 against 67.2: no group is too large there. CPUs with AMX tiles,
+# where torch's fused attention overtook the kernel from 256 rows, keep 256.
+KERNEL_MAX_GROUP_ROWS = 256 if torch.cpu._is_amx_tile_supported() else math.inf
 # There a group gets a pass of its own only when its shared prefix has at least this many
 # keys per new row of a member (on average); the others' members read their shared keys in
 # their own segments. A member of many rows already reuses each key block over its tiles,
