@@ -12,7 +12,8 @@ dtype, and runs, alternating the systems round by round, each in its own subproc
   prefix caching on): unique (32 x 256 in, 64 out), shared-prefix (4 groups x 8, a 512-token
   prefix + 32, 32 out), variable (48 prompts, 16-1024 in, 8-256 out), json (16 requests,
   a JSON schema through xgrammar in both; outputs validated with jsonschema), long-prompt
-  (4 x 3,000 in, 16 out);
+  (4 x 3,000 in, 16 out), rag (4 groups x 8, a 512-token prefix + 256 of each request's
+  own, 16 out);
 - served (both OpenAI servers on loopback ports, ``radixlm bench serve`` at fixed request
   rates): output throughput, TTFT and TPOT p50 / p99.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-WORKLOADS = ("unique", "shared-prefix", "variable", "json", "long-prompt")
+WORKLOADS = ("unique", "shared-prefix", "variable", "json", "long-prompt", "rag")
 SMOKE = "smoke"  # 4 x 32 in, 8 out: the test that runs both systems, not a benchmark
 
 # long fixed keys (jump-forward has something to skip), bounded values
@@ -52,7 +52,9 @@ def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
     per group + 32, 32 out; ``variable``: 48 prompts of 16-1024 tokens, 8-256 out;
     ``json``: 16 prompts of 32-96 tokens, a JSON object of ``SCHEMA`` each;
     ``long-prompt``: 4 prompts of 3,000 tokens, 16 out (a RAG-sized context: the prefill's
-    attention, chunked, is most of it; fits the presets' 4,096-token context)."""
+    attention, chunked, is most of it; fits the presets' 4,096-token context); ``rag``: 4
+    groups x 8, a 512-token prefix per group + 256 tokens of each request's own, 16 out
+    (a shared system prompt, then a retrieved document per request)."""
     if vocab <= FIRST_ID:
         raise ValueError(f"vocab must be above {FIRST_ID}, got {vocab}")
     rng = random.Random(f"{name}:{seed}")
@@ -70,6 +72,12 @@ def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
         return out
     if name == "variable":
         return [Request(ids(rng.randint(16, 1024)), rng.randint(8, 256)) for _ in range(48)]
+    if name == "rag":
+        out = []
+        for _ in range(4):
+            prefix = ids(512)
+            out += [Request(prefix + ids(256), 16) for _ in range(8)]
+        return out
     if name == "long-prompt":
         return [Request(ids(3000), 16) for _ in range(4)]
     if name == SMOKE:

@@ -38,7 +38,11 @@ def test_workload_shapes():
     assert len(js) == 16 and all(r.json_schema for r in js)
     long = workloads.make_workload("long-prompt", 2000)
     assert len(long) == 4 and {(len(r.prompt_ids), r.max_tokens) for r in long} == {(3000, 16)}
-    assert not any(r.json_schema for r in unique + shared + variable + long)
+    rag = workloads.make_workload("rag", 2000)
+    assert len(rag) == 32 and all(len(r.prompt_ids) == 768 and r.max_tokens == 16 for r in rag)
+    assert len({tuple(r.prompt_ids[:512]) for r in rag}) == 4
+    assert len({tuple(r.prompt_ids[512:]) for r in rag}) == 32
+    assert not any(r.json_schema for r in unique + shared + variable + long + rag)
     every = [i for name in workloads.WORKLOADS for r in workloads.make_workload(name, 2000)
              for i in r.prompt_ids]
     assert min(every) >= workloads.FIRST_ID and max(every) < 2000
