@@ -62,22 +62,21 @@ def make_workload(name: str, vocab: int, seed: int = 0) -> list[Request]:
     def ids(n: int) -> list[int]:
         return [rng.randrange(FIRST_ID, vocab) for _ in range(n)]
 
+    def groups(own: int, out: int) -> list[Request]:  # 4 x 8 sharing a 512-token prefix
+        reqs = []
+        for _ in range(4):
+            prefix = ids(512)
+            reqs += [Request(prefix + ids(own), out) for _ in range(8)]
+        return reqs
+
     if name == "unique":
         return [Request(ids(256), 64) for _ in range(32)]
     if name == "shared-prefix":
-        out = []
-        for _ in range(4):
-            prefix = ids(512)
-            out += [Request(prefix + ids(32), 32) for _ in range(8)]
-        return out
+        return groups(32, 32)
     if name == "variable":
         return [Request(ids(rng.randint(16, 1024)), rng.randint(8, 256)) for _ in range(48)]
     if name == "rag":
-        out = []
-        for _ in range(4):
-            prefix = ids(512)
-            out += [Request(prefix + ids(256), 16) for _ in range(8)]
-        return out
+        return groups(256, 16)
     if name == "long-prompt":
         return [Request(ids(3000), 16) for _ in range(4)]
     if name == SMOKE:
