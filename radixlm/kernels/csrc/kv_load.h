@@ -105,3 +105,10 @@ struct E5M2 {
   static float one(const S* p) { return bits(*p); }
 };
 
+// A pool row of d elements of KV's dtype into L2 (scattered slots: the hardware prefetcher
+// cannot follow them)
+template <class KV>
+inline void prefetch_row(const typename KV::S* p, int64_t d) {
+  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(typename KV::S)))
+    __builtin_prefetch(p + i, 0, 2);
+}

@@ -48,11 +48,10 @@ template <class KV>
 void pack_keys(const typename KV::S* kh, const typename KV::S* vh, const int64_t* slots,
                int64_t n, int64_t stride, int64_t d, const int64_t* ahead, int64_t n_ahead,
                float* kt) {
-  for (int64_t j = 0; j < n_ahead; ++j)
-    for (int64_t c = 0; c < d; c += 64 / static_cast<int64_t>(sizeof(typename KV::S))) {
-      __builtin_prefetch(kh + ahead[j] * stride + c, 0, 2);
-      __builtin_prefetch(vh + ahead[j] * stride + c, 0, 2);
-    }
+  for (int64_t j = 0; j < n_ahead; ++j) {
+    prefetch_row<KV>(kh + ahead[j] * stride, d);
+    prefetch_row<KV>(vh + ahead[j] * stride, d);
+  }
   __m512i r[16], tr[16];
   for (int64_t q = 0; q < kKeys / 16; ++q)  // 16 keys x 16 of d at a time
     for (int64_t c = 0; c < d; c += 16) {

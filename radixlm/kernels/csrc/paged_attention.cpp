@@ -67,11 +67,6 @@ namespace {
 constexpr int64_t kBlock = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-template <class KV>
-inline void prefetch_row(const typename KV::S* p, int64_t d) {
-  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(typename KV::S)))
-    __builtin_prefetch(p + i, 0, 2);
-}
 
 
 // The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
