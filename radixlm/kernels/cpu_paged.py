@@ -41,6 +41,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -58,8 +60,7 @@ KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2)
 # library loads (Python's own float arithmetic would change); and finite-math must stay
 # off because -inf marks empty rows and the running max starts there.
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp", "-std=c++17", "-shared",
-         "-fPIC"]
+         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp", "-std=c++17", "-fPIC"]
 
 
 def _cache_dir() -> Path:
@@ -70,7 +71,22 @@ def _cache_dir() -> Path:
     return base / "kernels" / key
 
 
+def _jobs() -> int:
+    """Compilers run at once: one per core this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:  # the errors first: warnings about torch's headers bury them
+        errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+        raise RuntimeError(f"{what} failed:\n" + "\n".join(errors[:20] or [proc.stderr[-2000:]]))
+
+
 def _compile(out: Path) -> None:
+    """Each source to an object, up to ``_jobs()`` compilers at once (torch's headers make
+    most of each one's time), then one link into ``out``."""
     from torch.utils import cpp_extension
 
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -78,13 +94,20 @@ def _compile(out: Path) -> None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES),
-           f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:  # the errors first: warnings about torch's headers bury them
-        errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-        raise RuntimeError(f"{cxx} failed:\n" + "\n".join(errors[:20] or [proc.stderr[-2000:]]))
+    compile_cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                   "-DTORCH_API_INCLUDE_EXTENSION_H",
+                   *(f"-I{p}" for p in cpp_extension.include_paths())]
+    with tempfile.TemporaryDirectory(prefix="objects.", dir=out.parent) as tmp:
+        objects = [Path(tmp) / f"{src.stem}.o" for src in SOURCES]
+        # the largest sources first, so the longest compile does not start last
+        order = sorted(zip(SOURCES, objects), key=lambda so: -so[0].stat().st_size)
+        with ThreadPoolExecutor(max_workers=_jobs()) as pool:
+            builds = [pool.submit(_run, [*compile_cmd, "-c", str(src), "-o", str(obj)],
+                                  f"{cxx} {src.name}") for src, obj in order]
+            for b in builds:
+                b.result()
+        _run([cxx, *FLAGS, "-shared", *map(str, objects), f"-L{lib}", "-lc10", "-ltorch_cpu",
+              f"-Wl,-rpath,{lib}", "-o", str(out)], f"{cxx} (link)")
 
 
 def build() -> Path:
