@@ -104,8 +104,13 @@ def _compile(out: Path) -> None:
         with ThreadPoolExecutor(max_workers=_jobs()) as pool:
             builds = [pool.submit(_run, [*compile_cmd, "-c", str(src), "-o", str(obj)],
                                   f"{cxx} {src.name}") for src, obj in order]
-            for b in builds:
-                b.result()
+            try:
+                for b in builds:
+                    b.result()
+            except BaseException:  # a source failed: the ones not started are not needed
+                for b in builds:
+                    b.cancel()
+                raise
         _run([cxx, *FLAGS, "-shared", *map(str, objects), f"-L{lib}", "-lc10", "-ltorch_cpu",
               f"-Wl,-rpath,{lib}", "-o", str(out)], f"{cxx} (link)")
 

@@ -44,3 +44,24 @@ def test_objects_compiled_apart_link_into_one_library(tmp_path, monkeypatch):
     assert ctypes.CDLL(str(out)).four_times(3) == 12
     assert [p.name for p in out.parent.iterdir()] == ["ab.so"]
 
+
+
+@needs_compiler
+def test_after_a_failure_the_sources_not_started_are_not_compiled(tmp_path, monkeypatch):
+    # one compiler at a time: the largest source (the broken one) first; the worker may
+    # take the next before the failure is seen, not the rest
+    bad = tmp_path / "bad.cpp"
+    bad.write_text("int bad( { return 1; }\n" + "// padding\n" * 50)
+    later = [tmp_path / f"later{i}.cpp" for i in range(6)]
+    for f in later:
+        f.write_text("int f() { return 1; }\n")
+    monkeypatch.setattr(cpu_paged, "SOURCES", [*later, bad])
+    monkeypatch.setattr(cpu_paged, "_jobs", lambda: 1)
+    seen = []
+    run = cpu_paged._run
+    monkeypatch.setattr(cpu_paged, "_run", lambda cmd, what: (seen.append(what), run(cmd, what)))
+    out = tmp_path / "lib" / "x.so"
+    out.parent.mkdir()
+    with pytest.raises(RuntimeError, match=r"bad\.cpp failed"):
+        cpu_paged._compile(out)
+    assert seen[0].endswith("bad.cpp") and len(seen) <= 3
