@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #if defined(__AVX512F__)
 
@@ -142,7 +141,7 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
   float* kt = scratch<float, 4>(D * kKeys);
   float* state = scratch<float, 5>(padded * (D + 2));
   static const float zero_row[256] = {};
-  std::vector<const float*> q(padded);
+  const float** q = scratch<const float*, 6>(padded);  // each row's q (zeros past the rows)
   for (int64_t h = h0; h < h1; ++h) {
     float *m = state, *l = m + padded, *acc = l + padded;
     std::fill(m, m + padded, kNegInf);
@@ -162,7 +161,7 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
         const int64_t r0 = tile * kTile, last = std::min(r0 + kTile, r_count) - 1;
         // rows' positions grow with r: the tile sees keys [lo(r0), hi(last))
         if (t.hi(last) <= b0 || t.lo(r0) >= b0 + n) continue;
-        tile_block<KV, DC>(t, q.data() + r0, kt, vh, t.slots + b0, b0, n, r0, r_count, m + r0,
+        tile_block<KV, DC>(t, q + r0, kt, vh, t.slots + b0, b0, n, r0, r_count, m + r0,
                            l + r0, acc + r0 * D);
       }
     }

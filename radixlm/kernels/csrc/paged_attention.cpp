@@ -67,8 +67,6 @@ namespace {
 constexpr int64_t kBlock = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-
-
 // The vector path: D = 16 * DC, a tile of RT rows of one head over one block of keys, the
 // tile's accumulators held in registers for the whole block. The rows to prefetch meanwhile:
 // slots ahead[0:n_ahead) (n_ahead 0: none, or not this tile's job) of the head whose rows
