@@ -271,12 +271,13 @@ def test_extend_with_groups_runs_in_the_kernel(prefix_len, monkeypatch):
                                      vb.double(), qo, kvp, kvi, 0.25)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
     for limit, rows in (("KERNEL_MAX_EXTEND_ROWS", 3), ("KERNEL_MAX_GROUP_ROWS", 4)):
-        # a member past the row limit, or a group past the group limit (its 5 new rows)
-        monkeypatch.setattr(shared_prefix, limit, rows)
-        plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
-                                   new_slots=new_slots, prefix_groups=groups)
-        assert plan.paged is None and plan.shared is not None
-        monkeypatch.undo()
+        # a member past the row limit, or a group past the group limit (its 5 new rows);
+        # each limit alone, the groups' keys-per-row patch above kept
+        with monkeypatch.context() as m:
+            m.setattr(shared_prefix, limit, rows)
+            plan = AttentionPlan.build(qo, kvp, kvi, 32, extend=True, paged_kernel=True,
+                                       new_slots=new_slots, prefix_groups=groups)
+            assert plan.paged is None and plan.shared is not None
 
 
 @needs_kernel
