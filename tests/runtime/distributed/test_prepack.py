@@ -66,10 +66,14 @@ def test_a_weight_changed_in_place_needs_prepack_again():
 @pytest.mark.parametrize("has_bf16", [True, False])
 def test_bf16_weights_are_packed_where_the_cpu_has_bf16(has_bf16, monkeypatch):
     # with bf16 instructions oneDNN's bf16 kernels (AMX / AVX512-BF16) beat torch's matmul;
-    # without them oneDNN emulates bf16 and the dense weight is kept
+    # without them oneDNN emulates bf16 and the dense weight is kept. oneDNN packs bf16 only
+    # on AVX-512 (BW/VL/DQ) CPUs: told "bf16" on an AVX2 one, it refuses and every layer
+    # falls back to the dense weight, with the same outputs
     monkeypatch.setattr(layers_module, "cpu_has_bf16", lambda: has_bf16)
     layers = [m.to(torch.bfloat16) for m in _layers()]
-    assert prepack_weights(torch.nn.ModuleList(layers)) == (3 if has_bf16 else 0)
+    packs = has_bf16 and torch.cpu._is_avx512_supported()
+    assert prepack_weights(torch.nn.ModuleList(layers)) == (3 if packs else 0)
+    assert all((m.packed is not None) == packs for m in layers)
     x = torch.randn(33, 48).to(torch.bfloat16)
     with torch.inference_mode():
         for m in layers:
