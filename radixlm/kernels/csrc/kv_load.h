@@ -13,6 +13,18 @@ typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 
 inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// 8 floats: one AVX2 register. GCC keeps a v16 in two only as a single value; arrays of
+// them (a tile's accumulators) it spills to the stack, so AVX2 tiles are written in v8.
+typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
+inline v8 from_m256(__m256 x) {
+  v8 r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+#endif
+
 // How a pool dtype is read: 16 elements at a time as floats (vector path), or one. bf16 is
 // the high half of a float, fp8 e5m2 the high byte of a float16; the conversions are x86
 // instructions where the compiler targets them (GCC scalarises _Float16 vectors without
@@ -59,6 +71,9 @@ struct F32 {
   using S = float;
   static v16 load(const S* p) { return load16(p); }
   static float one(const S* p) { return *p; }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  static v8 load8(const S* p) { return ::load8(p); }
+#endif
 };
 struct BF16 {
   using S = uint16_t;
@@ -79,6 +94,12 @@ struct BF16 {
 #endif
   }
   static float one(const S* p) { return bf16_bits(*p); }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  static v8 load8(const S* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return from_m256(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+#endif
 };
 struct F16 {
   using S = uint16_t;
@@ -90,6 +111,11 @@ struct F16 {
 #endif
   }
   static float one(const S* p) { return f16_bits(*p); }
+#if defined(__AVX2__) && !defined(__AVX512F__) && defined(__F16C__)
+  static v8 load8(const S* p) {
+    return from_m256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+#endif
 };
 struct E5M2 {
   using S = uint8_t;
@@ -103,6 +129,12 @@ struct E5M2 {
 #endif
   }
   static float one(const S* p) { return bits(*p); }
+#if defined(__AVX2__) && !defined(__AVX512F__) && defined(__F16C__)
+  static v8 load8(const S* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return from_m256(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)));
+  }
+#endif
 };
 
 // A pool row of d elements of KV's dtype into L2 (scattered slots: the hardware prefetcher

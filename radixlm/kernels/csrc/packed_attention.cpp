@@ -4,11 +4,12 @@
 //   1. pack: the block's K rows, widened to float32, transposed into K^T [d][64] (keys
 //      past the block's end: zero);
 //   2. for each tile of kTile rows that sees a key of the block:
-//        S [kTile][64] = Q K^T: for each of d, the rows' element broadcast times the 64
-//        keys' (4 vectors), added into 24 accumulators;
+//        S [kTile][64] = Q K^T: for each of d, the rows' element broadcast times the
+//        keys' (AVX-512: all 64, 4 vectors, into 24 accumulators; AVX2: 16 at a time, 2
+//        vectors, into 12);
 //        online softmax per row (scale, soft cap, window / causal bounds: softmax_update);
-//        acc [kTile][d] = acc * alpha + P V, 4 vectors of d at a time, V's rows read in
-//        place (widened as loaded).
+//        acc [kTile][d] = acc * alpha + P V, 64 of d at a time (AVX2: 16), V's rows read
+//        in place (widened as loaded).
 //
 // Blocks outer, tiles inner: the block's K^T and V rows stay in cache for every tile; the
 // rows' states (m, l, acc) live in scratch between blocks. The products are the FMA path's,
@@ -24,7 +25,7 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 
 bool packed_on() {
   static const bool on = [] {
@@ -36,8 +37,25 @@ bool packed_on() {
 
 namespace {
 
-constexpr int64_t kKeys = 64;  // keys per block: 4 vectors of scores per row
-constexpr int64_t kTile = 6;   // rows per tile: 24 score vectors + 4 of K^T in registers
+constexpr int64_t kKeys = 64;  // keys per block
+constexpr int64_t kTile = 6;   // rows per tile
+// A register (vec, kW floats) and how many of them a tile keeps per pass: kSV of each row's
+// scores (kW keys each) and of K^T, kNC of each row's accumulator (kW of d each) and of V.
+// AVX-512 (32 registers): the whole block at once, 24 + 4; AVX2 (16 registers): 16 keys or
+// 16 of d at a time, 12 + 2 and a broadcast.
+#if defined(__AVX512F__)
+using vec = v16;
+constexpr int kW = 16, kSV = 4, kNC = 4;
+inline vec loadv(const float* p) { return load16(p); }
+template <class KV>
+inline vec loadv(const typename KV::S* p) { return KV::load(p); }
+#else
+using vec = v8;
+constexpr int kW = 8, kSV = 2, kNC = 2;
+inline vec loadv(const float* p) { return load8(p); }
+template <class KV>
+inline vec loadv(const typename KV::S* p) { return KV::load8(p); }
+#endif
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The block's keys slots[0:n) of one head as K^T [d][kKeys] (row c: element c of each key).
@@ -51,6 +69,7 @@ void pack_keys(const typename KV::S* kh, const typename KV::S* vh, const int64_t
     prefetch_row<KV>(kh + ahead[j] * stride, d);
     prefetch_row<KV>(vh + ahead[j] * stride, d);
   }
+#if defined(__AVX512F__)
   __m512i r[16], tr[16];
   for (int64_t q = 0; q < kKeys / 16; ++q)  // 16 keys x 16 of d at a time
     for (int64_t c = 0; c < d; c += 16) {
@@ -61,25 +80,39 @@ void pack_keys(const typename KV::S* kh, const typename KV::S* vh, const int64_t
       transpose16(r, tr);
       for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(kt + (c + p) * kKeys + q * 16, tr[p]);
     }
+#else
+  __m256 r[8];
+  for (int64_t q = 0; q < kKeys / 8; ++q)  // 8 keys x 8 of d at a time
+    for (int64_t c = 0; c < d; c += 8) {
+      for (int64_t j = 0; j < 8; ++j) {
+        const v8 x = q * 8 + j < n ? KV::load8(kh + slots[q * 8 + j] * stride + c) : v8{};
+        std::memcpy(&r[j], &x, sizeof x);
+      }
+      transpose8(r);
+      for (int64_t p = 0; p < 8; ++p) _mm256_store_ps(kt + (c + p) * kKeys + q * 8, r[p]);
+    }
+#endif
 }
 
 // S [kTile][kKeys] = the tile's rows q[0:kTile) times K^T, scaled.
 inline void tile_scores(const float* const* q, const float* kt, int64_t d, float scale,
                         float (*s)[kKeys]) {
-  v16 a[kTile][4] = {};
-  for (int64_t c = 0; c < d; ++c) {
-    v16 k[4];
-    for (int x = 0; x < 4; ++x) k[x] = load16(kt + c * kKeys + 16 * x);
-    for (int r = 0; r < kTile; ++r) {
-      const float qc = q[r][c];
-      for (int x = 0; x < 4; ++x) a[r][x] += qc * k[x];
+  for (int x0 = 0; x0 < kKeys / kW; x0 += kSV) {  // kSV vectors of keys per pass
+    vec a[kTile][kSV] = {};
+    for (int64_t c = 0; c < d; ++c) {
+      vec k[kSV];
+      for (int x = 0; x < kSV; ++x) k[x] = loadv(kt + c * kKeys + kW * (x0 + x));
+      for (int r = 0; r < kTile; ++r) {
+        const float qc = q[r][c];
+        for (int x = 0; x < kSV; ++x) a[r][x] += qc * k[x];
+      }
     }
+    for (int r = 0; r < kTile; ++r)
+      for (int x = 0; x < kSV; ++x) {
+        const vec y = a[r][x] * scale;
+        std::memcpy(s[r] + kW * (x0 + x), &y, sizeof y);
+      }
   }
-  for (int r = 0; r < kTile; ++r)
-    for (int x = 0; x < 4; ++x) {
-      const v16 y = a[r][x] * scale;
-      std::memcpy(s[r] + 16 * x, &y, sizeof y);
-    }
 }
 
 // acc [kTile][d] = acc * alpha + P V over keys [j0, j1) of the block, NC vectors of d from
@@ -88,18 +121,18 @@ template <class KV, int NC>
 void tile_values(const float (*p)[kKeys], const float* alpha, const typename KV::S* vh,
                  const int64_t* slots, int64_t j0, int64_t j1, int64_t stride, int64_t d,
                  int64_t c0, float* acc) {
-  v16 o[kTile][NC];
+  vec o[kTile][NC];
   for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NC; ++c) o[r][c] = load16(acc + r * d + c0 + 16 * c) * alpha[r];
+    for (int c = 0; c < NC; ++c) o[r][c] = loadv(acc + r * d + c0 + kW * c) * alpha[r];
   for (int64_t j = j0; j < j1; ++j) {
     const typename KV::S* vp = vh + slots[j] * stride + c0;
-    v16 v[NC];
-    for (int c = 0; c < NC; ++c) v[c] = KV::load(vp + 16 * c);
+    vec v[NC];
+    for (int c = 0; c < NC; ++c) v[c] = loadv<KV>(vp + kW * c);
     for (int r = 0; r < kTile; ++r)
       for (int c = 0; c < NC; ++c) o[r][c] += p[r][j] * v[c];
   }
   for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NC; ++c) std::memcpy(acc + r * d + c0 + 16 * c, &o[r][c], sizeof(v16));
+    for (int c = 0; c < NC; ++c) std::memcpy(acc + r * d + c0 + kW * c, &o[r][c], sizeof(vec));
 }
 
 // One tile over one block: rows r0 + [0, kTile) of the head (states m, l, acc), the block
@@ -123,9 +156,10 @@ void tile_block(const Task<KV>& t, const float* const* q, const float* kt,
   }
   const int64_t stride = t.hkv * D;
   int64_t c0 = 0;
-  for (; c0 + 64 <= D; c0 += 64)
-    tile_values<KV, 4>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
-  if (c0 < D) tile_values<KV, 2>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);  // 32 left
+  for (; c0 + kW * kNC <= D; c0 += kW * kNC)
+    tile_values<KV, kNC>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
+  if constexpr (kW * kNC > 16)  // AVX-512: d = 64k + 32 leaves 32
+    if (c0 < D) tile_values<KV, 2>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
 }
 
 }  // namespace
@@ -170,7 +204,7 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
   }
 }
 
-#else  // no AVX-512: paged_attention never calls packed_task
+#else  // neither AVX-512 nor AVX2: paged_attention never calls packed_task
 
 bool packed_on() { return false; }
 

@@ -1,6 +1,6 @@
 // The packed float32 path of the CPU attention kernel (packed_attention.cpp): a float32 q
 // over any pool dtype, for tasks with rows enough per KV head (extend chunks, shared-prefix
-// groups). Each block of 64 keys is widened and transposed once per (task, head) into
+// groups; on AVX2 decode steps too). Each block of 64 keys is widened and transposed once per (task, head) into
 // K^T [d][64], then every tile of 6 rows takes its 6 x 64 scores as outer products (q's
 // element broadcast times 16 keys' elements: no lane sums) and its values from the rows in
 // place, its accumulators in registers. The FMA path (paged_attention.cpp: tiles of 4 rows,
@@ -12,8 +12,9 @@
 
 #include <cstdint>
 
-// Whether paged_attention takes the path: a build with AVX-512 (its tiles keep 28 vectors in
-// registers), unless RADIXLM_CPU_PACKED=0 (read once) keeps every float32 q on the FMA path.
+// Whether paged_attention takes the path: a build with AVX-512 (a tile keeps 28 vectors in
+// registers) or AVX2 and FMA (16 keys or 16 of d per pass: 15 of the 16 registers), unless
+// RADIXLM_CPU_PACKED=0 (read once) keeps every float32 q on the FMA path.
 bool packed_on();
 
 // Heads [h0, h1) of one segment with a float32 q (t.q), d = 16 * DC. Same contract as the
@@ -22,10 +23,18 @@ template <class KV, int DC>
 void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse);
 
 // The least rows per head (query rows x heads of the group) and keys a task needs to take
-// the packed path. Measured on AMD Zen 4 (2 threads, 32 segments of scattered keys, heads
-// of 64 in groups of 6, causal or not; packed / FMA time): 0.97-1.02x at 6 rows per head
-// (one tile: nothing to share a packed block with), 0.85-0.92x at 12 over 64-512 keys,
-// 0.79-0.86x at 24, 0.77-0.80x at 48; over 32 keys 1.08-1.15x slower at every row count (a
-// block is scored as 64 keys whatever it holds).
+// the packed path (benchmarks/packed_attention.py: 2 threads, 32 segments of scattered keys,
+// heads of 64 in groups of 6, causal or not; packed / FMA time). AVX-512, on AMD Zen 4:
+// 0.97-1.02x at 6 rows per head (one tile: nothing to share a packed block with),
+// 0.85-0.92x at 12 over 64-512 keys, 0.79-0.86x at 24, 0.77-0.80x at 48; over 32 keys
+// 1.08-1.15x slower at every row count (a block is scored as 64 keys whatever it holds).
+// AVX2, on AMD Zen 3, where the FMA path's tiles of 16-float vectors do not fit the 16
+// registers and live on the stack: 0.30-0.45x at 6 rows per head (a decode step's), over
+// 32-512 keys, 0.15-0.34x at 12-48 rows.
+#if defined(__AVX512F__)
 constexpr int64_t kPackedMinRows = 12;
 constexpr int64_t kPackedMinKeys = 48;
+#else
+constexpr int64_t kPackedMinRows = 6;
+constexpr int64_t kPackedMinKeys = 1;
+#endif
