@@ -29,12 +29,14 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
 // 0.85-0.92x at 12 over 64-512 keys, 0.79-0.86x at 24, 0.77-0.80x at 48; over 32 keys
 // 1.08-1.15x slower at every row count (a block is scored as 64 keys whatever it holds).
 // AVX2, on AMD Zen 3, where the FMA path's tiles of 16-float vectors do not fit the 16
-// registers and live on the stack: 0.30-0.45x at 6 rows per head (a decode step's), over
-// 32-512 keys, 0.15-0.34x at 12-48 rows.
+// registers and live on the stack: 0.30-0.45x at 6 rows per head over 32-512 keys,
+// 0.15-0.34x at 12-48 rows; at 3 (a decode step of the small preset, 12 / 4 heads; half
+// of each tile is padding) the engine's decode attention took 1.63 s instead of 2.16 over
+// cpu_time_split.py's unique workload: every task takes it.
 #if defined(__AVX512F__)
 constexpr int64_t kPackedMinRows = 12;
 constexpr int64_t kPackedMinKeys = 48;
 #else
-constexpr int64_t kPackedMinRows = 6;
+constexpr int64_t kPackedMinRows = 1;
 constexpr int64_t kPackedMinKeys = 1;
 #endif
