@@ -19,7 +19,7 @@ import torch
 from radixlm.kernels import cpu_paged
 
 pytestmark = pytest.mark.skipif(not (cpu_paged.available() and cpu_paged.packed()),
-                                reason="kernel without the packed path (no AVX-512)")
+                                reason="kernel without the packed path (neither AVX-512 nor AVX2)")
 SCALE = 0.3
 
 
@@ -107,6 +107,36 @@ def test_packed_matches_f64(d, dtype, causal):
         ro, rl = oracle(*args)
         assert torch.allclose(o.double(), ro, atol=2e-5, rtol=1e-4), (window, cap, init)
         assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+        assert torch.allclose(lse.double().nan_to_num(0.0, neginf=0.0),
+                              rl.nan_to_num(0.0, neginf=0.0), atol=2e-5, rtol=1e-5)
+
+
+def _decode_case(seed, d, grp, init):
+    """Decode: four segments of one row each over 1-150 scattered keys, 2 KV heads in
+    groups of ``grp``: 1-3 rows per KV head (tiles of 3 where every task takes this path,
+    AVX2 builds; the FMA path on AVX-512)."""
+    g = torch.Generator().manual_seed(seed)
+    keys = [1, *(int(x) for x in torch.randint(2, 150, (3,), generator=g))]
+    hkv, hq, pool = 2, 2 * grp, sum(keys) + 5
+    q = torch.randn(5, hq, d, generator=g) * 1.5
+    k_buf = (torch.randn(pool, hkv, d, generator=g) * 1.5)
+    v_buf = torch.randn(pool, hkv, d, generator=g)
+    rows = torch.randperm(5, generator=g)[:4]
+    kv_indices = torch.randperm(pool, generator=g)[: sum(keys)]
+    o_init = torch.randn(5, hq, d, generator=g) if init else None
+    lse_init = torch.randn(5, hq, generator=g) if init else None
+    return (q, k_buf, v_buf, rows, torch.arange(5), torch.tensor([0, *keys]).cumsum(0),
+            kv_indices, True, None, 5.0 if init else None, o_init, lse_init)
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("grp", [1, 2, 3])
+def test_decode_rows_match_f64(d, grp):
+    for init in (False, True):
+        args = _decode_case(d * grp, d, grp, init)
+        o, lse = _run(args)
+        ro, rl = oracle(*args)
+        assert torch.allclose(o.double(), ro, atol=2e-5, rtol=1e-4), init
         assert torch.allclose(lse.double().nan_to_num(0.0, neginf=0.0),
                               rl.nan_to_num(0.0, neginf=0.0), atol=2e-5, rtol=1e-5)
 

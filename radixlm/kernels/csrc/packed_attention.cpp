@@ -3,12 +3,11 @@
 //
 //   1. pack: the block's K rows, widened to float32, transposed into K^T [d][64] (keys
 //      past the block's end: zero);
-//   2. for each tile of kTile rows that sees a key of the block:
-//        S [kTile][64] = Q K^T: for each of d, the rows' element broadcast times the
-//        keys' (AVX-512: all 64, 4 vectors, into 24 accumulators; AVX2: 16 at a time, 2
-//        vectors, into 12);
+//   2. for each tile of RT rows (6; 3 in a task of at most 3) that sees a key of the block:
+//        S [RT][64] = Q K^T: for each of d, the rows' element broadcast times the keys'
+//        (AVX-512: all 64, 4 vectors; AVX2: 16 at a time, 2 vectors, or 32 in tiles of 3);
 //        online softmax per row (scale, soft cap, window / causal bounds: softmax_update);
-//        acc [kTile][d] = acc * alpha + P V, 64 of d at a time (AVX2: 16), V's rows read
+//        acc [RT][d] = acc * alpha + P V, as many vectors of d at a time, V's rows read
 //        in place (widened as loaded).
 //
 // Blocks outer, tiles inner: the block's K^T and V rows stay in cache for every tile; the
@@ -38,24 +37,26 @@ bool packed_on() {
 namespace {
 
 constexpr int64_t kKeys = 64;  // keys per block
-constexpr int64_t kTile = 6;   // rows per tile
-// A register (vec, kW floats) and how many of them a tile keeps per pass: kSV of each row's
-// scores (kW keys each) and of K^T, kNC of each row's accumulator (kW of d each) and of V.
-// AVX-512 (32 registers): the whole block at once, 24 + 4; AVX2 (16 registers): 16 keys or
-// 16 of d at a time, 12 + 2 and a broadcast.
+// A tile has RT rows: 6, or 3 in a task of at most 3 (an AVX2 decode step of a group of 3).
+// A register (vec, kW floats) and how many of them a tile keeps per pass: vecs<RT> of each
+// row's scores (kW keys each) and of K^T, the same of each row's accumulator (kW of d each)
+// and of V. AVX-512 (32 registers): 24 accumulators, the whole block (4 vectors) at once;
+// AVX2 (16 registers): 12 accumulators, 2 or 4 vectors, a broadcast beside them.
 #if defined(__AVX512F__)
 using vec = v16;
-constexpr int kW = 16, kSV = 4, kNC = 4;
+constexpr int kW = 16, kAccumulators = 24;
 inline vec loadv(const float* p) { return load16(p); }
 template <class KV>
 inline vec loadv(const typename KV::S* p) { return KV::load(p); }
 #else
 using vec = v8;
-constexpr int kW = 8, kSV = 2, kNC = 2;
+constexpr int kW = 8, kAccumulators = 12;
 inline vec loadv(const float* p) { return load8(p); }
 template <class KV>
 inline vec loadv(const typename KV::S* p) { return KV::load8(p); }
 #endif
+template <int RT>
+constexpr int vecs() { return std::min(4, kAccumulators / RT); }
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The block's keys slots[0:n) of one head as K^T [d][kKeys] (row c: element c of each key).
@@ -94,20 +95,22 @@ void pack_keys(const typename KV::S* kh, const typename KV::S* vh, const int64_t
 #endif
 }
 
-// S [kTile][kKeys] = the tile's rows q[0:kTile) times K^T, scaled.
-inline void tile_scores(const float* const* q, const float* kt, int64_t d, float scale,
-                        float (*s)[kKeys]) {
+// S [RT][kKeys] = the tile's rows q[0:RT) times K^T, scaled.
+template <int RT>
+void tile_scores(const float* const* q, const float* kt, int64_t d, float scale,
+                 float (*s)[kKeys]) {
+  constexpr int kSV = vecs<RT>();
   for (int x0 = 0; x0 < kKeys / kW; x0 += kSV) {  // kSV vectors of keys per pass
-    vec a[kTile][kSV] = {};
+    vec a[RT][kSV] = {};
     for (int64_t c = 0; c < d; ++c) {
       vec k[kSV];
       for (int x = 0; x < kSV; ++x) k[x] = loadv(kt + c * kKeys + kW * (x0 + x));
-      for (int r = 0; r < kTile; ++r) {
+      for (int r = 0; r < RT; ++r) {
         const float qc = q[r][c];
         for (int x = 0; x < kSV; ++x) a[r][x] += qc * k[x];
       }
     }
-    for (int r = 0; r < kTile; ++r)
+    for (int r = 0; r < RT; ++r)
       for (int x = 0; x < kSV; ++x) {
         const vec y = a[r][x] * scale;
         std::memcpy(s[r] + kW * (x0 + x), &y, sizeof y);
@@ -115,38 +118,39 @@ inline void tile_scores(const float* const* q, const float* kt, int64_t d, float
   }
 }
 
-// acc [kTile][d] = acc * alpha + P V over keys [j0, j1) of the block, NC vectors of d from
+// acc [RT][d] = acc * alpha + P V over keys [j0, j1) of the block, NC vectors of d from
 // column c0 (V rows in place at slots).
-template <class KV, int NC>
+template <class KV, int RT, int NC>
 void tile_values(const float (*p)[kKeys], const float* alpha, const typename KV::S* vh,
                  const int64_t* slots, int64_t j0, int64_t j1, int64_t stride, int64_t d,
                  int64_t c0, float* acc) {
-  vec o[kTile][NC];
-  for (int r = 0; r < kTile; ++r)
+  vec o[RT][NC];
+  for (int r = 0; r < RT; ++r)
     for (int c = 0; c < NC; ++c) o[r][c] = loadv(acc + r * d + c0 + kW * c) * alpha[r];
   for (int64_t j = j0; j < j1; ++j) {
     const typename KV::S* vp = vh + slots[j] * stride + c0;
     vec v[NC];
     for (int c = 0; c < NC; ++c) v[c] = loadv<KV>(vp + kW * c);
-    for (int r = 0; r < kTile; ++r)
+    for (int r = 0; r < RT; ++r)
       for (int c = 0; c < NC; ++c) o[r][c] += p[r][j] * v[c];
   }
-  for (int r = 0; r < kTile; ++r)
+  for (int r = 0; r < RT; ++r)
     for (int c = 0; c < NC; ++c) std::memcpy(acc + r * d + c0 + kW * c, &o[r][c], sizeof(vec));
 }
 
-// One tile over one block: rows r0 + [0, kTile) of the head (states m, l, acc), the block
+// One tile over one block: rows r0 + [0, RT) of the head (states m, l, acc), the block
 // starting at key b0 with n keys.
-template <class KV, int DC>
+template <class KV, int DC, int RT>
 void tile_block(const Task<KV>& t, const float* const* q, const float* kt,
                 const typename KV::S* vh, const int64_t* slots, int64_t b0, int64_t n,
                 int64_t r0, int64_t r_count, float* m, float* l, float* acc) {
   constexpr int64_t D = DC * 16;
-  alignas(64) float s[kTile][kKeys];
-  alignas(64) float alpha[kTile];
-  tile_scores(q, kt, D, t.scale, s);
+  constexpr int kNC = vecs<RT>();
+  alignas(64) float s[RT][kKeys];
+  alignas(64) float alpha[RT];
+  tile_scores<RT>(q, kt, D, t.scale, s);
   int64_t j0 = kKeys, j1 = 0;  // the keys some row of the tile sees
-  for (int r = 0; r < kTile; ++r) {
+  for (int r = 0; r < RT; ++r) {
     const bool real = r0 + r < r_count;
     const int64_t lo = real ? std::clamp<int64_t>(t.lo(r0 + r) - b0, 0, n) : 0;
     const int64_t hi = real ? std::clamp<int64_t>(t.hi(r0 + r) - b0, 0, n) : 0;
@@ -157,19 +161,16 @@ void tile_block(const Task<KV>& t, const float* const* q, const float* kt,
   const int64_t stride = t.hkv * D;
   int64_t c0 = 0;
   for (; c0 + kW * kNC <= D; c0 += kW * kNC)
-    tile_values<KV, kNC>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
-  if constexpr (kW * kNC > 16)  // AVX-512: d = 64k + 32 leaves 32
-    if (c0 < D) tile_values<KV, 2>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
+    tile_values<KV, RT, kNC>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
+  if constexpr (kW * kNC > 16)  // d = 64k + 32 leaves 32 (AVX-512), d = 32k + 16 16 (AVX2)
+    if (c0 < D) tile_values<KV, RT, 2>(s, alpha, vh, slots, j0, j1, stride, D, c0, acc);
 }
 
-}  // namespace
-
-template <class KV, int DC>
-void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
+template <class KV, int DC, int RT>
+void heads(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
   constexpr int64_t D = DC * 16;
-  const int64_t r_count = t.n_rows * t.grp, tiles = (r_count + kTile - 1) / kTile;
-  if (r_count == 0) return;
-  const int64_t padded = tiles * kTile, stride = t.hkv * D;
+  const int64_t r_count = t.n_rows * t.grp, tiles = (r_count + RT - 1) / RT;
+  const int64_t padded = tiles * RT, stride = t.hkv * D;
   const int64_t k1 = std::min(t.n_keys, t.hi(r_count - 1));
   const int64_t k0 = t.grid_start(t.lo(0), kKeys), kend = t.grid_end(k1);
   float* kt = scratch<float, 4>(D * kKeys);
@@ -192,16 +193,28 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
       const int64_t n_ahead = std::clamp<int64_t>(k1 - b0 - kKeys, 0, kKeys);
       pack_keys<KV>(kh, vh, t.slots + b0, n, stride, D, t.slots + b0 + kKeys, n_ahead, kt);
       for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t r0 = tile * kTile, last = std::min(r0 + kTile, r_count) - 1;
+        const int64_t r0 = tile * RT, last = std::min(r0 + RT, r_count) - 1;
         // rows' positions grow with r: the tile sees keys [lo(r0), hi(last))
         if (t.hi(last) <= b0 || t.lo(r0) >= b0 + n) continue;
-        tile_block<KV, DC>(t, q + r0, kt, vh, t.slots + b0, b0, n, r0, r_count, m + r0,
-                           l + r0, acc + r0 * D);
+        tile_block<KV, DC, RT>(t, q + r0, kt, vh, t.slots + b0, b0, n, r0, r_count, m + r0,
+                               l + r0, acc + r0 * D);
       }
     }
     for (int64_t r = 0; r < r_count; ++r)
       t.finish(t.head_of(h, r), m[r], l[r], acc + r * D, o, lse);
   }
+}
+
+}  // namespace
+
+template <class KV, int DC>
+void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
+  const int64_t r_count = t.n_rows * t.grp;
+  if (r_count == 0) return;
+  if (r_count <= 3)
+    heads<KV, DC, 3>(t, h0, h1, o, lse);
+  else
+    heads<KV, DC, 6>(t, h0, h1, o, lse);
 }
 
 #else  // neither AVX-512 nor AVX2: paged_attention never calls packed_task
