@@ -1,11 +1,12 @@
 // The packed float32 path of the CPU attention kernel (packed_attention.cpp): a float32 q
 // over any pool dtype, for tasks with rows enough per KV head (extend chunks, shared-prefix
-// groups; on AVX2 decode steps too). Each block of 64 keys is widened and transposed once per (task, head) into
-// K^T [d][64], then every tile of 6 rows takes its 6 x 64 scores as outer products (q's
-// element broadcast times 16 keys' elements: no lane sums) and its values from the rows in
-// place, its accumulators in registers. The FMA path (paged_attention.cpp: tiles of 4 rows,
-// each key's 16 lane sums reduced) is left to short tasks, where packing a block costs
-// more than it saves.
+// groups; on AVX2 decode steps too). Each block of 64 keys is widened and transposed once
+// per (task, head) into K^T [d][64], then every tile of 6 rows (3 in a task of at most 3)
+// takes its 6 x 64 scores as outer products (q's element broadcast times 16 keys'
+// elements: no lane sums) and its values from the rows in place, its accumulators in
+// registers. The FMA path (paged_attention.cpp: tiles of 4 rows, each key's 16 lane sums
+// reduced) is left to short tasks on AVX-512, where packing a block costs more than it
+// saves.
 #pragma once
 
 #include "attention_task.h"
@@ -30,9 +31,9 @@ void packed_task(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse
 // 1.08-1.15x slower at every row count (a block is scored as 64 keys whatever it holds).
 // AVX2, on AMD Zen 3, where the FMA path's tiles of 16-float vectors do not fit the 16
 // registers and live on the stack: 0.30-0.45x at 6 rows per head over 32-512 keys,
-// 0.15-0.34x at 12-48 rows; at 3 (a decode step of the small preset, 12 / 4 heads; half
-// of each tile is padding) the engine's decode attention took 1.63 s instead of 2.16 over
-// cpu_time_split.py's unique workload: every task takes it.
+// 0.15-0.34x at 12-48 rows; at 3 (a decode step of the small preset, 12 / 4 heads) the
+// engine's decode attention over cpu_time_split.py's unique workload took 1.63 s in tiles
+// of 6 (half of each padding) and 1.35 in tiles of 3, against 2.16: every task takes it.
 #if defined(__AVX512F__)
 constexpr int64_t kPackedMinRows = 12;
 constexpr int64_t kPackedMinKeys = 48;
