@@ -67,10 +67,14 @@ PrefixGroups = list[tuple[int, list[int]]]
 # packed float32 path (AVX-512 builds, csrc/packed_attention.cpp) the same EPYC, prompts
 # from an empty prefix, padded / kernel time: 1.73x at 1024, 1.39x at 2048, 1.08x at 4096
 # on one thread, 1.41x, 1.50x, 1.14x on two; 2048 new over 2048 cached 1.67x / 1.87x (the
-# FMA path: 0.96x / 1.08x at 2048, 0.76x / 0.94x at 4096). CPUs with AMX tiles take 256,
-# others with AVX-512 4096, the rest 1024.
+# FMA path: 0.96x / 1.08x at 2048, 0.76x / 0.94x at 4096). On an AMD EPYC without AVX-512
+# (Zen 3, AVX2: the packed path's AVX2 form, two threads, one run), padded / kernel time:
+# 1.05x at 1024 from an empty prefix, 1.02x at 2048, 0.81x at 4096; 2048 over 2048 cached
+# 1.09x, 4 x 1024 over 512 1.19x. CPUs with AMX tiles take 256, others with AVX-512 4096,
+# with AVX2 2048, the rest 1024.
 KERNEL_MAX_EXTEND_ROWS = (256 if torch.cpu._is_amx_tile_supported()
-                          else 4096 if torch.cpu._is_avx512_supported() else 1024)
+                          else 4096 if torch.cpu._is_avx512_supported()
+                          else 2048 if torch.cpu._is_avx2_supported() else 1024)
 # The same for a bfloat16 model: the padded passes then run torch's fused attention in
 # bf16 (AMX / AVX512-BF16 matmuls) while the kernel computes in float32 FMAs. Over a
 # 512-token prefix (8 sequences, 1 thread, busy machine) the kernel took 0.31x the
