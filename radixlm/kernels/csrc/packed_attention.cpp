@@ -45,13 +45,11 @@ constexpr int64_t kKeys = 64;  // keys per block
 #if defined(__AVX512F__)
 using vec = v16;
 constexpr int kW = 16, kAccumulators = 24;
-inline vec loadv(const float* p) { return load16(p); }
 template <class KV>
 inline vec loadv(const typename KV::S* p) { return KV::load(p); }
 #else
 using vec = v8;
 constexpr int kW = 8, kAccumulators = 12;
-inline vec loadv(const float* p) { return load8(p); }
 template <class KV>
 inline vec loadv(const typename KV::S* p) { return KV::load8(p); }
 #endif
@@ -104,7 +102,7 @@ void tile_scores(const float* const* q, const float* kt, int64_t d, float scale,
     vec a[RT][kSV] = {};
     for (int64_t c = 0; c < d; ++c) {
       vec k[kSV];
-      for (int x = 0; x < kSV; ++x) k[x] = loadv(kt + c * kKeys + kW * (x0 + x));
+      for (int x = 0; x < kSV; ++x) k[x] = loadv<F32>(kt + c * kKeys + kW * (x0 + x));
       for (int r = 0; r < RT; ++r) {
         const float qc = q[r][c];
         for (int x = 0; x < kSV; ++x) a[r][x] += qc * k[x];
@@ -126,7 +124,7 @@ void tile_values(const float (*p)[kKeys], const float* alpha, const typename KV:
                  int64_t c0, float* acc) {
   vec o[RT][NC];
   for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < NC; ++c) o[r][c] = loadv(acc + r * d + c0 + kW * c) * alpha[r];
+    for (int c = 0; c < NC; ++c) o[r][c] = loadv<F32>(acc + r * d + c0 + kW * c) * alpha[r];
   for (int64_t j = j0; j < j1; ++j) {
     const typename KV::S* vp = vh + slots[j] * stride + c0;
     vec v[NC];
