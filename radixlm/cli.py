@@ -66,7 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         else None
     # imported here, as Engine above: a server's spawned children import this module again
     # when it is the main one (``radixlm serve``), and seconds of imports each are theirs
-    from radixlm.runtime.entrypoints.http_server import launch_server
+    from radixlm.runtime.entrypoints.launch import launch_server
 
     return launch_server(server_args, sock)
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import transformers
 from tokenizers import Tokenizer
 
 from radixlm.tiny_model import (
@@ -32,6 +30,10 @@ from radixlm.tiny_model import (
     train_tokenizer,
     write_tokenizer,
 )
+
+if TYPE_CHECKING:
+    import torch
+    import transformers
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def family_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     """The transformers config of the tiny ``arch`` checkpoint."""
+    # torch and transformers are imported where they are used: the command line imports
+    # this module for FAMILIES, and a server's start should not wait seconds for them
+    import torch
+    import transformers
+
     if arch not in FAMILIES:
         raise ValueError(f"arch must be one of {sorted(FAMILIES)}, got {arch!r}")
     cls_name, special = FAMILIES[arch]
@@ -122,6 +129,8 @@ def family_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
 def _redraw(model: torch.nn.Module, seed: int) -> None:
     """Every parameter from one seeded generator: projections and biases at the built-in
     scales, norms near identity, a tied model's final norm shrunk as ``tiny_model`` does."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     tied = model.config.tie_word_embeddings
     # Gemma multiplies the embeddings by sqrt(hidden): draw them that much smaller, or the
@@ -157,6 +166,9 @@ def make_family_model(out_dir: str | Path, arch: str, seed: int = 0,
                       tokenizer: Tokenizer | None = None) -> Path:
     """Write the tiny ``arch`` checkpoint (config, safetensors, tokenizer) to ``out_dir``.
     ``tokenizer``: the built-in tokenizer already trained (else trained here)."""
+    import torch
+    import transformers
+
     out = Path(out_dir)
     tok = tokenizer or train_tokenizer(vocab_size=VOCAB_SIZE)
     config = family_config(arch, tok.get_vocab_size())

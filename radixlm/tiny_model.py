@@ -22,10 +22,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +166,8 @@ def _hf_config(arch: str, vocab_size: int, shape: ModelShape) -> dict:
 def _random_weights(arch: str, vocab_size: int, seed: int, shape: ModelShape
                     ) -> dict[str, torch.Tensor]:
     """HF-named float32 tensors; generated in a fixed order from one seeded generator."""
+    import torch  # here: a server's start reads this module's paths, and torch takes seconds
+
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = shape.hidden, shape.intermediate
     proj = PROJ_STD * (128 / hidden) ** 0.5  # PROJ_STD at the tiny width
@@ -255,6 +259,8 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int =
     tok = write_tokenizer(out, shape.vocab)
     vocab_size = tok.get_vocab_size()
     _write_json(out / "config.json", _hf_config(arch, vocab_size, shape))
+    from safetensors.torch import save_file
+
     save_file(
         _random_weights(arch, vocab_size, seed, shape),
         str(out / "model.safetensors"),

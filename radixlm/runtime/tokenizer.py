@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from radixlm.tiny_model import default_tiny_model_path
 
 
@@ -21,4 +19,8 @@ def resolve_model_path(model_path: str | None) -> str:
 
 
 def load_tokenizer(path: str) -> Any:
+    # imported here: transformers imports torch (seconds), and a server's start reads
+    # resolve_model_path before its children are spawned
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

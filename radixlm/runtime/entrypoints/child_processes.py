@@ -4,6 +4,7 @@ watchdog, stop. What a child does first is ``managers/child_setup.py``."""
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import multiprocessing
 import os
@@ -67,8 +68,12 @@ class ChildProcesses:
         if proc is not None and proc.is_alive():
             proc.kill()
 
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        proc = self.ctx.Process(target=target, args=args, name=f"radixlm-{name}", daemon=True)
+    def start(self, name: str, target: str, *args: Any) -> None:
+        """Spawn ``target(*args)``, named ``"package.module:function"``: the child imports
+        it, so this process need not have (a scheduler's imports take seconds of a core,
+        and the server starts its children before its own)."""
+        proc = self.ctx.Process(target=run_named, args=(target, *args), name=f"radixlm-{name}",
+                                daemon=True)
         proc.start()
         self.procs[name] = proc
 
@@ -125,6 +130,15 @@ class ChildProcesses:
 
 
 IPC_PREFIX = "radixlm-"
+# the children's entry points (``ChildProcesses.start`` imports them in the child)
+SCHEDULER_ENTRY = "radixlm.runtime.managers.scheduler.scheduler_process:run_scheduler_process"
+DETOKENIZER_ENTRY = "radixlm.runtime.managers.detokenizer:run_detokenizer_process"
+
+
+def run_named(target: str, *args: Any) -> None:
+    """In the child: import ``"package.module:function"`` and call it with ``args``."""
+    module, function = target.split(":")
+    getattr(importlib.import_module(module), function)(*args)
 
 
 def _remove_stale_ipc_dirs() -> None:

@@ -1,15 +1,11 @@
-"""``radixlm serve``: the HTTP server (FastAPI on uvicorn) and its processes.
-
-The main process runs HTTP and the TokenizerManager; the scheduler and the detokenizer
-run in ``spawn``ed children, linked by zmq PUSH/PULL over ipc sockets in a private
-0700 directory. SGLang's native routes live in ``native_api.py``, OpenAI's in
-``openai_api.py``.
+"""``radixlm serve``: the HTTP server (FastAPI on uvicorn), in the main process with the
+TokenizerManager; ``launch.py`` starts it and its children. SGLang's native routes live
+in ``native_api.py``, OpenAI's in ``openai_api.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -34,18 +30,14 @@ from radixlm.runtime.entrypoints.lifecycle import (
     LoopWatchdog,
     scheduler_watchdog,
 )
-from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.runtime.entrypoints.native_api import NativeRoutes, radixlm_version
 from radixlm.runtime.entrypoints.openai.embeddings_api import EmbeddingRoutes
 from radixlm.runtime.entrypoints.openai.openai_api import OpenAIRoutes
 from radixlm.runtime.entrypoints.openai.responses_api import ResponsesRoutes
 from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
 from radixlm.runtime.entrypoints.openapi import openapi_schema
-from radixlm.runtime.managers.detokenizer import run_detokenizer_process
-from radixlm.runtime.managers.scheduler.scheduler_process import run_scheduler_process
-from radixlm.runtime.managers.scheduler.tp_ranks import serve_node
 from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
-from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
+from radixlm.runtime.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +66,16 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     app.openapi = openapi  # type: ignore[method-assign]
     bounded = BodyLimitMiddleware(app, args.max_request_bytes, args.request_read_timeout)
     return with_api_keys(bounded, args)
+
+
+def serve_http(args: ServerArgs, model_path: str, addr: dict[str, str],
+               children: ChildProcesses, sock: socket.socket) -> int:
+    """Serve HTTP on ``sock`` once the children (started already) are ready, until
+    SIGTERM/SIGINT: 0 after a clean shutdown, 1 when the watchdog found the scheduler
+    stuck."""
+    ApiKeys.from_args(args)  # a bad key file stops the server (and the children) at once
+    tokenizer = load_tokenizer(args.tokenizer_path or model_path)
+    return asyncio.run(_serve(args, model_path, tokenizer, addr, children, sock))
 
 
 async def _serve(
@@ -136,39 +138,3 @@ async def _serve(
         task.cancel()
     tm.close()
     return 1 if children.stalled else 0
-
-
-def launch_server(args: ServerArgs, sock: socket.socket | None = None) -> int:
-    """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
-    when the watchdog found the scheduler stuck. ``sock``: the port, bound already
-    (``listener.bind_listener``; the command line binds it before its imports)."""
-    ApiKeys.from_args(args)  # a bad key file stops the server before it starts
-    model_path = resolve_model_path(args.model_path)
-    if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
-        return serve_node(args, model_path)
-    sock = sock or bind_listener(args.host, args.port)
-    children = ChildProcesses(args.dp_size)
-    names = [children.scheduler_name(r) for r in range(args.dp_size)]
-    addr = {name: children.address(name) for name in (*names, "detokenizer", "tm")}
-    try:
-        children.start(
-            "detokenizer",
-            run_detokenizer_process,
-            args.tokenizer_path or model_path,
-            addr["detokenizer"],
-            addr["tm"],
-            os.getpid(),
-            args.log_level,
-        )
-        for rank, name in enumerate(names):
-            children.start(name, run_scheduler_process, json.dumps(dataclasses.asdict(args)),
-                           model_path, addr[name], addr["detokenizer"], os.getpid(),
-                           children.heartbeats[rank], rank)
-        # after the children started: they import and load the model meanwhile
-        tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-        code = asyncio.run(_serve(args, model_path, tokenizer, addr, children, sock))
-    finally:
-        children.stop(timeout=10.0 if not children.stalled else 0.0)
-        sock.close()
-    logger.info("server stopped")
-    return code

@@ -27,7 +27,7 @@ import zmq
 from msgspec import EncodeError
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.entrypoints.child_processes import ChildProcesses
+from radixlm.runtime.entrypoints.child_processes import SCHEDULER_ENTRY, ChildProcesses
 from radixlm.runtime.entrypoints.engine.engine_loop import EngineError, RequestStreams
 from radixlm.runtime.managers.data_parallel.data_parallel_controller import DataParallelController
 from radixlm.runtime.managers.messages import (
@@ -44,7 +44,6 @@ from radixlm.runtime.managers.messages import (
     decode,
     encode,
 )
-from radixlm.runtime.managers.scheduler.scheduler_process import run_scheduler_process
 from radixlm.runtime.managers.validation import RequestLimits
 
 logger = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class ReplicaProcesses(RequestStreams):
         out_addr = self.children.address("engine")
         for rank in range(self.dp_size):
             name = self.children.scheduler_name(rank)
-            self.children.start(name, run_scheduler_process, args_json, model_path,
+            self.children.start(name, SCHEDULER_ENTRY, args_json, model_path,
                                 self.children.address(name), out_addr, os.getpid(),
                                 self.children.heartbeats[rank], rank, False)
         ready: dict[int, SchedulerReady] = {}
