@@ -201,3 +201,16 @@ def test_cycle_finder_finds_a_cycle():
     graph = {"radixlm.a": {"radixlm.b"}, "radixlm.b": {"radixlm.c"}, "radixlm.c": {"radixlm.a"}}
     assert find_cycle(graph) == ["radixlm.a", "radixlm.b", "radixlm.c", "radixlm.a"]
     assert find_cycle({"radixlm.a": {"radixlm.b"}, "radixlm.b": set()}) is None
+
+
+def test_a_servers_start_imports_no_torch_before_its_children():
+    # every server process imports torch (seconds of a core each): the command line and the
+    # launch must not, or the children start that much later (docs/design.md)
+    import subprocess
+    import sys
+
+    code = ("import sys, radixlm.cli, radixlm.launch_server, radixlm.runtime.entrypoints.launch\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'xgrammar')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
