@@ -27,7 +27,7 @@ demo: install
 	$(PY) -m radixlm.cli demo
 
 test: install
-	PYTHONUNBUFFERED=1 $(PY) -m pytest -q -x --durations=15
+	PYTHONUNBUFFERED=1 $(PY) -m pytest -q -x -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 lint: install
 	$(VENV)/bin/ruff check radixlm tests benchmarks examples

@@ -9,7 +9,9 @@ importing ``sglang/__init__`` (which pulls in the whole server runtime).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -21,22 +23,28 @@ CACHE = Path(os.environ.get("RADIXLM_CACHE_DIR", Path.home() / ".cache" / "radix
 
 
 def sglang_root() -> Path:
-    """The directory that holds the unpacked ``sglang`` package (downloaded if needed)."""
+    """The directory that holds the unpacked ``sglang`` package (downloaded if needed, once
+    per machine: under a file lock, since the suite's workers run files in parallel)."""
     root = CACHE / f"sglang-{SGLANG_VERSION}"
     if (root / "sglang" / "lang" / "api.py").exists():
         return root
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        f"sglang=={SGLANG_VERSION}", "-d", str(wheels)], check=True)
+    with open(CACHE / f"sglang-{SGLANG_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "sglang" / "lang" / "api.py").exists():  # unpacked while we waited
+            return root
         found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    tmp = root.with_suffix(".partial")
-    with zipfile.ZipFile(found[0]) as zf:
-        members = [m for m in zf.namelist() if m.startswith("sglang/")]
-        zf.extractall(tmp, members)
-    tmp.rename(root) if not root.exists() else None
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                            f"sglang=={SGLANG_VERSION}", "-d", str(wheels)], check=True)
+            found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+        tmp = root.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process that was killed
+        with zipfile.ZipFile(found[0]) as zf:
+            zf.extractall(tmp, [m for m in zf.namelist() if m.startswith("sglang/")])
+        shutil.rmtree(root, ignore_errors=True)  # an incomplete one
+        tmp.rename(root)
     return root
 
 
