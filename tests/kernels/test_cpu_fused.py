@@ -147,6 +147,18 @@ def test_silu_and_mul(dtype, inter, rows) -> None:
     _close(kernels.silu_and_mul(x), g / (1 + torch.exp(-g)) * u, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_keeps_nan(dtype) -> None:
+    # a NaN gate or up gives NaN (bfloat16: torch's 0x7FC0), on the vector lanes and the
+    # row's tail (inter 21: 16 + 5, 8 + 8 + 5)
+    x = _randn(3, 42, dtype=dtype, seed=13)
+    x[0, 2] = x[1, 21 + 9] = x[2, 5] = x[2, 41] = float("nan")
+    ours, ref = kernels.silu_and_mul(x), reference.silu_and_mul(x)
+    assert torch.equal(ours.isnan(), ref.isnan()) and ours.isnan().sum() == 4
+    if dtype == torch.bfloat16:
+        assert (ours[ours.isnan()].view(torch.int16) == 0x7FC0).all()
+
+
 def test_backend_torch_keeps_the_reference(monkeypatch) -> None:
     calls = []
     for name in ("rms_norm", "apply_rotary", "silu_and_mul", "store_kv"):
