@@ -1,14 +1,16 @@
-"""float32 linears of few rows on AVX-512 FMAs (``csrc/fma_linear.cpp``): the float32
-counterpart of ``amx_linear.py``.
+"""float32 linears on FMAs (``csrc/fma_linear.cpp``): the float32 counterpart of
+``amx_linear.py``.
 
-    pack(w [N, K] f32) -> the weight in panels of 48 columns (N rounded up to 48)
+    pack(w [N, K] f32) -> the weight in panels of panel_columns() columns (N rounded up)
     linear(x [..., K] f32, packed, N, bias [N] | None) -> y [..., N] f32
 
-A decode step multiplies a few rows by every weight once. oneDNN's prepacked float32 linear
-(the path of the other products) runs those at a fraction of the FMA units' rate here; this
-kernel keeps an 8 x 48 block of y in registers, streams each thread's panels forward with
-the next 4 KiB prefetched, and adds the bias in the same pass. Past ``MAX_ROWS`` oneDNN's
-blocking is as fast (``benchmarks/cpu_linear.py --fma``), so those products stay there.
+The kernel keeps a block of y in registers (AVX-512: 8 rows x 48 columns; AVX2: 6 x 16),
+streams each thread's panels forward with the next 4 KiB prefetched, and adds the bias in
+the same pass. On AVX-512 it is for decode steps: oneDNN's prepacked float32 linear runs
+a few rows at a fraction of the FMA units' rate there, and past ``MAX_ROWS_AVX512`` rows
+oneDNN's blocking is as fast (``benchmarks/cpu_linear.py --fma``). On AVX2 it beats
+oneDNN at every row count measured (1-2048 rows, 1.06-1.4x with two threads on AMD Zen 3),
+so it takes every product and oneDNN's copy of the weight is not made.
 """
 
 from __future__ import annotations
@@ -19,18 +21,28 @@ import torch
 
 from radixlm.kernels import cpu_paged
 
-# most rows of x taking this path (docs/benchmarks.md "float32 decode linears")
-MAX_ROWS = 32
+# most rows of x taking this path on AVX-512 (docs/benchmarks.md "float32 decode linears")
+MAX_ROWS_AVX512 = 32
 
 
 @cache
+def panel_columns() -> int:
+    """Columns per panel of this build: 48 (AVX-512), 16 (AVX2 with FMA), 0 (no kernel)."""
+    return int(torch.ops.radixlm_cpu.fma_linear_panel()) if cpu_paged.available() else 0
+
+
 def _ready() -> bool:
-    return cpu_paged.available() and bool(torch.ops.radixlm_cpu.fma_linear_ready())
+    return panel_columns() > 0
+
+
+def max_rows() -> int | None:
+    """Most rows of x a product sends here; None: every product (the AVX2 build)."""
+    return MAX_ROWS_AVX512 if panel_columns() == 48 else None
 
 
 def supports(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can be packed for this kernel: a 2-D float32 CPU tensor, the
-    library built for a CPU with AVX-512."""
+    library built for a CPU with AVX-512, or AVX2 and FMA."""
     return (weight.dim() == 2 and weight.dtype == torch.float32
             and weight.device.type == "cpu" and _ready())
 
@@ -47,6 +59,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int,
 
 
 def takes(x: torch.Tensor) -> bool:
-    """Whether a product with ``x`` goes through this kernel (float32, at most MAX_ROWS
+    """Whether a product with ``x`` goes through this kernel (float32, at most max_rows()
     rows)."""
-    return x.dtype == torch.float32 and x.numel() <= MAX_ROWS * x.shape[-1]
+    limit = max_rows()
+    return x.dtype == torch.float32 and (limit is None or x.numel() <= limit * x.shape[-1])

@@ -1,10 +1,11 @@
-"""float32 linears of few rows on AVX-512 FMAs (``kernels/fma_linear.py``,
-``csrc/fma_linear.cpp``): against a float64 oracle (float32 sums in order over K: within
-K float32 roundings of the exact result), against oneDNN's float32 linear (the counterpart
-it replaces in decode steps), at every tail of rows (blocks of 8), columns (panels of 48)
-and K, with and without a bias, strided and 3-D inputs; and the layers' dispatch: a float32
-layer on an AVX-512 CPU holds both packed copies and sends products of at most MAX_ROWS
-rows here, the rest to oneDNN. Skipped where the build has no AVX-512."""
+"""float32 linears on FMAs (``kernels/fma_linear.py``, ``csrc/fma_linear.cpp``): against a
+float64 oracle (float32 sums in order over K: within K float32 roundings of the exact
+result), against oneDNN's float32 linear (the counterpart it replaces), at every tail of
+rows (blocks of 8 on AVX-512, 6 on AVX2), columns (panels of 48 or 16) and K, with and
+without a bias, strided and 3-D inputs; and the layers' dispatch: a float32 layer on an
+AVX-512 CPU holds both packed copies and sends products of at most max_rows() rows here,
+the rest to oneDNN; on AVX2 it holds the panels alone and sends every product here.
+Skipped where the build has neither."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from radixlm.runtime.distributed.layers import ColumnParallelLinear, Shard, prep
 from tests.kernels.linear_layers import small_layers
 
 needs_fma = pytest.mark.skipif(not fma_linear.supports(torch.zeros(1, 1)),
-                               reason="no AVX-512 build here")
+                               reason="no AVX-512 or AVX2 build here")
 
 
 def _inputs(m, n, k, seed):
@@ -86,13 +87,19 @@ def test_a_packing_of_another_shape_is_refused():
 
 
 @needs_fma
-@pytest.mark.parametrize("rows", [1, 5, fma_linear.MAX_ROWS, fma_linear.MAX_ROWS + 1, 100])
-def test_layers_send_few_rows_to_the_panels(rows, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 5, 32, 33, 100])
+def test_layers_send_the_products_it_runs_faster_to_the_panels(rows, monkeypatch):
     layers = small_layers(96)
     assert prepack_weights(torch.nn.ModuleList(layers)) == 3
-    assert all(m.fma_packed is not None and m.packed is not None and m.amx_packed is None
+    every = fma_linear.max_rows() is None  # the AVX2 build: no oneDNN copy
+    assert every == (fma_linear.panel_columns() == 16)
+    assert all(m.fma_packed is not None and (m.packed is None) == every
+               and m.amx_packed is None and m.is_prepacked() for m in layers)
+    assert all(m.packed_nbytes() == (0 if every else m.weight.nbytes) + m.fma_packed.nbytes
                for m in layers)
-    assert all(m.packed_nbytes() == m.weight.nbytes + m.fma_packed.nbytes for m in layers)
+    panel = fma_linear.panel_columns()
+    assert all(m.fma_packed.numel() == -(-m.weight.shape[0] // panel) * panel * 96
+               for m in layers)
     calls = []
     real = fma_linear.linear
     monkeypatch.setattr(fma_linear, "linear", lambda *a: calls.append(1) or real(*a))
@@ -100,9 +107,10 @@ def test_layers_send_few_rows_to_the_panels(rows, monkeypatch):
     with torch.inference_mode():
         for m in layers:
             _check_f64(m(x), x, m.weight, getattr(m, "bias", None))
-    assert len(calls) == (3 if rows <= fma_linear.MAX_ROWS else 0)
+    assert len(calls) == (3 if every or rows <= fma_linear.max_rows() else 0)
     prepack_weights(torch.nn.ModuleList(layers), on=False)
-    assert all(m.fma_packed is None and m.packed is None for m in layers)
+    assert all(m.fma_packed is None and m.packed is None and not m.is_prepacked()
+               for m in layers)
 
 
 def test_no_panel_copy_for_bfloat16_or_without_the_build(monkeypatch):

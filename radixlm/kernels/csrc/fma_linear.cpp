@@ -1,20 +1,23 @@
-// A float32 linear layer, y = x W^T (+ bias), for the few-row products of decode steps,
-// on AVX-512 FMAs: the float32 counterpart of amx_linear.cpp. oneDNN's float32 kernels
-// read the weights below the memory's rate at a few rows and multiply below the FMA units'
-// at 16-32 (one thread, 32 rows of gate_up: 52 GFLOP/s, ~80 the peak measured here); this
-// one holds an 8 x 48 block of y in registers and streams the weights once (1.03-1.36x
-// oneDNN at 1-32 rows, docs/benchmarks.md).
+// A float32 linear layer, y = x W^T (+ bias), on FMAs: the float32 counterpart of
+// amx_linear.cpp. On AVX-512 (AMD Zen 4) oneDNN's float32 kernels read the weights below
+// the memory's rate at a few rows and multiply below the FMA units' at 16-32 (one thread,
+// 32 rows of gate_up: 52 GFLOP/s, ~80 the peak measured there); this one holds an 8 x 48
+// block of y in registers and streams the weights once (1.03-1.36x oneDNN at 1-32 rows).
+// On AVX2 (AMD Zen 3) oneDNN's kernels reach ~60% of the FMA peak at 32 rows and ~77% at
+// 512-2048, this one's 6 x 16 blocks ~75% and ~86%: 1.06-1.4x oneDNN at every row count
+// measured, 1-2048, with 2 threads (docs/benchmarks.md).
 //
-//   fma_pack_linear(w [N, K] f32) -> packed   the weight in panels of 48 columns
+//   fma_pack_linear(w [N, K] f32) -> packed   the weight in panels of P columns
 //   fma_linear(x [M, K] f32, packed, N, bias [N] or None) -> y [M, N] f32
-//   fma_linear_ready() -> bool                 this build has the AVX-512 path
+//   fma_linear_panel() -> int                  P: 48 (AVX-512), 16 (AVX2), 0 (no kernel)
 //
-// packed[p][k][c] = w[48p + c][k] (N rounded up to 48, zeros past it): a panel's K rows of
-// 48 columns are contiguous, so a thread's panels are one forward stream. Per panel, per
-// block of up to 8 rows of x: 24 accumulators (8 rows x 3 vectors of 16 columns), and per
-// k three weight vectors times each row's x[r][k] broadcast, one FMA each, k in order;
-// then the bias is added. The first row block reads the panel from memory, prefetching
-// 4 KiB ahead; the rest find it in L2. Threads split the panels.
+// packed[p][k][c] = w[Pp + c][k] (N rounded up to P, zeros past it): a panel's K rows of
+// P columns are contiguous, so a thread's panels are one forward stream. Per panel, per
+// block of up to R rows of x: R x V accumulators (AVX-512: 8 rows x 3 vectors of 16
+// columns; AVX2: 6 x 2 of 8), and per k V weight vectors times each row's x[r][k]
+// broadcast, one FMA each, k in order; then the bias is added. The first row block reads
+// the panel from memory, prefetching 4 KiB ahead; the rest find it in L2. Threads split
+// the panels.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -25,14 +28,52 @@
 #include <cstdint>
 #include <optional>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define RADIXLM_FMA_LINEAR 1
 #endif
 
 namespace {
 
-constexpr int64_t kPanel = 48;  // columns per panel: three vectors
-constexpr int64_t kRows = 8;    // rows of x per register block
+// The register a block works in, and its lane mask (a panel's columns past N): AVX-512's
+// 16 floats, 32 registers; AVX2's 8 floats, 16 registers.
+#if defined(__AVX512F__)
+using vreg = __m512;
+using vmask = __mmask16;
+constexpr int64_t kLanes = 16;
+constexpr int64_t kRows = 8, kVecs = 3;  // a register block: 8 rows x 3 vectors, 24 accumulators
+inline vreg vzero() { return _mm512_setzero_ps(); }
+inline vreg vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vreg vbroadcast(float x) { return _mm512_set1_ps(x); }
+inline vreg vfma(vreg a, vreg b, vreg c) { return _mm512_fmadd_ps(a, b, c); }
+inline vreg vadd(vreg a, vreg b) { return _mm512_add_ps(a, b); }
+inline vmask lanes(int64_t n) {
+  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<vmask>((1u << n) - 1);
+}
+inline vreg vload_masked(vmask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline void vstore_masked(float* p, vmask m, vreg x) { _mm512_mask_storeu_ps(p, m, x); }
+#elif defined(RADIXLM_FMA_LINEAR)
+using vreg = __m256;
+using vmask = __m256i;
+constexpr int64_t kLanes = 8;
+// 6 rows x 2 vectors: 12 accumulators, 2 weight vectors and a broadcast (4 x 3 left no
+// register for the weights: each FMA loaded its own, 16 loads per k for 12 FMAs)
+constexpr int64_t kRows = 6, kVecs = 2;
+inline vreg vzero() { return _mm256_setzero_ps(); }
+inline vreg vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vreg vbroadcast(float x) { return _mm256_set1_ps(x); }
+inline vreg vfma(vreg a, vreg b, vreg c) { return _mm256_fmadd_ps(a, b, c); }
+inline vreg vadd(vreg a, vreg b) { return _mm256_add_ps(a, b); }
+inline vmask lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vreg vload_masked(vmask m, const float* p) { return _mm256_maskload_ps(p, m); }
+inline void vstore_masked(float* p, vmask m, vreg x) { _mm256_maskstore_ps(p, m, x); }
+#else
+constexpr int64_t kLanes = 16, kVecs = 3;
+#endif
+constexpr int64_t kPanel = kVecs * kLanes;  // columns per panel
 
 at::Tensor fma_pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
@@ -51,63 +92,48 @@ at::Tensor fma_pack(const at::Tensor& weight) {
   return packed;
 }
 
-#if defined(__AVX512F__)
+#if defined(RADIXLM_FMA_LINEAR)
 
 constexpr int64_t kAhead = 4096;  // bytes of the panel prefetched ahead of the first block
 
-// Rows [0, R) of a block of x (row stride ldx) times one panel (k rows of 48) -> y's rows
-// (columns masked to the panel's share of N), bias added.
+// Rows [0, R) of a block of x (row stride ldx) times one panel (k rows of kPanel) -> y's
+// rows (the panel's first `cols` columns: fewer in the last panel), bias added.
 template <int R>
 void block(const float* x, int64_t ldx, const float* panel, int64_t k, bool first,
-           const float* bias, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1,
-           __mmask16 m2) {
-  __m512 acc[R][3];
+           const float* bias, float* y, int64_t ldy, int64_t cols) {
+  vreg acc[R][kVecs];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = vzero();
   for (int64_t kk = 0; kk < k; ++kk) {
     const float* b = panel + kk * kPanel;
     if (first) {
       const char* ahead = reinterpret_cast<const char*>(b) + kAhead;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      for (int64_t o = 0; o < kPanel * 4; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
     }
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16),
-                 b2 = _mm512_loadu_ps(b + 32);
+    vreg w[kVecs];
+    for (int c = 0; c < kVecs; ++c) w[c] = vload(b + c * kLanes);
     for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * ldx + kk]);
-      acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(a, b2, acc[r][2]);
+      const vreg a = vbroadcast(x[r * ldx + kk]);
+      for (int c = 0; c < kVecs; ++c) acc[r][c] = vfma(a, w[c], acc[r][c]);
     }
   }
-  __m512 bv[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  if (bias != nullptr) {
-    bv[0] = _mm512_maskz_loadu_ps(m0, bias);
-    bv[1] = _mm512_maskz_loadu_ps(m1, bias + 16);
-    bv[2] = _mm512_maskz_loadu_ps(m2, bias + 32);
-  }
-  for (int r = 0; r < R; ++r) {
-    float* out = y + r * ldy;
-    _mm512_mask_storeu_ps(out, m0, _mm512_add_ps(acc[r][0], bv[0]));
-    _mm512_mask_storeu_ps(out + 16, m1, _mm512_add_ps(acc[r][1], bv[1]));
-    _mm512_mask_storeu_ps(out + 32, m2, _mm512_add_ps(acc[r][2], bv[2]));
+  // the masks made here, after the loop: held across it they took registers it needs
+  for (int c = 0; c < kVecs; ++c) {
+    const vmask m = lanes(cols - c * kLanes);
+    const vreg bv = bias != nullptr ? vload_masked(m, bias + c * kLanes) : vzero();
+    for (int r = 0; r < R; ++r) vstore_masked(y + r * ldy + c * kLanes, m, vadd(acc[r][c], bv));
   }
 }
 
 // Rows [r, m) in blocks of R (the last block smaller).
 template <int R>
 void rows(const float* x, int64_t ldx, const float* panel, int64_t k, int64_t r, int64_t m,
-          const float* bias, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, __mmask16 m2) {
+          const float* bias, float* y, int64_t ldy, int64_t cols) {
   for (; r + R <= m; r += R)
-    block<R>(x + r * ldx, ldx, panel, k, r == 0, bias, y + r * ldy, ldy, m0, m1, m2);
+    block<R>(x + r * ldx, ldx, panel, k, r == 0, bias, y + r * ldy, ldy, cols);
   if constexpr (R > 1) {
-    if (r < m) rows<R - 1>(x, ldx, panel, k, r, m, bias, y, ldy, m0, m1, m2);
+    if (r < m) rows<R - 1>(x, ldx, panel, k, r, m, bias, y, ldy, cols);
   }
-}
-
-inline __mmask16 lanes(int64_t n) {
-  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
 #endif
@@ -127,7 +153,7 @@ at::Tensor fma_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t 
     bias_f = bias->to(at::kFloat).contiguous();
   }
   at::Tensor y = at::empty({m, n}, x_in.options());
-#if defined(__AVX512F__)
+#if defined(RADIXLM_FMA_LINEAR)
   if (m == 0) return y;
   const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
   const float* xp = x.data_ptr<float>();
@@ -139,20 +165,21 @@ at::Tensor fma_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t 
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col0 = p * kPanel, cols = n - col0;
       rows<kRows>(xp, ldx, pp + p * kPanel * k, k, 0, m, bp == nullptr ? nullptr : bp + col0,
-                  yp + col0, n, lanes(cols), lanes(cols - 16), lanes(cols - 32));
+                  yp + col0, n, cols);
     }
   });
 #else
-  TORCH_CHECK(false, "fma_linear: this build has no AVX-512");
+  TORCH_CHECK(false, "fma_linear: this build has neither AVX-512 nor AVX2 with FMA");
 #endif
   return y;
 }
 
-bool fma_linear_ready() {
-#if defined(__AVX512F__)
-  return true;
+// Columns per panel of this build's packing, 0 where it has no kernel.
+int64_t fma_linear_panel() {
+#if defined(RADIXLM_FMA_LINEAR)
+  return kPanel;
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -161,7 +188,7 @@ bool fma_linear_ready() {
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
   m.def("fma_pack_linear(Tensor w) -> Tensor");
   m.def("fma_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
-  m.def("fma_linear_ready() -> bool", &fma_linear_ready);  // no tensors: a catch-all kernel
+  m.def("fma_linear_panel() -> int", &fma_linear_panel);  // no tensors: a catch-all kernel
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {

@@ -22,7 +22,9 @@ On a CPU the linear layers and the LM head can hold a prepacked copy of their we
 repacks the whole weight on every call. That is most of a decode step's matmul cost at
 small batches (float32: measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows;
 bfloat16, where the CPU has bf16 instructions: 1.3-1.7x at 1-128 rows; see
-docs/benchmarks.md). The dense weight stays the parameter (checkpoint loading, weight
+docs/benchmarks.md). In float32 the panels of ``kernels/fma_linear.py`` take the products
+they run faster than oneDNN: decode steps' on AVX-512, every one on AVX2 (where oneDNN's
+copy is then not made). The dense weight stays the parameter (checkpoint loading, weight
 updates and TP slicing write it), so whoever changes it must ``prepack`` again.
 
 With ``--torchao-config int8wo`` the projections multiply by an int8 copy instead
@@ -151,8 +153,9 @@ class Prepackable:
     # most amx_linear.MAX_ROWS rows (decode steps), which it reads at up to twice oneDNN's
     # bandwidth; oneDNN's copy takes the rest
     amx_packed: torch.Tensor | None = None
-    # float32 on an AVX-512 CPU: the panels of kernels/fma_linear.py, for products of at
-    # most fma_linear.MAX_ROWS rows, which it runs faster than oneDNN's float32 kernels
+    # float32: the panels of kernels/fma_linear.py, which run products faster than oneDNN's
+    # float32 kernels: on AVX-512 those of at most fma_linear.max_rows() rows; on AVX2
+    # every one, and then oneDNN's copy is not made (packed stays None)
     fma_packed: torch.Tensor | None = None
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
@@ -162,35 +165,40 @@ class Prepackable:
         """(Re)build the packed copy from the current weight."""
         assert can_prepack(self.weight), f"cannot prepack a {self.weight.dtype} weight " \
             f"on {self.weight.device}"
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        fma = fma_linear.supports(self.weight)
+        self.fma_packed = fma_linear.pack(self.weight) if fma else None
+        self.packed = None if fma and fma_linear.max_rows() is None else \
+            torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self.amx_packed = amx_linear.pack(self.weight) if amx_linear.supports(self.weight) \
-            else None
-        self.fma_packed = fma_linear.pack(self.weight) if fma_linear.supports(self.weight) \
             else None
 
     def drop_packed(self) -> None:
         self.packed = self.amx_packed = self.fma_packed = None
 
+    def is_prepacked(self) -> bool:
+        return self.packed is not None or self.fma_packed is not None
+
     def packed_nbytes(self) -> int:
         """Memory of the packed copies (what they hold besides the dense weight)."""
-        return self.weight.nbytes + sum(t.nbytes for t in (self.amx_packed, self.fma_packed)
-                                        if t is not None)
+        onednn = self.weight.nbytes if self.packed is not None else 0
+        return onednn + sum(t.nbytes for t in (self.amx_packed, self.fma_packed)
+                            if t is not None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.qweight is not None:
             return int8_linear(x, self.qweight, self.scales, bias)
-        if self.packed is None:
-            return F.linear(x, self.weight, bias)
         if self.amx_packed is not None and amx_linear.takes(x):
             return amx_linear.linear(x, self.amx_packed, self.weight.shape[0], bias)
         if self.fma_packed is not None and fma_linear.takes(x):
             return fma_linear.linear(x, self.fma_packed, self.weight.shape[0], bias)
+        if self.packed is None:
+            return F.linear(x, self.weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
 def packed_layers(model: nn.Module) -> list[Prepackable]:
     """The layers of ``model`` that hold a packed copy of their weight."""
-    return [m for m in model.modules() if isinstance(m, Prepackable) and m.packed is not None]
+    return [m for m in model.modules() if isinstance(m, Prepackable) and m.is_prepacked()]
 
 
 def prepack_weights(model: nn.Module, on: bool = True) -> int:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import fma_linear
 from radixlm.runtime.distributed import layers as layers_module
 from radixlm.runtime.distributed.layers import can_prepack, prepack_weights
 from tests.kernels.linear_layers import small_layers
@@ -36,7 +37,7 @@ def test_packed_and_dense_both_match_f64(rows):
     with torch.inference_mode():
         dense = [m(x) for m in layers]
         assert prepack_weights(model) == 3
-        assert all(m.packed is not None for m in layers)
+        assert all(m.is_prepacked() for m in layers)
         packed = [m(x) for m in layers]
     for m, a, b in zip(layers, dense, packed):
         ref = _f64(m, x)
@@ -44,7 +45,7 @@ def test_packed_and_dense_both_match_f64(rows):
         torch.testing.assert_close(a.double(), ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(b.double(), ref, rtol=1e-5, atol=1e-5)
     assert prepack_weights(model, on=False) == 0
-    assert all(m.packed is None for m in layers)
+    assert not any(m.is_prepacked() for m in layers)
 
 
 @needs_onednn
@@ -91,9 +92,10 @@ def test_a_build_that_cannot_prepack_keeps_every_layer_dense(monkeypatch):
         raise RuntimeError("mkldnn reorder: unsupported on this build")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", unsupported)
+    monkeypatch.setattr(fma_linear, "_ready", lambda: False)  # nor our kernel (not x86)
     monkeypatch.setattr("radixlm.runtime.distributed.layers.can_prepack", lambda w: True)
     assert prepack_weights(torch.nn.ModuleList(layers)) == 0
-    assert all(m.packed is None for m in layers)
+    assert not any(m.is_prepacked() for m in layers)
     x = torch.randn(2, 48)
     with torch.inference_mode():
         torch.testing.assert_close(layers[2](x).double(), _f64(layers[2], x), rtol=1e-5,

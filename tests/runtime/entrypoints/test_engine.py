@@ -107,13 +107,15 @@ def test_greedy_matches_transformers_with_and_without_prepacked_weights(arch_cas
         eng = make_engine(model_path=path, disable_cpu_weight_prepack=disable)
         runner = eng.scheduler.model_runner
         assert (runner.prepacked_layers == 0) == disable
-        # the copies' memory is reported: every linear weight and the LM head once more, and
-        # on an AVX-512 CPU again in panels of 48 columns (kernels/fma_linear.py)
+        # the copies' memory is reported: every linear weight and the LM head once more
+        # (oneDNN's copy), and again in panels (kernels/fma_linear.py): on an AVX-512 CPU
+        # both, on an AVX2 one the panels alone
         weights = [m.weight for n, m in runner.model.named_modules()
                    if n.endswith(("_proj", "lm_head"))]
-        linear = sum(w.nbytes for w in weights)
-        if fma_linear.supports(torch.zeros(1, 1)):
-            linear += sum(-(-w.shape[0] // 48) * 48 * w.shape[1] * 4 for w in weights)
+        panel = fma_linear.panel_columns() if fma_linear.supports(torch.zeros(1, 1)) else 0
+        linear = 0 if panel and fma_linear.max_rows() is None else sum(w.nbytes for w in weights)
+        if panel:
+            linear += sum(-(-w.shape[0] // panel) * panel * w.shape[1] * 4 for w in weights)
         assert eng.get_server_info()["prepacked_weight_bytes"] == (0 if disable else linear)
         _check(eng.generate(input_ids=prompts, sampling_params=_greedy()), expected)
 
