@@ -58,15 +58,16 @@ constexpr int vecs() { return std::min(4, kAccumulators / RT); }
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The block's keys slots[0:n) of one head as K^T [d][kKeys] (row c: element c of each key).
-// The next block's K and V rows (slots ahead[0:n_ahead)) are prefetched meanwhile: scattered
-// slots, which the hardware prefetcher cannot follow.
+// The next block's K and V rows (slots ahead[0:n_ahead) of the head whose rows start at
+// kn / vn: this one's, or after its last block the next head's first) are prefetched
+// meanwhile: scattered slots, which the hardware prefetcher cannot follow.
 template <class KV>
-void pack_keys(const typename KV::S* kh, const typename KV::S* vh, const int64_t* slots,
-               int64_t n, int64_t stride, int64_t d, const int64_t* ahead, int64_t n_ahead,
-               float* kt) {
+void pack_keys(const typename KV::S* kh, const typename KV::S* kn, const typename KV::S* vn,
+               const int64_t* slots, int64_t n, int64_t stride, int64_t d,
+               const int64_t* ahead, int64_t n_ahead, float* kt) {
   for (int64_t j = 0; j < n_ahead; ++j) {
-    prefetch_row<KV>(kh + ahead[j] * stride, d);
-    prefetch_row<KV>(vh + ahead[j] * stride, d);
+    prefetch_row<KV>(kn + ahead[j] * stride, d);
+    prefetch_row<KV>(vn + ahead[j] * stride, d);
   }
 #if defined(__AVX512F__)
   __m512i r[16], tr[16];
@@ -190,8 +191,14 @@ void heads(const Task<KV>& t, int64_t h0, int64_t h1, float* o, float* lse) {
     const typename KV::S* vh = t.v + h * D;
     for (int64_t b0 = k0; b0 < k1; b0 += kKeys) {
       const int64_t n = std::min(kKeys, kend - b0);
-      const int64_t n_ahead = std::clamp<int64_t>(k1 - b0 - kKeys, 0, kKeys);
-      pack_keys<KV>(kh, vh, t.slots + b0, n, stride, D, t.slots + b0 + kKeys, n_ahead, kt);
+      // next: this head's next block, or after its last the next head's first (a decode
+      // step's head has a few blocks: its first one waited on memory every time)
+      const bool last = b0 + kKeys >= k1, next_head = last && h + 1 < h1;
+      const int64_t* ahead = t.slots + (next_head ? k0 : b0 + kKeys);
+      const int64_t n_ahead = next_head ? std::min(kKeys, k1 - k0)
+                                        : std::clamp<int64_t>(k1 - b0 - kKeys, 0, kKeys);
+      const int64_t step = next_head ? D : 0;
+      pack_keys<KV>(kh, kh + step, vh + step, t.slots + b0, n, stride, D, ahead, n_ahead, kt);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t r0 = tile * RT, last = std::min(r0 + RT, r_count) - 1;
         // rows' positions grow with r: the tile sees keys [lo(r0), hi(last))
