@@ -122,8 +122,9 @@ class ModelRunner(ForwardBatchBuilder):
                         "%d", list(self.swa.swa_layers), self.swa.window, self.swa_pool_size,
                         self.swa.num_layers - len(self.swa.swa_layers), self.pool_size)
         if self.prepacked_layers:
-            logger.info("%d linear layers multiply by oneDNN-prepacked weights, %.2f GiB "
-                        "besides the dense ones (--disable-cpu-weight-prepack: dense only)",
+            logger.info("%d linear layers multiply by prepacked weights (oneDNN's layout, "
+                        "or fma_linear's panels), %.2f GiB besides the dense ones "
+                        "(--disable-cpu-weight-prepack: dense only)",
                         self.prepacked_layers, self.prepacked_weight_bytes / (1 << 30))
         # made last: the weights and the pool are mapped as glibc decides (forward_heap.py)
         self.heap = ForwardHeap(self.device.type == "cpu" and not args.disable_cpu_malloc_cache)

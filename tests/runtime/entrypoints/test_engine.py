@@ -100,7 +100,7 @@ def test_greedy_matches_transformers_without_the_cpu_kernel(arch_case, make_engi
 
 def test_greedy_matches_transformers_with_and_without_prepacked_weights(arch_case,
                                                                        make_engine):
-    # the default multiplies by oneDNN-prepacked weights on a CPU in float32; the flag keeps
+    # the default multiplies by prepacked weights on a CPU in float32; the flag keeps
     # torch's dense matmul: both are the same model
     path, prompts, expected = arch_case
     for disable in (False, True):
