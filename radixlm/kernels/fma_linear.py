@@ -9,8 +9,10 @@ streams each thread's panels forward with the next 4 KiB prefetched, and adds th
 the same pass. On AVX-512 it is for decode steps: oneDNN's prepacked float32 linear runs
 a few rows at a fraction of the FMA units' rate there, and past ``MAX_ROWS_AVX512`` rows
 oneDNN's blocking is as fast (``benchmarks/cpu_linear.py --fma``). On AVX2 it beats
-oneDNN at every row count measured (1-2048 rows, 1.06-1.4x with two threads on AMD Zen 3),
-so it takes every product and oneDNN's copy of the weight is not made.
+oneDNN at every row count measured (1-2048 rows, 1.06-1.4x with two threads on AMD Zen 3)
+and torch's own matmul over the dense weight at 64-512 rows (level at 1024-2048 =
+``MAX_ROWS_AVX2``, 0.82-0.85x at 8192): so it takes those products, torch's matmul the
+larger ones, and oneDNN's copy of the weight is not made (``replaces_onednn``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 from radixlm.kernels import cpu_paged
 
 # most rows of x taking this path on AVX-512 (docs/benchmarks.md "float32 decode linears")
+# and on AVX2 ("The Zen 3 host, an eleventh session")
 MAX_ROWS_AVX512 = 32
+MAX_ROWS_AVX2 = 2048
 
 
 @cache
@@ -35,9 +39,15 @@ def _ready() -> bool:
     return panel_columns() > 0
 
 
-def max_rows() -> int | None:
-    """Most rows of x a product sends here; None: every product (the AVX2 build)."""
-    return MAX_ROWS_AVX512 if panel_columns() == 48 else None
+def max_rows() -> int:
+    """Most rows of x a product sends here."""
+    return MAX_ROWS_AVX512 if panel_columns() == 48 else MAX_ROWS_AVX2
+
+
+def replaces_onednn() -> bool:
+    """Whether the panels stand in for oneDNN's prepacked copy (the AVX2 build): larger
+    products then take torch's matmul over the dense weight."""
+    return panel_columns() == 16
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -61,5 +71,4 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int,
 def takes(x: torch.Tensor) -> bool:
     """Whether a product with ``x`` goes through this kernel (float32, at most max_rows()
     rows)."""
-    limit = max_rows()
-    return x.dtype == torch.float32 and (limit is None or x.numel() <= limit * x.shape[-1])
+    return x.dtype == torch.float32 and x.numel() <= max_rows() * x.shape[-1]

@@ -4,7 +4,8 @@ result), against oneDNN's float32 linear (the counterpart it replaces), at every
 rows (blocks of 8 on AVX-512, 6 on AVX2), columns (panels of 48 or 16) and K, with and
 without a bias, strided and 3-D inputs; and the layers' dispatch: a float32 layer on an
 AVX-512 CPU holds both packed copies and sends products of at most max_rows() rows here,
-the rest to oneDNN; on AVX2 it holds the panels alone and sends every product here.
+the rest to oneDNN; on AVX2 it holds the panels alone and sends the rest to torch's matmul
+over the dense weight.
 Skipped where the build has neither."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from radixlm.kernels import fma_linear
+from radixlm.runtime.distributed import layers as layers_module
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, Shard, prepack_weights
 from tests.kernels.linear_layers import small_layers
 
@@ -87,12 +89,13 @@ def test_a_packing_of_another_shape_is_refused():
 
 
 @needs_fma
-@pytest.mark.parametrize("rows", [1, 5, 32, 33, 100])
+@pytest.mark.parametrize("rows", [1, 5, 32, 33, 100, 2049])
 def test_layers_send_the_products_it_runs_faster_to_the_panels(rows, monkeypatch):
     layers = small_layers(96)
     assert prepack_weights(torch.nn.ModuleList(layers)) == 3
-    every = fma_linear.max_rows() is None  # the AVX2 build: no oneDNN copy
+    every = fma_linear.replaces_onednn()  # the AVX2 build: no oneDNN copy
     assert every == (fma_linear.panel_columns() == 16)
+    assert fma_linear.max_rows() == (2048 if every else 32)
     assert all(m.fma_packed is not None and (m.packed is None) == every
                and m.amx_packed is None and m.is_prepacked() for m in layers)
     assert all(m.packed_nbytes() == (0 if every else m.weight.nbytes) + m.fma_packed.nbytes
@@ -100,14 +103,18 @@ def test_layers_send_the_products_it_runs_faster_to_the_panels(rows, monkeypatch
     panel = fma_linear.panel_columns()
     assert all(m.fma_packed.numel() == -(-m.weight.shape[0] // panel) * panel * 96
                for m in layers)
-    calls = []
-    real = fma_linear.linear
+    calls, dense = [], []
+    real, real_dense = fma_linear.linear, layers_module.F.linear
     monkeypatch.setattr(fma_linear, "linear", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(layers_module.F, "linear",
+                        lambda *a, **k: dense.append(1) or real_dense(*a, **k))
     x = torch.randn(rows, 96)
     with torch.inference_mode():
         for m in layers:
             _check_f64(m(x), x, m.weight, getattr(m, "bias", None))
-    assert len(calls) == (3 if every or rows <= fma_linear.max_rows() else 0)
+    assert len(calls) == (3 if rows <= fma_linear.max_rows() else 0)
+    # past the panels: oneDNN's copy on AVX-512, torch's matmul over the dense weight on AVX2
+    assert len(dense) == (3 if every and rows > fma_linear.max_rows() else 0)
     prepack_weights(torch.nn.ModuleList(layers), on=False)
     assert all(m.fma_packed is None and m.packed is None and not m.is_prepacked()
                for m in layers)

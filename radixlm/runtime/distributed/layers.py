@@ -23,8 +23,9 @@ repacks the whole weight on every call. That is most of a decode step's matmul c
 small batches (float32: measured 1.5-2.9x faster at 32 rows, 1.15-1.5x at 512-2048 rows;
 bfloat16, where the CPU has bf16 instructions: 1.3-1.7x at 1-128 rows; see
 docs/benchmarks.md). In float32 the panels of ``kernels/fma_linear.py`` take the products
-they run faster than oneDNN: decode steps' on AVX-512, every one on AVX2 (where oneDNN's
-copy is then not made). The dense weight stays the parameter (checkpoint loading, weight
+they run faster than oneDNN: decode steps' on AVX-512, up to 2,048 rows on AVX2 (where
+oneDNN's copy is then not made, and torch's matmul over the dense weight takes the
+larger ones, as fast there). The dense weight stays the parameter (checkpoint loading, weight
 updates and TP slicing write it), so whoever changes it must ``prepack`` again.
 
 With ``--torchao-config int8wo`` the projections multiply by an int8 copy instead
@@ -153,9 +154,10 @@ class Prepackable:
     # most amx_linear.MAX_ROWS rows (decode steps), which it reads at up to twice oneDNN's
     # bandwidth; oneDNN's copy takes the rest
     amx_packed: torch.Tensor | None = None
-    # float32: the panels of kernels/fma_linear.py, which run products faster than oneDNN's
-    # float32 kernels: on AVX-512 those of at most fma_linear.max_rows() rows; on AVX2
-    # every one, and then oneDNN's copy is not made (packed stays None)
+    # float32: the panels of kernels/fma_linear.py, for products of at most
+    # fma_linear.max_rows() rows, which they run faster than oneDNN's float32 kernels (on
+    # AVX-512 decode steps', on AVX2 up to 2,048 rows; there oneDNN's copy is not made:
+    # packed stays None and larger products take torch's matmul over the dense weight)
     fma_packed: torch.Tensor | None = None
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
@@ -167,7 +169,7 @@ class Prepackable:
             f"on {self.weight.device}"
         fma = fma_linear.supports(self.weight)
         self.fma_packed = fma_linear.pack(self.weight) if fma else None
-        self.packed = None if fma and fma_linear.max_rows() is None else \
+        self.packed = None if fma and fma_linear.replaces_onednn() else \
             torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self.amx_packed = amx_linear.pack(self.weight) if amx_linear.supports(self.weight) \
             else None
