@@ -88,28 +88,48 @@ inline void soft_cap(float* s, int64_t n, float cap) {
   }
 }
 
-// The online-softmax update of one row from its block scores s[0:nb), of which it sees
-// [lo, hi): s becomes the probabilities; returns the factor the accumulator is scaled by.
-inline float softmax_update(float* s, int64_t nb, int64_t lo, int64_t hi, float& m, float& l) {
-  // the block max, 16 lanes at a time (GCC leaves a max reduction scalar: a serial chain
-  // of vmaxss that cost 8% of a decode step's attention)
-  v16 vm = v16{} + -std::numeric_limits<float>::infinity();
+// The max of s[lo, hi), a register's width at a time (GCC leaves a max reduction scalar: a
+// serial chain of vmaxss that cost 8% of a decode step's attention). AVX2 takes 8 floats:
+// without AVX-512 GCC lowers a 16-float compare and select lane by lane, through the stack
+// (half of the packed path's softmax on Zen 3).
+inline float block_max(const float* s, int64_t lo, int64_t hi) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   int64_t j = lo;
+  float bm = -kInf;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  __m256 vm = _mm256_set1_ps(-kInf);
+  for (; j + 8 <= hi; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));  // vm > x ? vm : x
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, vm);
+  for (int i = 0; i < 8; ++i) bm = std::max(bm, lane[i]);
+#else
+  v16 vm = v16{} - kInf;
   for (; j + 16 <= hi; j += 16) {
     const v16 x = load16(s + j);
     vm = vm > x ? vm : x;
   }
-  float bm = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < 16; ++i) bm = std::max(bm, vm[i]);
+#endif
   for (; j < hi; ++j) bm = std::max(bm, s[j]);
+  return bm;
+}
+
+// The online-softmax update of one row from its block scores s[0:nb), of which it sees
+// [lo, hi): s becomes the probabilities; returns the factor the accumulator is scaled by.
+inline float softmax_update(float* s, int64_t nb, int64_t lo, int64_t hi, float& m, float& l) {
+  const float bm = block_max(s, lo, hi);
   const float new_m = std::max(m, bm);
   const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - new_m);
+  // the keys outside [lo, hi) zeroed apart (a per-key test in the loop took 64-bit index
+  // compares and blends: a third of the softmax on AVX2)
+  std::fill(s, s + lo, 0.f);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < nb; ++j) {
-    s[j] = j >= lo && j < hi ? exp_neg(s[j] - new_m) : 0.f;
+  for (int64_t j = lo; j < hi; ++j) {
+    s[j] = exp_neg(s[j] - new_m);
     sum += s[j];
   }
+  std::fill(s + std::max(lo, hi), s + nb, 0.f);
   l = l * alpha + sum;
   m = new_m;
   return alpha;
