@@ -1,8 +1,9 @@
 """float32 linears on FMAs (``csrc/fma_linear.cpp``): the float32 counterpart of
-``amx_linear.py``.
+``amx_linear.py``; on AVX2 also a bfloat16 model's.
 
-    pack(w [N, K] f32) -> the weight in panels of panel_columns() columns (N rounded up)
-    linear(x [..., K] f32, packed, N, bias [N] | None) -> y [..., N] f32
+    pack(w [N, K] f32 or bf16) -> the weight in panels of panel_columns() columns (N
+                                  rounded up), in w's dtype
+    linear(x [..., K] f32 or bf16, packed, N, bias [N] | None) -> y [..., N] in x's dtype
 
 The kernel keeps a block of y in registers (AVX-512: 8 rows x 48 columns; AVX2: 6 x 16),
 streams each thread's panels forward with the next 4 KiB prefetched, and adds the bias in
@@ -13,6 +14,12 @@ oneDNN at every row count measured (1-2048 rows, 1.06-1.4x with two threads on A
 and torch's own matmul over the dense weight at 64-512 rows (level at 1024-2048 =
 ``MAX_ROWS_AVX2``, 0.82-0.85x at 8192): so it takes those products, torch's matmul the
 larger ones, and oneDNN's copy of the weight is not made (``replaces_onednn``).
+
+A bfloat16 weight on AVX2 (no bf16 instructions there: torch's bf16 matmul converts
+element by element, 7-9x slower than these panels at 32-2,048 rows) is packed as it is and
+widened as loaded (exact), x widened once, the products summed in float32 and y rounded to
+bfloat16 (to nearest even): what oneDNN's bf16 kernels compute on CPUs that have them. Such
+products take the panels at every row count.
 """
 
 from __future__ import annotations
@@ -52,9 +59,10 @@ def replaces_onednn() -> bool:
 
 def supports(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can be packed for this kernel: a 2-D float32 CPU tensor, the
-    library built for a CPU with AVX-512, or AVX2 and FMA."""
-    return (weight.dim() == 2 and weight.dtype == torch.float32
-            and weight.device.type == "cpu" and _ready())
+    library built for a CPU with AVX-512, or AVX2 and FMA; a bfloat16 one on AVX2."""
+    dtypes = (torch.float32, torch.bfloat16) if replaces_onednn() else (torch.float32,)
+    return (weight.dim() == 2 and weight.dtype in dtypes and weight.device.type == "cpu"
+            and _ready())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -70,5 +78,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int,
 
 def takes(x: torch.Tensor) -> bool:
     """Whether a product with ``x`` goes through this kernel (float32, at most max_rows()
-    rows)."""
+    rows; bfloat16 on AVX2, any rows)."""
+    if x.dtype == torch.bfloat16:
+        return replaces_onednn()
     return x.dtype == torch.float32 and x.numel() <= max_rows() * x.shape[-1]

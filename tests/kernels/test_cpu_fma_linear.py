@@ -2,10 +2,11 @@
 float64 oracle (float32 sums in order over K: within K float32 roundings of the exact
 result), against oneDNN's float32 linear (the counterpart it replaces), at every tail of
 rows (blocks of 8 on AVX-512, 6 on AVX2), columns (panels of 48 or 16) and K, with and
-without a bias, strided and 3-D inputs; and the layers' dispatch: a float32 layer on an
-AVX-512 CPU holds both packed copies and sends products of at most max_rows() rows here,
-the rest to oneDNN; on AVX2 it holds the panels alone and sends the rest to torch's matmul
-over the dense weight.
+without a bias, strided and 3-D inputs; bfloat16 panels (AVX2) against the float64 oracle
+rounded to bfloat16; and the layers' dispatch: a float32 layer on an AVX-512 CPU holds both
+packed copies and sends products of at most max_rows() rows here, the rest to oneDNN; on
+AVX2 it holds the panels alone and sends the rest to torch's matmul over the dense weight,
+and a bfloat16 layer sends every product to its bf16 panels.
 Skipped where the build has neither."""
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def test_a_packing_of_another_shape_is_refused():
         fma_linear.linear(x, packed, 100, None)
     with pytest.raises(RuntimeError, match="bias must be"):
         fma_linear.linear(x, packed, 64, torch.zeros(63))
-    with pytest.raises(RuntimeError, match="float32"):
-        fma_linear.linear(x.bfloat16(), packed, 64, None)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        fma_linear.linear(x.half(), packed, 64, None)
 
 
 @needs_fma
@@ -120,10 +121,13 @@ def test_layers_send_the_products_it_runs_faster_to_the_panels(rows, monkeypatch
                for m in layers)
 
 
-def test_no_panel_copy_for_bfloat16_or_without_the_build(monkeypatch):
+def test_bfloat16_panels_only_on_avx2_and_none_without_the_build(monkeypatch):
     bf16 = ColumnParallelLinear(64, {"q": Shard(0, 0, 32, 32)}, False).to(torch.bfloat16)
     prepack_weights(torch.nn.ModuleList([bf16]))
-    assert bf16.fma_packed is None
+    avx2 = fma_linear.supports(torch.zeros(1, 1)) and fma_linear.replaces_onednn()
+    assert (bf16.fma_packed is not None) == avx2
+    assert bf16.fma_packed is None or (bf16.fma_packed.dtype == torch.bfloat16
+                                       and bf16.packed is None)
     monkeypatch.setattr(fma_linear, "_ready", lambda: False)
     layers = small_layers(96)
     prepack_weights(torch.nn.ModuleList(layers))
@@ -132,3 +136,54 @@ def test_no_panel_copy_for_bfloat16_or_without_the_build(monkeypatch):
     with torch.inference_mode():
         for m in layers:
             _check_f64(m(x), x, m.weight, getattr(m, "bias", None))
+
+
+def _check_bf16(y, x, w, bias):
+    """y: the float32 sum (within K float32 roundings of the exact one) rounded to bf16."""
+    assert y.dtype == torch.bfloat16
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    sums = x.double().abs() @ w.double().abs().T + (0 if bias is None else bias.double().abs())
+    f32 = sums * (x.shape[-1] + 1) * 2.0**-24
+    err = (y.double() - exact).abs()
+    assert (err <= f32 + (exact.abs() + f32) * 2.0**-8 + 1e-30).all(), err.max()
+
+
+needs_bf16_panels = pytest.mark.skipif(
+    not (fma_linear.supports(torch.zeros(1, 1)) and fma_linear.replaces_onednn()),
+    reason="bfloat16 panels are the AVX2 build's")
+
+
+@needs_bf16_panels
+@pytest.mark.parametrize("m,n,k", [(1, 16, 1), (3, 7, 33), (7, 47, 50), (32, 1280, 768),
+                                   (70, 100, 200)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_panels_match_float64(m, n, k, bias):
+    x, w, b = _inputs(m, n, k, seed=m * 7 + n + k)
+    x, w, b = x.bfloat16(), w.bfloat16(), (b.bfloat16() if bias else None)
+    packed = fma_linear.pack(w)
+    assert packed.dtype == torch.bfloat16
+    y = fma_linear.linear(x, packed, n, b)
+    assert y.shape == (m, n)
+    _check_bf16(y, x, w, b)
+    # a float32 x over the same panels: float32 out, the float32 bound
+    y32 = fma_linear.linear(x.float(), packed, n, b)
+    assert y32.dtype == torch.float32
+    _check_f64(y32, x.float(), w.float(), None if b is None else b.float())
+
+
+@needs_bf16_panels
+@pytest.mark.parametrize("rows", [1, 33, 2049])
+def test_bfloat16_layers_send_every_product_to_the_panels(rows, monkeypatch):
+    layers = [m.to(torch.bfloat16) for m in small_layers(96)]
+    assert prepack_weights(torch.nn.ModuleList(layers)) == 3
+    assert all(m.fma_packed.dtype == torch.bfloat16 and m.packed is None
+               and m.packed_nbytes() == m.fma_packed.nbytes for m in layers)
+    calls, dense = [], []
+    real = fma_linear.linear
+    monkeypatch.setattr(fma_linear, "linear", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(layers_module.F, "linear", lambda *a, **k: dense.append(1))
+    x = torch.randn(rows, 96).bfloat16()
+    with torch.inference_mode():
+        for m in layers:
+            _check_bf16(m(x), x, m.weight, getattr(m, "bias", None))
+    assert len(calls) == 3 and not dense

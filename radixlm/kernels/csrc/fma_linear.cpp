@@ -26,7 +26,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+
+#include "kv_load.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -75,20 +78,30 @@ constexpr int64_t kLanes = 16, kVecs = 3;
 #endif
 constexpr int64_t kPanel = kVecs * kLanes;  // columns per panel
 
-at::Tensor fma_pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
-              "fma_pack_linear: w must be a 2-D float32 CPU tensor");
-  const at::Tensor w = weight.contiguous();
-  const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanel - 1) / kPanel;
-  at::Tensor packed = at::zeros({panels * kPanel * k}, w.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
+template <class T>
+void pack_panels(const T* src, T* dst, int64_t n, int64_t k) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c)
         for (int64_t kk = 0; kk < k; ++kk)
           dst[(p * k + kk) * kPanel + c] = src[(p * kPanel + c) * k + kk];
   });
+}
+
+at::Tensor fma_pack(const at::Tensor& weight) {
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat || bf16) &&
+                  weight.device().is_cpu(),
+              "fma_pack_linear: w must be a 2-D float32 or bfloat16 CPU tensor");
+  const at::Tensor w = weight.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanel - 1) / kPanel;
+  at::Tensor packed = at::zeros({panels * kPanel * k}, w.options());
+  if (bf16)
+    pack_panels(reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                reinterpret_cast<uint16_t*>(packed.data_ptr()), n, k);
+  else
+    pack_panels(w.data_ptr<float>(), packed.data_ptr<float>(), n, k);
   return packed;
 }
 
@@ -96,22 +109,52 @@ at::Tensor fma_pack(const at::Tensor& weight) {
 
 constexpr int64_t kAhead = 4096;  // bytes of the panel prefetched ahead of the first block
 
+// What a panel holds: float32, or a bfloat16 model's weights as they are (half the bytes),
+// widened as loaded (a shift: exact).
+struct PanelF32 {
+  using T = float;
+  static vreg load(const float* p) { return vload(p); }
+};
+struct PanelBF16 {
+  using T = uint16_t;
+#if defined(__AVX512F__)
+  static vreg load(const uint16_t* p) { return (vreg)BF16::load(p); }
+#else
+  static vreg load(const uint16_t* p) { return (vreg)BF16::load8(p); }
+#endif
+};
+
+// A row's n <= kLanes outputs from a register: float32 (masked), or rounded to bfloat16
+// (to nearest even, as torch rounds).
+inline void store_out(float* y, vreg v, int64_t n) { vstore_masked(y, lanes(n), v); }
+inline void store_out(uint16_t* y, vreg v, int64_t n) {
+  uint16_t t[kLanes];
+  uint16_t* d = n >= kLanes ? y : t;
+#if defined(__AVX512F__)
+  store_bf16(d, (v16)v);
+#else
+  store_bf16_8(d, (v8)v);
+#endif
+  if (d == t && n > 0) std::memcpy(y, t, n * sizeof(uint16_t));
+}
+
 // Rows [0, R) of a block of x (row stride ldx) times one panel (k rows of kPanel) -> y's
 // rows (the panel's first `cols` columns: fewer in the last panel), bias added.
-template <int R>
-void block(const float* x, int64_t ldx, const float* panel, int64_t k, bool first,
-           const float* bias, float* y, int64_t ldy, int64_t cols) {
+template <int R, class P, class O>
+void block(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, bool first,
+           const float* bias, O* y, int64_t ldy, int64_t cols) {
   vreg acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kVecs; ++c) acc[r][c] = vzero();
   for (int64_t kk = 0; kk < k; ++kk) {
-    const float* b = panel + kk * kPanel;
+    const typename P::T* b = panel + kk * kPanel;
     if (first) {
       const char* ahead = reinterpret_cast<const char*>(b) + kAhead;
-      for (int64_t o = 0; o < kPanel * 4; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+      for (int64_t o = 0; o < kPanel * int64_t{sizeof *b}; o += 64)
+        _mm_prefetch(ahead + o, _MM_HINT_T0);
     }
     vreg w[kVecs];
-    for (int c = 0; c < kVecs; ++c) w[c] = vload(b + c * kLanes);
+    for (int c = 0; c < kVecs; ++c) w[c] = P::load(b + c * kLanes);
     for (int r = 0; r < R; ++r) {
       const vreg a = vbroadcast(x[r * ldx + kk]);
       for (int c = 0; c < kVecs; ++c) acc[r][c] = vfma(a, w[c], acc[r][c]);
@@ -119,32 +162,50 @@ void block(const float* x, int64_t ldx, const float* panel, int64_t k, bool firs
   }
   // the masks made here, after the loop: held across it they took registers it needs
   for (int c = 0; c < kVecs; ++c) {
-    const vmask m = lanes(cols - c * kLanes);
-    const vreg bv = bias != nullptr ? vload_masked(m, bias + c * kLanes) : vzero();
-    for (int r = 0; r < R; ++r) vstore_masked(y + r * ldy + c * kLanes, m, vadd(acc[r][c], bv));
+    const vreg bv = bias != nullptr ? vload_masked(lanes(cols - c * kLanes), bias + c * kLanes)
+                                    : vzero();
+    for (int r = 0; r < R; ++r)
+      store_out(y + r * ldy + c * kLanes, vadd(acc[r][c], bv), cols - c * kLanes);
   }
 }
 
 // Rows [r, m) in blocks of R (the last block smaller).
-template <int R>
-void rows(const float* x, int64_t ldx, const float* panel, int64_t k, int64_t r, int64_t m,
-          const float* bias, float* y, int64_t ldy, int64_t cols) {
+template <int R, class P, class O>
+void rows(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, int64_t r,
+          int64_t m, const float* bias, O* y, int64_t ldy, int64_t cols) {
   for (; r + R <= m; r += R)
-    block<R>(x + r * ldx, ldx, panel, k, r == 0, bias, y + r * ldy, ldy, cols);
+    block<R, P>(x + r * ldx, ldx, panel, k, r == 0, bias, y + r * ldy, ldy, cols);
   if constexpr (R > 1) {
-    if (r < m) rows<R - 1>(x, ldx, panel, k, r, m, bias, y, ldy, cols);
+    if (r < m) rows<R - 1, P>(x, ldx, panel, k, r, m, bias, y, ldy, cols);
   }
+}
+
+// y [m, n] = x [m, k] times the panels, threads splitting the panels.
+template <class P, class O>
+void run(const float* x, int64_t ldx, const typename P::T* packed, int64_t m, int64_t n,
+         int64_t k, const float* bias, O* y) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t col0 = p * kPanel, cols = n - col0;
+      rows<kRows, P>(x, ldx, packed + p * kPanel * k, k, 0, m,
+                     bias == nullptr ? nullptr : bias + col0, y + col0, n, cols);
+    }
+  });
 }
 
 #endif
 
 at::Tensor fma_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n,
                       const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
-              "fma_linear: x must be a 2-D float32 CPU tensor");
+  const auto dt = x_in.scalar_type();
+  TORCH_CHECK(x_in.dim() == 2 && (dt == at::kFloat || dt == at::kBFloat16) &&
+                  x_in.device().is_cpu(),
+              "fma_linear: x must be a 2-D float32 or bfloat16 CPU tensor");
   const int64_t m = x_in.size(0), k = x_in.size(1), panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK(n > 0 && packed.scalar_type() == at::kFloat && packed.is_contiguous()
-                  && packed.numel() == panels * kPanel * k,
+  const bool bf16_panels = packed.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(n > 0 && (packed.scalar_type() == at::kFloat || bf16_panels) &&
+                  packed.is_contiguous() && packed.numel() == panels * kPanel * k,
               "fma_linear: packed is not fma_pack_linear's packing of an [", n, ", ", k,
               "] weight");
   at::Tensor bias_f;
@@ -152,22 +213,26 @@ at::Tensor fma_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t 
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "fma_linear: bias must be [N]");
     bias_f = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor y = at::empty({m, n}, x_in.options());
+  at::Tensor y = at::empty({m, n}, x_in.options());  // x's dtype
 #if defined(RADIXLM_FMA_LINEAR)
   if (m == 0) return y;
-  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  // a bfloat16 x widened once (exact; m x k against the product's m x k x n)
+  const at::Tensor x = dt == at::kFloat && x_in.stride(1) == 1 ? x_in
+                                                                : x_in.to(at::kFloat).contiguous();
   const float* xp = x.data_ptr<float>();
-  const float* pp = packed.data_ptr<float>();
   const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   const int64_t ldx = x.stride(0);
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t col0 = p * kPanel, cols = n - col0;
-      rows<kRows>(xp, ldx, pp + p * kPanel * k, k, 0, m, bp == nullptr ? nullptr : bp + col0,
-                  yp + col0, n, cols);
-    }
-  });
+  auto into = [&](auto* yp) {
+    if (bf16_panels)
+      run<PanelBF16>(xp, ldx, reinterpret_cast<const uint16_t*>(packed.data_ptr()), m, n, k, bp,
+                     yp);
+    else
+      run<PanelF32>(xp, ldx, packed.data_ptr<float>(), m, n, k, bp, yp);
+  };
+  if (dt == at::kFloat)
+    into(y.data_ptr<float>());
+  else
+    into(reinterpret_cast<uint16_t*>(y.data_ptr()));
 #else
   TORCH_CHECK(false, "fma_linear: this build has neither AVX-512 nor AVX2 with FMA");
 #endif

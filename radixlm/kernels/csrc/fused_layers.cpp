@@ -37,7 +37,6 @@
 
 namespace {
 
-typedef uint32_t u16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 
 // Elements per thread chunk: below this a call runs on the calling thread.
@@ -51,39 +50,8 @@ inline void store16(float* p, v16 x) { *reinterpret_cast<v16*>(p) = x; }
 // AMD Zen 3); what needs them is written in 8-float vectors (v8, an AVX2 register) here.
 typedef int32_t i8v __attribute__((vector_size(32)));
 
-// float32 -> bfloat16 of 8 lanes, as store_bf16 below
-inline void store_bf16_8(uint16_t* p, v8 x) {
-  const __m256 f = (__m256)x;
-  const __m256i b = _mm256_castps_si256(f), one = _mm256_set1_epi32(1);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-}
 #endif
 
-// float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0 (torch's round_to_nearest_even)
-inline void store_bf16(uint16_t* p, v16 x) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  store_bf16_8(p, __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
-  store_bf16_8(p + 8, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
-#else
-  u16v b;
-  std::memcpy(&b, &x, sizeof b);
-  u16v r = (b + (((b >> 16) & 1u) + 0x7FFFu)) >> 16;
-  const u16v nan = reinterpret_cast<u16v>(x != x);
-  r = (r & ~nan) | (0x7FC0u & nan);
-#if defined(__AVX512F__)
-  __m512i w;
-  std::memcpy(&w, &r, sizeof w);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(w));
-#else
-  for (int i = 0; i < 16; ++i) p[i] = static_cast<uint16_t>(r[i]);
-#endif
-#endif
-}
 
 struct IoF32 {
   using S = float;

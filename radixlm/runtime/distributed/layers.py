@@ -25,8 +25,10 @@ bfloat16, where the CPU has bf16 instructions: 1.3-1.7x at 1-128 rows; see
 docs/benchmarks.md). In float32 the panels of ``kernels/fma_linear.py`` take the products
 they run faster than oneDNN: decode steps' on AVX-512, up to 2,048 rows on AVX2 (where
 oneDNN's copy is then not made, and torch's matmul over the dense weight takes the
-larger ones, as fast there). The dense weight stays the parameter (checkpoint loading, weight
-updates and TP slicing write it), so whoever changes it must ``prepack`` again.
+larger ones, as fast there); a bfloat16 model's on AVX2 too (bf16 panels: torch's bf16
+matmul emulates bf16 there, 7-9x slower). The dense weight stays the parameter
+(checkpoint loading, weight updates and TP slicing write it), so whoever changes it must
+``prepack`` again.
 
 With ``--torchao-config int8wo`` the projections multiply by an int8 copy instead
 (``qweight`` / ``scales``, made by ``quantization.py``; their dense weight is dropped).
@@ -136,13 +138,15 @@ def gate_up_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
 
 # --- layers -----------------------------------------------------------------------------
 def can_prepack(weight: torch.Tensor) -> bool:
-    """Whether this build of torch can prepack ``weight`` for oneDNN: CPU float32, or
-    bfloat16 where the CPU has bf16 instructions (AVX512-BF16 / AMX: oneDNN's bf16 kernels;
-    without them oneDNN would emulate bf16, slower than torch's own matmul)."""
+    """Whether ``weight`` can be prepacked: CPU float32; bfloat16 where the CPU has bf16
+    instructions (AVX512-BF16 / AMX: oneDNN's bf16 kernels; without them oneDNN would
+    emulate bf16, slower than torch's own matmul) or on an AVX2 build of our kernels
+    (fma_linear's bf16 panels, products in float32 FMAs)."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16
-                                             and cpu_has_bf16())
+                                             and (cpu_has_bf16()
+                                                  or fma_linear.supports(weight)))
 
 
 class Prepackable:
@@ -157,7 +161,8 @@ class Prepackable:
     # float32: the panels of kernels/fma_linear.py, for products of at most
     # fma_linear.max_rows() rows, which they run faster than oneDNN's float32 kernels (on
     # AVX-512 decode steps', on AVX2 up to 2,048 rows; there oneDNN's copy is not made:
-    # packed stays None and larger products take torch's matmul over the dense weight)
+    # packed stays None and larger products take torch's matmul over the dense weight);
+    # bfloat16 on AVX2 (no bf16 instructions): bf16 panels, every product
     fma_packed: torch.Tensor | None = None
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None

@@ -68,13 +68,16 @@ def test_a_weight_changed_in_place_needs_prepack_again():
 def test_bf16_weights_are_packed_where_the_cpu_has_bf16(has_bf16, monkeypatch):
     # with bf16 instructions oneDNN's bf16 kernels (AMX / AVX512-BF16) beat torch's matmul;
     # without them oneDNN emulates bf16 and the dense weight is kept. oneDNN packs bf16 only
-    # on AVX-512 (BW/VL/DQ) CPUs: told "bf16" on an AVX2 one, it refuses and every layer
-    # falls back to the dense weight, with the same outputs
+    # on AVX-512 (BW/VL/DQ) CPUs: told "bf16" on an AVX2 one, it would refuse. The AVX2 build
+    # of our kernels packs bf16 panels instead (fma_linear), with or without bf16
+    # instructions, and makes no oneDNN copy
     monkeypatch.setattr(layers_module, "cpu_has_bf16", lambda: has_bf16)
     layers = [m.to(torch.bfloat16) for m in _layers()]
-    packs = has_bf16 and torch.cpu._is_avx512_supported()
-    assert prepack_weights(torch.nn.ModuleList(layers)) == (3 if packs else 0)
-    assert all((m.packed is not None) == packs for m in layers)
+    panels = fma_linear.supports(layers[0].weight)
+    packs = has_bf16 and torch.cpu._is_avx512_supported() and not panels
+    assert prepack_weights(torch.nn.ModuleList(layers)) == (3 if packs or panels else 0)
+    assert all((m.packed is not None) == packs and (m.fma_packed is not None) == panels
+               for m in layers)
     x = torch.randn(33, 48).to(torch.bfloat16)
     with torch.inference_mode():
         for m in layers:
