@@ -69,9 +69,24 @@ def _extend(seed: int, prefix_lens: list[int], q_lens: list[int], hq: int, hkv: 
     return q, kb[new_slots], vb[new_slots], kb, vb, qo, kvp, kvi, new_slots
 
 
+def test_bf16_extend_rows_limit_is_float32s_without_bf16_instructions():
+    # with bf16 matmuls (AMX / AVX512-BF16) torch's fused attention in bf16 wins past 16
+    # rows; without them it converts element by element and float32's limit holds
+    bf16_matmuls = (torch.cpu._is_avx512_bf16_supported()
+                    or torch.cpu._is_amx_tile_supported())
+    assert shared_prefix.KERNEL_MAX_EXTEND_ROWS_BF16 == (
+        16 if bf16_matmuls else shared_prefix.KERNEL_MAX_EXTEND_ROWS)
+
+
+@pytest.fixture
+def bf16_limit_16(monkeypatch):
+    """The bf16 limit of a CPU with bf16 matmuls, on every CPU: both extend paths run."""
+    monkeypatch.setattr(shared_prefix, "KERNEL_MAX_EXTEND_ROWS_BF16", 16)
+
+
 @needs_kernel
 @pytest.mark.parametrize("heads", [(12, 4), (8, 1)])
-def test_bf16_extend_short_chunks_in_the_kernel_long_ones_padded(heads):
+def test_bf16_extend_short_chunks_in_the_kernel_long_ones_padded(heads, bf16_limit_16):
     hq, hkv = heads
     most = shared_prefix.KERNEL_MAX_EXTEND_ROWS_BF16
     prefix_lens, q_lens = [0, 5, 70, 0, 130, 1], [1, 3, most, most + 1, 2, 65]
@@ -93,7 +108,7 @@ def test_bf16_extend_short_chunks_in_the_kernel_long_ones_padded(heads):
 
 
 @needs_kernel
-def test_bf16_extend_with_groups_takes_the_fused_passes_with_lse():
+def test_bf16_extend_with_groups_takes_the_fused_passes_with_lse(bf16_limit_16):
     q, k, v, kb, vb, qo, kvp, kvi, new_slots = _extend(6, [40, 40, 40], [3, 20, 7], 12, 4, 64)
     kvi[40:80] = kvi[:40]
     kvi[80:] = kvi[:40]
