@@ -7,9 +7,15 @@
 // 512-2048, this one's 6 x 16 blocks ~75% and ~86%: 1.06-1.4x oneDNN at every row count
 // measured, 1-2048, with 2 threads (docs/benchmarks.md).
 //
-//   fma_pack_linear(w [N, K] f32) -> packed   the weight in panels of P columns
-//   fma_linear(x [M, K] f32, packed, N, bias [N] or None) -> y [M, N] f32
+//   fma_pack_linear(w [N, K] f32 or bf16) -> packed   the weight in panels of P columns,
+//                                                     in w's dtype
+//   fma_linear(x [M, K] f32 or bf16, packed, N, bias [N] or None) -> y [M, N], x's dtype
 //   fma_linear_panel() -> int                  P: 48 (AVX-512), 16 (AVX2), 0 (no kernel)
+//
+// bf16 panels are widened as loaded (a shift: exact), a bf16 x once; the sums are float32
+// and a bf16 y is rounded to nearest even: what oneDNN's bf16 kernels compute on CPUs with
+// bf16 instructions, for CPUs without them (AVX2), where torch's bf16 matmul converts
+// element by element (7-9x slower than these panels at 32-2,048 rows on AMD Zen 3).
 //
 // packed[p][k][c] = w[Pp + c][k] (N rounded up to P, zeros past it): a panel's K rows of
 // P columns are contiguous, so a thread's panels are one forward stream. Per panel, per
