@@ -51,6 +51,31 @@ def test_matches_float64(m, n, k, bias):
 
 
 @needs_fma
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_row_split_and_thread_count_gives_each_rows_own_bits(threads, dtype):
+    """Rows are split into blocks of even sizes (1-20 rows: every split; 96 / 97 rows: the
+    last count whose panels are fetched ahead, and the first not), threads take panels from
+    a shared counter: each output is still its row's sum over K in order, so every row of a
+    product has the bits of that row multiplied alone, and nothing is skipped or repeated."""
+    if dtype == torch.bfloat16 and not fma_linear.supports(torch.zeros(1, 1).bfloat16()):
+        pytest.skip("bfloat16 panels are the AVX2 build's")
+    n, k = 16 * 9 + 5, 70
+    x, w, b = _inputs(97, n, k, seed=7)
+    packed = fma_linear.pack(w.to(dtype))
+    alone = torch.cat([fma_linear.linear(x[i:i + 1], packed, n, b) for i in range(97)])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in [*range(1, 21), 31, 32, 96, 97]:
+            y = fma_linear.linear(x[:m], packed, n, b)
+            assert torch.equal(y, alone[:m]), m
+    finally:
+        torch.set_num_threads(before)
+    _check_f64(alone, x, w.to(dtype).float(), b)
+
+
+@needs_fma
 @pytest.mark.parametrize("m", [1, 8, 24, 32])
 @pytest.mark.parametrize("n,k", [(1280, 768), (768, 2048)])
 def test_close_to_onednn(m, n, k):

@@ -18,12 +18,13 @@
 // element by element (7-9x slower than these panels at 32-2,048 rows on AMD Zen 3).
 //
 // packed[p][k][c] = w[Pp + c][k] (N rounded up to P, zeros past it): a panel's K rows of
-// P columns are contiguous, so a thread's panels are one forward stream. Per panel, per
-// block of up to R rows of x: R x V accumulators (AVX-512: 8 rows x 3 vectors of 16
-// columns; AVX2: 6 x 2 of 8), and per k V weight vectors times each row's x[r][k]
-// broadcast, one FMA each, k in order; then the bias is added. The first row block reads
-// the panel from memory, prefetching 4 KiB ahead; the rest find it in L2. Threads split
-// the panels.
+// P columns are contiguous. Per panel, per block of up to R rows of x (the rows split into
+// blocks of even sizes): R x V accumulators (AVX-512: 8 rows x 3 vectors of 16 columns;
+// AVX2: 6 x 2 of 8), and per k V weight vectors times each row's x[r][k] broadcast, one
+// FMA each, k in order; then the bias is added. Threads take panels from a shared counter.
+// At a few rows (up to 16 blocks: decode) each block also fetches its share of the
+// thread's next panel into L2, so every block finds its panel there; at more, the first
+// block reads the panel from memory, prefetching 4 KiB ahead, and the rest find it in L2.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -31,9 +32,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "kv_load.h"
 
@@ -114,6 +117,11 @@ at::Tensor fma_pack(const at::Tensor& weight) {
 #if defined(RADIXLM_FMA_LINEAR)
 
 constexpr int64_t kAhead = 4096;  // bytes of the panel prefetched ahead of the first block
+// At up to this many row blocks per panel (decode batches) the next panel is fetched while
+// one runs: the first block alone would otherwise read the panel from memory at a rate
+// above one core's share (AVX2, 32 rows: decode linears 15-18% faster); at more blocks its
+// wait is a small share of the panel's time.
+constexpr int64_t kFetchBlocks = 16;
 
 // What a panel holds: float32, or a bfloat16 model's weights as they are (half the bytes),
 // widened as loaded (a shift: exact).
@@ -144,20 +152,33 @@ inline void store_out(uint16_t* y, vreg v, int64_t n) {
   if (d == t && n > 0) std::memcpy(y, t, n * sizeof(uint16_t));
 }
 
+// What a block prefetches while it runs: its own panel kAhead bytes ahead (the panel's first
+// block, when nothing fetched the panel before), and its share of the next panel's lines,
+// into L2, spread over its k steps.
+struct Fetch {
+  bool ahead;
+  const char* next;
+  int64_t lines;
+};
+
 // Rows [0, R) of a block of x (row stride ldx) times one panel (k rows of kPanel) -> y's
 // rows (the panel's first `cols` columns: fewer in the last panel), bias added.
 template <int R, class P, class O>
-void block(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, bool first,
+void block(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, Fetch f,
            const float* bias, O* y, int64_t ldy, int64_t cols) {
   vreg acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kVecs; ++c) acc[r][c] = vzero();
+  int64_t due = 0;
   for (int64_t kk = 0; kk < k; ++kk) {
     const typename P::T* b = panel + kk * kPanel;
-    if (first) {
+    if (f.ahead) {
       const char* ahead = reinterpret_cast<const char*>(b) + kAhead;
       for (int64_t o = 0; o < kPanel * int64_t{sizeof *b}; o += 64)
         _mm_prefetch(ahead + o, _MM_HINT_T0);
+    }
+    if (f.lines > 0) {
+      for (due += f.lines; due >= k; due -= k, f.next += 64) _mm_prefetch(f.next, _MM_HINT_T1);
     }
     vreg w[kVecs];
     for (int c = 0; c < kVecs; ++c) w[c] = P::load(b + c * kLanes);
@@ -175,27 +196,55 @@ void block(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, b
   }
 }
 
-// Rows [r, m) in blocks of R (the last block smaller).
-template <int R, class P, class O>
-void rows(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, int64_t r,
-          int64_t m, const float* bias, O* y, int64_t ldy, int64_t cols) {
-  for (; r + R <= m; r += R)
-    block<R, P>(x + r * ldx, ldx, panel, k, r == 0, bias, y + r * ldy, ldy, cols);
+// f(std::integral_constant<int, r>) for a run-time r in [1, R].
+template <int R, class F>
+void with_rows(int64_t r, F&& f) {
   if constexpr (R > 1) {
-    if (r < m) rows<R - 1, P>(x, ldx, panel, k, r, m, bias, y, ldy, cols);
+    if (r < R) return with_rows<R - 1>(r, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
+// x's m rows times one panel, in as few blocks as kRows allows, of as even sizes (32 rows:
+// 6, 6, 5, 5, 5, 5 on AVX2 rather than 6 x 5 and 2: a block of fewer rows than the FMA
+// latency covers waits on its accumulators); `next` (or nullptr): the panel to fetch
+// meanwhile, each block its share of the lines; `fetched`: this panel was.
+template <class P, class O>
+void panel_rows(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, int64_t m,
+                const float* bias, O* y, int64_t ldy, int64_t cols, bool fetched,
+                const typename P::T* next) {
+  const int64_t nb = (m + kRows - 1) / kRows;
+  const int64_t lines = next != nullptr ? k * kPanel * int64_t{sizeof *next} / 64 : 0;
+  for (int64_t b = 0, r = 0; b < nb; ++b) {
+    const int64_t rb = (m - r + nb - b - 1) / (nb - b);  // rows left over blocks left, rounded up
+    const int64_t l0 = b * lines / nb, l1 = (b + 1) * lines / nb;
+    const Fetch f{b == 0 && !fetched, reinterpret_cast<const char*>(next) + l0 * 64, l1 - l0};
+    with_rows<kRows>(rb, [&](auto R) {
+      block<decltype(R)::value, P>(x + r * ldx, ldx, panel, k, f, bias, y + r * ldy, ldy, cols);
+    });
+    r += rb;
   }
 }
 
-// y [m, n] = x [m, k] times the panels, threads splitting the panels.
+// y [m, n] = x [m, k] times the panels. Threads take the panels one at a time from a
+// shared counter (a thread slowed by another process on its core takes fewer), each holding
+// its next panel's ticket while it works on one: at up to kFetchBlocks row blocks that panel
+// is fetched meanwhile.
 template <class P, class O>
 void run(const float* x, int64_t ldx, const typename P::T* packed, int64_t m, int64_t n,
          int64_t k, const float* bias, O* y) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t col0 = p * kPanel, cols = n - col0;
-      rows<kRows, P>(x, ldx, packed + p * kPanel * k, k, 0, m,
-                     bias == nullptr ? nullptr : bias + col0, y + col0, n, cols);
+  const bool fetch = (m + kRows - 1) / kRows <= kFetchBlocks;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), panels), 1, [&](int64_t, int64_t) {
+    bool fetched = false;  // the panel taken was fetched while the last one ran
+    for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < panels;) {
+      const int64_t q = next.fetch_add(1, std::memory_order_relaxed), col0 = p * kPanel;
+      panel_rows<P>(x, ldx, packed + p * kPanel * k, k, m,
+                    bias == nullptr ? nullptr : bias + col0, y + col0, n, n - col0, fetched,
+                    fetch && q < panels ? packed + q * kPanel * k : nullptr);
+      fetched = fetch;
+      p = q;
     }
   });
 }
