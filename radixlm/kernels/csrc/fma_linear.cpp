@@ -22,7 +22,7 @@
 // blocks of even sizes): R x V accumulators (AVX-512: 8 rows x 3 vectors of 16 columns;
 // AVX2: 6 x 2 of 8), and per k V weight vectors times each row's x[r][k] broadcast, one
 // FMA each, k in order; then the bias is added. Threads take panels from a shared counter.
-// At a few rows (up to 16 blocks: decode) each block also fetches its share of the
+// At a few rows (up to 16 blocks: decode) the first half of the blocks also fetch the
 // thread's next panel into L2, so every block finds its panel there; at more, the first
 // block reads the panel from memory, prefetching 4 KiB ahead, and the rest find it in L2.
 #include <ATen/Parallel.h>
@@ -208,16 +208,19 @@ void with_rows(int64_t r, F&& f) {
 // x's m rows times one panel, in as few blocks as kRows allows, of as even sizes (32 rows:
 // 6, 6, 5, 5, 5, 5 on AVX2 rather than 6 x 5 and 2: a block of fewer rows than the FMA
 // latency covers waits on its accumulators); `next` (or nullptr): the panel to fetch
-// meanwhile, each block its share of the lines; `fetched`: this panel was.
+// meanwhile, each of the first half of the blocks its share of the lines; `fetched`: this
+// panel was.
 template <class P, class O>
 void panel_rows(const float* x, int64_t ldx, const typename P::T* panel, int64_t k, int64_t m,
                 const float* bias, O* y, int64_t ldy, int64_t cols, bool fetched,
                 const typename P::T* next) {
   const int64_t nb = (m + kRows - 1) / kRows;
   const int64_t lines = next != nullptr ? k * kPanel * int64_t{sizeof *next} / 64 : 0;
+  const int64_t nf = (nb + 1) / 2;  // the blocks that fetch it: the first half (32 rows on
+                                    // AVX2: 5-8% faster than spread over all six)
   for (int64_t b = 0, r = 0; b < nb; ++b) {
     const int64_t rb = (m - r + nb - b - 1) / (nb - b);  // rows left over blocks left, rounded up
-    const int64_t l0 = b * lines / nb, l1 = (b + 1) * lines / nb;
+    const int64_t l0 = std::min(b, nf) * lines / nf, l1 = std::min(b + 1, nf) * lines / nf;
     const Fetch f{b == 0 && !fetched, reinterpret_cast<const char*>(next) + l0 * 64, l1 - l0};
     with_rows<kRows>(rb, [&](auto R) {
       block<decltype(R)::value, P>(x + r * ldx, ldx, panel, k, f, bias, y + r * ldy, ldy, cols);
