@@ -12,6 +12,7 @@ import torch
 from radixlm import kernels
 from radixlm.kernels import cpu_paged, reference, shared_prefix
 from radixlm.kernels.shared_prefix import AttentionPlan
+from radixlm.runtime.model_config import cpu_has_bf16
 
 needs_kernel = pytest.mark.skipif(not cpu_paged.available(), reason="kernel not built")
 BF16 = torch.bfloat16
@@ -72,10 +73,8 @@ def _extend(seed: int, prefix_lens: list[int], q_lens: list[int], hq: int, hkv: 
 def test_bf16_extend_rows_limit_is_float32s_without_bf16_instructions():
     # with bf16 matmuls (AMX / AVX512-BF16) torch's fused attention in bf16 wins past 16
     # rows; without them it converts element by element and float32's limit holds
-    bf16_matmuls = (torch.cpu._is_avx512_bf16_supported()
-                    or torch.cpu._is_amx_tile_supported())
     assert shared_prefix.KERNEL_MAX_EXTEND_ROWS_BF16 == (
-        16 if bf16_matmuls else shared_prefix.KERNEL_MAX_EXTEND_ROWS)
+        16 if cpu_has_bf16() else shared_prefix.KERNEL_MAX_EXTEND_ROWS)
 
 
 @pytest.fixture
