@@ -37,12 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_side, run as a 
 
 from vllm_side.checkpoint import DTYPES, checkpoint_in  # noqa: E402
 from vllm_side.offline import count_valid, run_worker  # noqa: E402
+from vllm_side.probe import machine_probe  # noqa: E402
 from vllm_side.profile_summary import load_events, self_times, top_table, traces_in  # noqa: E402
 from vllm_side.report import (  # noqa: E402
     add_offline,
+    add_probe,
     add_served,
     json_table,
     offline_table,
+    probe_table,
     served_table,
 )
 from vllm_side.served import ServedLoad, run_served  # noqa: E402
@@ -117,13 +120,15 @@ def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: st
                   results: dict) -> None:
     outs = {}
     for system in order:
+        probe = machine_probe(args.threads)
+        add_probe(results, dtype, system, probe)
         t0 = time.perf_counter()
         out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
         outs[system] = out
         valid = {n: count_valid(r["texts"]) for n, r in out["workloads"].items() if r["texts"]}
         add_offline(results, dtype, system, out, valid)
-        logging.warning("%s %s offline: %s (%.0f s with loading)", system, dtype,
-                        tok_s(out), time.perf_counter() - t0)
+        logging.warning("%s %s offline: %s (%.0f s with loading; probe before %.0f GFLOP/s)",
+                        system, dtype, tok_s(out), time.perf_counter() - t0, probe)
     if len(outs) == 2:
         for name in args.workloads:
             a, b = (outs[s]["workloads"][name]["output_ids"] for s in SYSTEMS)
@@ -131,16 +136,20 @@ def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: st
                 token_match(a, b))
 
 
-def warm_up(args: argparse.Namespace, setup: Setup, model: Path, dtype: str) -> None:
+def warm_up(args: argparse.Namespace, setup: Setup, model: Path, dtype: str,
+            results: dict) -> None:
     """``--warmup-rounds`` offline rounds of every system, their figures dropped: on this
     VM the first process to run after an idle spell ran every workload at 0.4-0.6x of the
     same process a minute later (radixlm, first in round 0, took it every time)."""
     for _ in range(args.warmup_rounds):
         for system in args.systems:
+            probe = machine_probe(args.threads)
+            add_probe(results, dtype, system, probe)
             t0 = time.perf_counter()
             out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
-            logging.warning("%s %s offline warm-up (not kept): %s (%.0f s)", system, dtype,
-                            tok_s(out), time.perf_counter() - t0)
+            logging.warning("%s %s offline warm-up (not kept): %s (%.0f s; probe before %.0f "
+                            "GFLOP/s)", system, dtype, tok_s(out), time.perf_counter() - t0,
+                            probe)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -157,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
     for dtype in args.dtypes:
         model = checkpoint_in(source, dtype, cache_dir())
         if "offline" in args.modes:
-            warm_up(args, setup, model, dtype)
+            warm_up(args, setup, model, dtype, results)
         for r in range(args.rounds):
             order = list(args.systems) if r % 2 == 0 else list(reversed(args.systems))
             if "offline" in args.modes:
@@ -191,6 +200,9 @@ def main() -> int:
         if "json" in args.workloads:
             print(f"json workload ({json_requests} requests)\n\n"
                   + json_table(results, json_requests) + "\n")
+        print(f"machine probe before each offline run (float32 matmul, {args.threads} "
+              "threads; warm-ups first): a low figure marks a round run in a slow spell\n\n"
+              + probe_table(results) + "\n")
     if "served" in results:
         print(f"served: random {args.serve_input_len} in / {args.serve_output_len} out, "
               f"{args.serve_prompts} requests per rate\n\n" + served_table(results))

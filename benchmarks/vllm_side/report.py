@@ -2,13 +2,14 @@
 
 Offline: ``results["offline"][dtype][workload][system]`` = {"tok_s": [...per round],
 "seconds": [...], "output_tokens": [...], "valid": [...] (JSON workload)}, and
-``...[workload]["token_match"]`` = [...per round]. Served:
+``...[workload]["token_match"]`` = [...per round]; ``results["probe"][dtype][system]`` =
+the machine probe's GFLOP/s before each of that system's offline runs (warm-ups included). Served:
 ``results["served"][dtype][rate][system][metric]`` = [...per round].
 """
 
 from __future__ import annotations
 
-from vllm_side.stats import Summary, markdown_table, ratio
+from vllm_side.stats import Summary, markdown_table, ratio, round_ratios
 
 SERVED_METRICS = (("output_throughput", "out tok/s", 1), ("median_ttft_ms", "TTFT p50 ms", 0),
                   ("p99_ttft_ms", "TTFT p99 ms", 0), ("median_tpot_ms", "TPOT p50 ms", 1),
@@ -53,12 +54,36 @@ def offline_table(results: dict, json_requests: int | None = None) -> str:
             match = row.get("token_match")
             valid = " / ".join(x for x in (_valid(r or {}, json_requests),
                                            _valid(v or {}, json_requests)) if x)
+            by_round = (round_ratios(r["tok_s"], v["tok_s"])
+                        if r and v and len(r["tok_s"]) == len(v["tok_s"]) else None)
             rows.append([name, dtype, rs.cell() if rs else "-", vs.cell() if vs else "-",
                          ratio(rs, vs) if rs and vs else "-",
+                         _ratio_cell(by_round) if by_round else "-",
                          f"{100 * Summary.of(match).median:.0f}%" if match else "-",
                          valid or "-"])
     return markdown_table(["workload", "dtype", "radixlm tok/s", "vLLM tok/s",
-                           "ratio", "same tokens", "JSON valid (radixlm / vLLM)"], rows)
+                           "ratio", "round by round", "same tokens",
+                           "JSON valid (radixlm / vLLM)"], rows)
+
+
+def _ratio_cell(s: Summary) -> str:
+    """``median (min-max)`` of per-round ratios, as ratios."""
+    return (f"{s.median:.2f}x" if s.n == 1
+            else f"{s.median:.2f}x ({s.low:.2f}-{s.high:.2f})")
+
+
+def add_probe(results: dict, dtype: str, system: str, gflops: float) -> None:
+    """File the machine probe taken before one system's offline run."""
+    results.setdefault("probe", {}).setdefault(dtype, {}).setdefault(system, []).append(gflops)
+
+
+def probe_table(results: dict) -> str:
+    """The machine probe before each system's runs (``vllm_side/probe.py``): GFLOP/s."""
+    rows = [[dtype, "vLLM" if system == "vllm" else system, Summary.of(values).cell(),
+             " ".join(f"{v:.0f}" for v in values)]
+            for dtype, systems in results.get("probe", {}).items()
+            for system, values in systems.items()]
+    return markdown_table(["dtype", "before", "probe GFLOP/s", "run by run"], rows)
 
 
 def served_table(results: dict) -> str:

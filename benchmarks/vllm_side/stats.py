@@ -34,6 +34,15 @@ def ratio(ours: Summary, theirs: Summary) -> str:
     return f"{ours.median / theirs.median:.2f}x" if theirs.median > 0 else "-"
 
 
+def round_ratios(ours: Sequence[float], theirs: Sequence[float]) -> Summary:
+    """radixlm over vLLM round by round (the rounds alternate, so a round's pair ran
+    minutes apart): a slow spell that hits one system's run shows as one outlying ratio
+    instead of moving a median."""
+    if len(ours) != len(theirs):
+        raise ValueError("round_ratios: one figure per round from each system")
+    return Summary.of([a / b for a, b in zip(ours, theirs, strict=True) if b > 0])
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

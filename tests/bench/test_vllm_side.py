@@ -77,6 +77,10 @@ def test_summary_and_token_match():
     with pytest.raises(ValueError):
         stats.Summary.of([])
     assert stats.ratio(stats.Summary.of([150.0]), stats.Summary.of([100.0])) == "1.50x"
+    by_round = stats.round_ratios([200.0, 150.0, 180.0], [100.0, 150.0, 120.0])
+    assert (by_round.median, by_round.low, by_round.high) == (1.5, 1.0, 2.0)
+    with pytest.raises(ValueError, match="one figure per round"):
+        stats.round_ratios([1.0, 2.0], [1.0])
     # the first difference ends a request's agreement
     assert stats.token_match([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == 4 / 6
     assert stats.token_match([[1, 2]], [[1, 2, 3]]) == 2 / 3
@@ -97,10 +101,16 @@ def test_offline_and_served_tables():
         report.add_offline(results, "bfloat16", "vllm", _worker_out(v_tok), {"json": valid})
     results["offline"]["bfloat16"]["unique"]["token_match"] = [1.0, 0.5, 0.9]
     table = report.offline_table(results, 16).splitlines()
-    assert table[0].startswith("| workload | dtype | radixlm tok/s | vLLM tok/s | ratio")
+    assert table[0].startswith("| workload | dtype | radixlm tok/s | vLLM tok/s | ratio | "
+                               "round by round |")
+    # medians' ratio 100 / 200; round by round 100/200, 120/180, 90/240
     assert table[2] == ("| unique | bfloat16 | 100.0 (90.0-120.0) | 200.0 (180.0-240.0) | "
-                        "0.50x | 90% | - |")
-    assert table[3].endswith("| 0.50x | - | 16/16 / 14-16/16 |")
+                        "0.50x | 0.50x (0.38-0.67) | 90% | - |")
+    assert table[3].endswith("| 0.50x | 0.50x (0.38-0.67) | - | 16/16 / 14-16/16 |")
+    report.add_probe(results, "bfloat16", "radixlm", 150.0)
+    report.add_probe(results, "bfloat16", "radixlm", 90.5)
+    assert report.probe_table(results).splitlines()[2] == (
+        "| bfloat16 | radixlm | 120.2 (90.5-150.0) | 150 90 |")
     js = report.json_table(results, 16).splitlines()
     assert js[2] == ("| bfloat16 | radixlm | 1.00 (1.00-1.00) | 100 (90-120) | 16/16 | "
                      "16.00 (16.00-16.00) |")  # valid objects / s: the wall time counts
@@ -292,10 +302,26 @@ def test_warmup_rounds_run_every_system_and_keep_nothing(monkeypatch, tmp_path):
                                   "texts": []} for n in names}}
 
     monkeypatch.setattr(side, "run_worker", fake_worker)
+    monkeypatch.setattr(side, "machine_probe", lambda threads: 100.0 + len(calls))
     args = side.build_parser().parse_args(["--warmup-rounds", "2", "--modes", "offline",
                                            "--workloads", "unique"])
-    side.warm_up(args, Setup(2, 1024, ""), tmp_path, "float32")
+    results: dict = {}
+    side.warm_up(args, Setup(2, 1024, ""), tmp_path, "float32", results)
     assert calls == [("radixlm", "float32"), ("vllm", "float32")] * 2
+    # a probe before every run, warm-ups included; no figure of theirs kept
+    assert results == {"probe": {"float32": {"radixlm": [100.0, 102.0],
+                                             "vllm": [101.0, 103.0]}}}
     with pytest.raises(ValueError, match="--warmup-rounds"):
         side.check(side.build_parser().parse_args(["--warmup-rounds", "-1"]))
     assert side.build_parser().parse_args([]).warmup_rounds == 1
+
+
+def test_machine_probe_measures_and_restores_the_thread_count():
+    import torch
+    from vllm_side.probe import machine_probe
+
+    before = torch.get_num_threads()
+    assert machine_probe(1, seconds=0.03) > 0
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        machine_probe(0)
