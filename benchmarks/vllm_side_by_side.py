@@ -116,19 +116,28 @@ def tok_s(worker_out: dict) -> dict[str, float]:
             for n, r in worker_out["workloads"].items()}
 
 
+def probed_run(args: argparse.Namespace, setup: Setup, model: Path, dtype: str, system: str,
+               results: dict, what: str) -> dict:
+    """One offline run of ``system`` between two machine probes (filed under
+    ``results["probe"]``), logged as ``what``."""
+    before = machine_probe(args.threads)
+    t0 = time.perf_counter()
+    out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
+    seconds = time.perf_counter() - t0
+    after = machine_probe(args.threads)
+    add_probe(results, dtype, system, before, after)
+    logging.warning("%s %s %s: %s (%.0f s with loading; probe %.0f before, %.0f after, "
+                    "GFLOP/s)", system, dtype, what, tok_s(out), seconds, before, after)
+    return out
+
+
 def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: str, order: list[str],
                   results: dict) -> None:
     outs = {}
     for system in order:
-        probe = machine_probe(args.threads)
-        add_probe(results, dtype, system, probe)
-        t0 = time.perf_counter()
-        out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
-        outs[system] = out
+        out = outs[system] = probed_run(args, setup, model, dtype, system, results, "offline")
         valid = {n: count_valid(r["texts"]) for n, r in out["workloads"].items() if r["texts"]}
         add_offline(results, dtype, system, out, valid)
-        logging.warning("%s %s offline: %s (%.0f s with loading; probe before %.0f GFLOP/s)",
-                        system, dtype, tok_s(out), time.perf_counter() - t0, probe)
     if len(outs) == 2:
         for name in args.workloads:
             a, b = (outs[s]["workloads"][name]["output_ids"] for s in SYSTEMS)
@@ -138,18 +147,13 @@ def offline_round(args: argparse.Namespace, setup: Setup, model: Path, dtype: st
 
 def warm_up(args: argparse.Namespace, setup: Setup, model: Path, dtype: str,
             results: dict) -> None:
-    """``--warmup-rounds`` offline rounds of every system, their figures dropped: on this
-    VM the first process to run after an idle spell ran every workload at 0.4-0.6x of the
-    same process a minute later (radixlm, first in round 0, took it every time)."""
+    """``--warmup-rounds`` offline rounds of every system, their figures dropped (the
+    probes kept): on this VM the first process to run after an idle spell ran every
+    workload at 0.4-0.6x of the same process a minute later (radixlm, first in round 0,
+    took it every time)."""
     for _ in range(args.warmup_rounds):
         for system in args.systems:
-            probe = machine_probe(args.threads)
-            add_probe(results, dtype, system, probe)
-            t0 = time.perf_counter()
-            out = run_worker(system, setup, model, dtype, args.workloads, args.seed, args.log)
-            logging.warning("%s %s offline warm-up (not kept): %s (%.0f s; probe before %.0f "
-                            "GFLOP/s)", system, dtype, tok_s(out), time.perf_counter() - t0,
-                            probe)
+            probed_run(args, setup, model, dtype, system, results, "offline warm-up (not kept)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -200,8 +204,9 @@ def main() -> int:
         if "json" in args.workloads:
             print(f"json workload ({json_requests} requests)\n\n"
                   + json_table(results, json_requests) + "\n")
-        print(f"machine probe before each offline run (float32 matmul, {args.threads} "
-              "threads; warm-ups first): a low figure marks a round run in a slow spell\n\n"
+        print(f"machine probe before and after each offline run (float32 matmul, "
+              f"{args.threads} threads; warm-ups first): a low figure marks a run in a slow "
+              "spell\n\n"
               + probe_table(results) + "\n")
     if "served" in results:
         print(f"served: random {args.serve_input_len} in / {args.serve_output_len} out, "

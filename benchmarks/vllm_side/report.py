@@ -3,7 +3,8 @@
 Offline: ``results["offline"][dtype][workload][system]`` = {"tok_s": [...per round],
 "seconds": [...], "output_tokens": [...], "valid": [...] (JSON workload)}, and
 ``...[workload]["token_match"]`` = [...per round]; ``results["probe"][dtype][system]`` =
-the machine probe's GFLOP/s before each of that system's offline runs (warm-ups included). Served:
+{"before": [...], "after": [...]}, the machine probe's GFLOP/s around each of that system's
+offline runs (warm-ups included). Served:
 ``results["served"][dtype][rate][system][metric]`` = [...per round].
 """
 
@@ -72,18 +73,24 @@ def _ratio_cell(s: Summary) -> str:
             else f"{s.median:.2f}x ({s.low:.2f}-{s.high:.2f})")
 
 
-def add_probe(results: dict, dtype: str, system: str, gflops: float) -> None:
-    """File the machine probe taken before one system's offline run."""
-    results.setdefault("probe", {}).setdefault(dtype, {}).setdefault(system, []).append(gflops)
+def add_probe(results: dict, dtype: str, system: str, before: float, after: float) -> None:
+    """File the machine probes taken before and after one system's offline run."""
+    runs = results.setdefault("probe", {}).setdefault(dtype, {}).setdefault(
+        system, {"before": [], "after": []})
+    runs["before"].append(before)
+    runs["after"].append(after)
 
 
 def probe_table(results: dict) -> str:
-    """The machine probe before each system's runs (``vllm_side/probe.py``): GFLOP/s."""
-    rows = [[dtype, "vLLM" if system == "vllm" else system, Summary.of(values).cell(),
-             " ".join(f"{v:.0f}" for v in values)]
+    """The machine probes around each system's runs (``vllm_side/probe.py``): GFLOP/s."""
+    rows = [[dtype, "vLLM" if system == "vllm" else system,
+             Summary.of(runs["before"]).cell(), Summary.of(runs["after"]).cell(),
+             " ".join(f"{b:.0f}/{a:.0f}" for b, a in zip(runs["before"], runs["after"],
+                                                          strict=True))]
             for dtype, systems in results.get("probe", {}).items()
-            for system, values in systems.items()]
-    return markdown_table(["dtype", "before", "probe GFLOP/s", "run by run"], rows)
+            for system, runs in systems.items()]
+    return markdown_table(["dtype", "system", "before", "after", "run by run (before/after)"],
+                          rows)
 
 
 def served_table(results: dict) -> str:

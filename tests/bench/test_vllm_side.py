@@ -107,10 +107,10 @@ def test_offline_and_served_tables():
     assert table[2] == ("| unique | bfloat16 | 100.0 (90.0-120.0) | 200.0 (180.0-240.0) | "
                         "0.50x | 0.50x (0.38-0.67) | 90% | - |")
     assert table[3].endswith("| 0.50x | 0.50x (0.38-0.67) | - | 16/16 / 14-16/16 |")
-    report.add_probe(results, "bfloat16", "radixlm", 150.0)
-    report.add_probe(results, "bfloat16", "radixlm", 90.5)
+    report.add_probe(results, "bfloat16", "radixlm", 150.0, 140.0)
+    report.add_probe(results, "bfloat16", "radixlm", 90.5, 151.0)
     assert report.probe_table(results).splitlines()[2] == (
-        "| bfloat16 | radixlm | 120.2 (90.5-150.0) | 150 90 |")
+        "| bfloat16 | radixlm | 120.2 (90.5-150.0) | 145.5 (140.0-151.0) | 150/140 90/151 |")
     js = report.json_table(results, 16).splitlines()
     assert js[2] == ("| bfloat16 | radixlm | 1.00 (1.00-1.00) | 100 (90-120) | 16/16 | "
                      "16.00 (16.00-16.00) |")  # valid objects / s: the wall time counts
@@ -308,9 +308,10 @@ def test_warmup_rounds_run_every_system_and_keep_nothing(monkeypatch, tmp_path):
     results: dict = {}
     side.warm_up(args, Setup(2, 1024, ""), tmp_path, "float32", results)
     assert calls == [("radixlm", "float32"), ("vllm", "float32")] * 2
-    # a probe before every run, warm-ups included; no figure of theirs kept
-    assert results == {"probe": {"float32": {"radixlm": [100.0, 102.0],
-                                             "vllm": [101.0, 103.0]}}}
+    # a probe before and after every run, warm-ups included; no figure of theirs kept
+    assert results == {"probe": {"float32": {
+        "radixlm": {"before": [100.0, 102.0], "after": [101.0, 103.0]},
+        "vllm": {"before": [101.0, 103.0], "after": [102.0, 104.0]}}}}
     with pytest.raises(ValueError, match="--warmup-rounds"):
         side.check(side.build_parser().parse_args(["--warmup-rounds", "-1"]))
     assert side.build_parser().parse_args([]).warmup_rounds == 1
