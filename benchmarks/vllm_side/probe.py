@@ -2,9 +2,9 @@
 
 The machines these rounds run on are shared: another tenant's work slows one round and not
 the next (on the Zen 3 VM, two cores' FMA loop ran at 48 and at 96 GFLOP/s a core minutes
-apart). Taken before each system's run, the probe tells a round that ran in a slow spell
-from one where a system was slower. It runs in the parent, between the workers, never
-beside one.
+apart). Taken before and after each system's run, the probe tells a round that ran in a
+slow spell from one where a system was slower. It runs in the parent, between the workers,
+never beside one.
 """
 
 from __future__ import annotations
