@@ -148,6 +148,13 @@ def available() -> bool:
 
 
 @cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX), which oneDNN's bf16
+    matmuls use; without it they emulate bf16, slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+@cache
 def bf16_kernels_on() -> bool:
     """The kernel is loaded and ``RADIXLM_CPU_AMX=0`` has not turned its bfloat16 paths off
     (the attention's tiles, ``amx``, and the decode linears, ``amx_linear``)."""
@@ -166,7 +173,7 @@ def amx() -> bool:
 @cache
 def packed() -> bool:
     """Whether a float32 q with rows enough takes the kernel's packed path (a build with
-    AVX-512, and ``RADIXLM_CPU_PACKED`` not 0)."""
+    AVX-512, or AVX2 with FMA and F16C, and ``RADIXLM_CPU_PACKED`` not 0)."""
     return available() and bool(torch.ops.radixlm_cpu.packed_on())
 
 
