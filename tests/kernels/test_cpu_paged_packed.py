@@ -1,10 +1,11 @@
 """The CPU kernel's packed float32 path (``csrc/packed_attention.cpp``: a block's keys
 transposed once for all of a task's rows, scores as outer products) against a float64
 oracle, called as the plan calls the op: segments with rows enough per KV head to take it
-(tiles of 6 with a tail, keys past a block's end), every pool dtype and vector head width,
-causal or not, sliding windows, soft caps, a pass continued from an earlier one, rows in no
-segment. The same segments with ``RADIXLM_CPU_PACKED=0`` (a process of its own) take the
-FMA path; both must match the oracle, and each other to float32 rounding."""
+(tiles of 3-6 rows, as even as the rows divide, keys past a block's end), every pool dtype
+and vector head width, causal or not, sliding windows, soft caps, a pass continued from an
+earlier one, rows in no segment. The same segments with ``RADIXLM_CPU_PACKED=0`` (a process
+of its own) take the FMA path; both must match the oracle, and each other to float32
+rounding."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def oracle(q, k_buf, v_buf, rows, q_indptr, kv_indptr, kv_indices, causal, windo
 
 
 def _case(seed, d, dtype, causal, window, cap, init, hq=6, hkv=2):
-    """Three segments of 5-14 query rows (15-42 rows per KV head: tiles of 6 and a tail) over
+    """Three segments of 5-14 query rows (15-42 rows per KV head: tiles of 4-6) over
     50-200 scattered keys (blocks of 64 and a partial one), rows permuted, two rows in none."""
     g = torch.Generator().manual_seed(seed)
     lens = [int(x) for x in torch.randint(5, 15, (3,), generator=g)]
@@ -113,8 +114,9 @@ def test_packed_matches_f64(d, dtype, causal):
 
 def _decode_case(seed, d, grp, init):
     """Decode: four segments of one row each over 1-150 scattered keys, 2 KV heads in
-    groups of ``grp``: 1-3 rows per KV head (tiles of 3 where every task takes this path,
-    AVX2 builds; the FMA path on AVX-512)."""
+    groups of ``grp``: ``grp`` rows per KV head (where every task takes this path, AVX2
+    builds: one tile of 3, padded, up to 3 rows; of 4 or 5; 7 rows as 3 + 4; the FMA path
+    on AVX-512)."""
     g = torch.Generator().manual_seed(seed)
     keys = [1, *(int(x) for x in torch.randint(2, 150, (3,), generator=g))]
     hkv, hq, pool = 2, 2 * grp, sum(keys) + 5
@@ -130,7 +132,7 @@ def _decode_case(seed, d, grp, init):
 
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
-@pytest.mark.parametrize("grp", [1, 2, 3])
+@pytest.mark.parametrize("grp", [1, 2, 3, 4, 5, 7])
 def test_decode_rows_match_f64(d, grp):
     for init in (False, True):
         args = _decode_case(d * grp, d, grp, init)

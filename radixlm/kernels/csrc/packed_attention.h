@@ -1,10 +1,10 @@
 // The packed float32 path of the CPU attention kernel (packed_attention.cpp): a float32 q
 // over any pool dtype, for tasks with rows enough per KV head (extend chunks, shared-prefix
 // groups; on AVX2 decode steps too). Each block of 64 keys is widened and transposed once
-// per (task, head) into K^T [d][64], then every tile of 6 rows (3 in a task of at most 3)
-// takes its 6 x 64 scores as outer products (q's element broadcast times 16 keys'
-// elements: no lane sums) and its values from the rows in place, its accumulators in
-// registers. The FMA path (paged_attention.cpp: tiles of 4 rows, each key's 16 lane sums
+// per (task, head) into K^T [d][64], then every tile of 3-6 rows (the head's rows in
+// tiles as even as they divide: 7 as 3 + 4; fewer than 3 padded to 3) takes its RT x 64
+// scores as outer products (q's element broadcast times 16 keys' elements: no lane sums)
+// and its values from the rows in place, its accumulators in registers. The FMA path (paged_attention.cpp: tiles of 4 rows, each key's 16 lane sums
 // reduced) is left to short tasks on AVX-512, where packing a block costs more than it
 // saves.
 #pragma once
