@@ -4,9 +4,9 @@
 // per (task, head) into K^T [d][64], then every tile of 3-6 rows (the head's rows in
 // tiles as even as they divide: 7 as 3 + 4; fewer than 3 padded to 3) takes its RT x 64
 // scores as outer products (q's element broadcast times 16 keys' elements: no lane sums)
-// and its values from the rows in place, its accumulators in registers. The FMA path (paged_attention.cpp: tiles of 4 rows, each key's 16 lane sums
-// reduced) is left to short tasks on AVX-512, where packing a block costs more than it
-// saves.
+// and its values from the rows in place, its accumulators in registers. The FMA path
+// (paged_attention.cpp: tiles of 4 rows, each key's 16 lane sums reduced) is left to short
+// tasks on AVX-512, where packing a block costs more than it saves.
 #pragma once
 
 #include "attention_task.h"
