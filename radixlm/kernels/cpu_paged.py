@@ -148,13 +148,6 @@ def available() -> bool:
 
 
 @cache
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX), which oneDNN's bf16
-    matmuls use; without it they emulate bf16, slower than float32."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-@cache
 def bf16_kernels_on() -> bool:
     """The kernel is loaded and ``RADIXLM_CPU_AMX=0`` has not turned its bfloat16 paths off
     (the attention's tiles, ``amx``, and the decode linears, ``amx_linear``)."""

@@ -81,8 +81,11 @@ KERNEL_MAX_EXTEND_ROWS = (256 if torch.cpu._is_amx_tile_supported()
 # padded time at 4 new tokens, 0.92x at 16, 1.5x at 32, 2x at 64. A CPU without bf16
 # instructions has no such matmuls (torch's bf16 attention converts element by element):
 # float32's limit there (AMD Zen 3, the shared-prefix workload in bf16: the extend
-# attention 1.51 s of CPU with 16, 0.93 with 2,048).
-KERNEL_MAX_EXTEND_ROWS_BF16 = 16 if cpu_paged.cpu_has_bf16() else KERNEL_MAX_EXTEND_ROWS
+# attention 1.51 s of CPU with 16, 0.93 with 2,048). The CPU test is model_config.cpu_has_bf16's
+# (kernels/ imports nothing of the runtime; a test holds the two together).
+KERNEL_MAX_EXTEND_ROWS_BF16 = (16 if torch.cpu._is_avx512_bf16_supported()
+                               or torch.cpu._is_amx_tile_supported()
+                               else KERNEL_MAX_EXTEND_ROWS)
 # Layers with a sliding window or a soft cap take the kernel (AttentionPlan.flat) at any
 # number of rows: their alternative is masked_attention, not the padded passes, and the
 # kernel was 3-32x faster than it over 256-4096 new tokens (a window of 256: it skips the

@@ -11,12 +11,11 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from radixlm.kernels.cpu_paged import cpu_has_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +170,13 @@ class ModelConfig:
         if self.torch_dtype == torch.bfloat16 and cpu_has_bf16():
             return torch.bfloat16
         return torch.float32
+
+
+@cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX), which oneDNN's bf16
+    matmuls use; without it they emulate bf16, slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def _text_config(hf: dict) -> dict:
