@@ -130,7 +130,39 @@ class ForwardBatchBuilder:
             layout=Layout(len(batch), max(batch.extend_lens), max(batch.prefix_lens)),
             swa=None if self.swa_map is None else self._swa_indices(
                 self.swa_map, out_cache_loc, qo_t, kv_t, kv_indices, batch, True),
+            last_rows=self._last_rows(batch, req_to_token),
         )
+
+    def _last_rows(self, batch: ModelWorkerBatch,
+                   req_to_token: torch.Tensor) -> ForwardBatch | None:
+        """The last layer's attention when the logits wanted are each sequence's last new
+        row at most: those rows as a decode over their sequence's whole KV (the new
+        tokens' K/V stored first), so that layer's attention, o_proj and MLP run on them
+        alone (when none wants any, a batch of no sequences: that layer only stores
+        K/V). None when some sequence wants other rows (prompt logprobs, mean pooling)."""
+        keep = []
+        for b, (n, (a, e)) in enumerate(zip(batch.extend_lens, batch.logit_ranges)):
+            if e - a == 1 and e == n:
+                keep.append(b)
+            elif e != a:
+                return None
+        if not keep:  # chunks whose prompts go on
+            none = torch.zeros(1, dtype=torch.int64, device=self.device)
+            return ForwardBatch(ForwardMode.DECODE, none[1:], none[1:], none[1:], none,
+                                none, none[1:], none[1:], self.kv_pool,
+                                self.attention_backend)
+        view = {b: i for i, b in enumerate(keep)}
+        groups = [(length, [view[b] for b in members if b in view])
+                  for length, members in batch.prefix_groups or []]
+        return self._decode_batch(ModelWorkerBatch(
+            is_decode=True,
+            req_pool_indices=[batch.req_pool_indices[b] for b in keep],
+            prefix_lens=[batch.prefix_lens[b] + batch.extend_lens[b] - 1 for b in keep],
+            extend_lens=[1] * len(keep),
+            input_ids=[0] * len(keep),  # read by no layer
+            logit_ranges=[(0, 1)] * len(keep),
+            prefix_groups=[g for g in groups if len(g[1]) >= 2] or None,
+        ), req_to_token)
 
     def _swa_indices(self, swa_map, out_cache_loc, qo_indptr, kv_indptr, kv_indices, batch,
                      extend: bool, views=None) -> SWAIndices:

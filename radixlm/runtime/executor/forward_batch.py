@@ -81,6 +81,10 @@ class ForwardBatch:
     # with the SWA pool: what the sliding layers read and write instead (their window
     # views live there, translated)
     swa: SWAIndices | None = None
+    # extend: the rows of ``logits_indices`` (each a sequence's last new token) as a
+    # DECODE batch over their sequences' whole KV, for the last layer, whose other rows
+    # no one reads (None: that layer runs every row; see ``_last_rows``)
+    last_rows: ForwardBatch | None = None
 
     def for_layer(self, sliding: bool) -> ForwardBatch | SWAIndices:
         """Where a layer's ``out_cache_loc``, ``kv_indices`` and ``window_views`` are."""

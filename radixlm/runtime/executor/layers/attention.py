@@ -69,12 +69,21 @@ class RadixAttention(nn.Module):
         return self.sliding_window is not None or self.logit_cap is not None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        """q [N, Hq, D], k/v [N, Hkv, D] (rotated) -> [N, Hq * D]."""
-        n, backend = q.shape[0], fb.attention_backend
+                fb: ForwardBatch, last_rows: bool = False) -> torch.Tensor:
+        """q [N, Hq, D], k/v [N, Hkv, D] (rotated) -> [N, Hq * D]. ``last_rows`` (an
+        extend with ``fb.last_rows``): every row's K/V stored, then only the rows of
+        ``fb.logits_indices`` attend, as that decode batch -> [M, Hq * D]."""
+        backend = fb.attention_backend
         k_buf, v_buf = fb.kv_pool.get_kv_buffer(self.layer_id)
         idx = fb.for_layer(self.sliding_window is not None)  # fb, or its SWA translation
         kernels.store_kv(k_buf, v_buf, idx.out_cache_loc, k, v, backend=backend)
+        if last_rows:
+            assert fb.last_rows is not None
+            q, fb = q[fb.logits_indices], fb.last_rows
+            if fb.batch_size == 0:  # no row wanted (the decoder layer stops here too)
+                return q.reshape(0, self.num_heads * self.head_dim)
+            idx = fb.for_layer(self.sliding_window is not None)
+        n = q.shape[0]
         view = idx.window_views.get(self.sliding_window) if self.logit_cap is None else None
         if fb.mode.is_decode and view is not None:  # the window's slots, plain kernels
             o = kernels.decode_attention(

@@ -106,8 +106,10 @@ class Attention(nn.Module):
                                    spec.sm_scale or config.sm_scale,
                                    config.layer_window(layer_id), spec.attn_logit_cap, sinks)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch,
-                rotary: RotaryEmbedding | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, rotary: RotaryEmbedding | None,
+                last_rows: bool = False) -> torch.Tensor:
+        """[N, hidden] -> [N, hidden]; ``last_rows``: [M, hidden], the rows of
+        ``fb.logits_indices`` (every row's K/V still stored)."""
         n, backend = x.shape[0], fb.attention_backend
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm == "all":  # over the whole projection [N, H * D]
@@ -119,7 +121,10 @@ class Attention(nn.Module):
             q, k = norm_heads(self.q_norm, q, backend), norm_heads(self.k_norm, k, backend)
         if rotary is not None:
             q, k = rotary(q, k, fb.positions, backend=backend)
-        return self.o_proj(self.attn(q, k, v, fb))
+        o = self.attn(q, k, v, fb, last_rows)
+        if last_rows and not o.shape[0]:  # no row wanted: only the K/V was owed
+            return x[:0]
+        return self.o_proj(o)
 
 
 class MLP(nn.Module):
@@ -156,18 +161,30 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(config, spec)
 
-    def forward(self, x, residual, fb: ForwardBatch, rotary: RotaryEmbedding | None):
-        """Returns ``(out, residual)``; the next norm adds them."""
+    def forward(self, x, residual, fb: ForwardBatch, rotary: RotaryEmbedding | None,
+                last_rows: bool = False):
+        """Returns ``(out, residual)``; the next norm adds them. ``last_rows`` (the last
+        layer of an extend with ``fb.last_rows``): both of only the rows of
+        ``fb.logits_indices``, after every row's K/V went to the pool."""
         b = fb.attention_backend
         if self.norms == "post":  # OLMo 2: no norm before attention or the MLP
             h = x if residual is None else residual + x
-            h = h + self.post_attention_layernorm(self.self_attn(h, fb, rotary), backend=b)
+            attn = self.self_attn(h, fb, rotary, last_rows)
+            if last_rows:
+                h = h[fb.logits_indices]
+                if not attn.shape[0]:  # no row wanted: the K/V was all this layer owed
+                    return attn, h
+            h = h + self.post_attention_layernorm(attn, backend=b)
             return self.post_feedforward_layernorm(self.mlp(h, b), backend=b), h
         if residual is None:
             residual, x = x, self.input_layernorm(x, backend=b)
         else:
             x, residual = self.input_layernorm(x, residual, backend=b)
-        x = self._scaled(self.self_attn(x, fb, rotary))
+        x = self._scaled(self.self_attn(x, fb, rotary, last_rows))
+        if last_rows:
+            residual = residual[fb.logits_indices]
+            if not x.shape[0]:
+                return x, residual
         if self.norms == "pre":
             x, residual = self.post_attention_layernorm(x, residual, backend=b)
             return self._scaled(self.mlp(x, b)), residual
@@ -260,10 +277,12 @@ class DecoderForCausalLM(nn.Module):
         if self.spec.embed_scale is not None:  # rounded to the dtype first, as transformers
             x = x * torch.tensor(self.spec.embed_scale, dtype=x.dtype)
         residual = None
+        last = len(self.model.layers) - 1 if fb.last_rows is not None else -1
         for i, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, fb, self.layer_rotary(i))
-        # Norm only the rows that are wanted.
-        x, _ = self.model.norm(
-            x[fb.logits_indices], residual[fb.logits_indices], backend=fb.attention_backend
-        )
+            # the last layer: every row's K/V, then the wanted rows alone (no one reads
+            # the others' outputs)
+            x, residual = layer(x, residual, fb, self.layer_rotary(i), i == last)
+        if last < 0:  # norm only the rows that are wanted
+            x, residual = x[fb.logits_indices], residual[fb.logits_indices]
+        x, _ = self.model.norm(x, residual, backend=fb.attention_backend)
         return x
