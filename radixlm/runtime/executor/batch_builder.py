@@ -135,15 +135,17 @@ class ForwardBatchBuilder:
 
     def _last_rows(self, batch: ModelWorkerBatch,
                    req_to_token: torch.Tensor) -> ForwardBatch | None:
-        """The last layer's attention when the logits wanted are each sequence's last new
-        row at most: those rows as a decode over their sequence's whole KV (the new
-        tokens' K/V stored first), so that layer's attention, o_proj and MLP run on them
-        alone (when none wants any, a batch of no sequences: that layer only stores
-        K/V). None when some sequence wants other rows (prompt logprobs, mean pooling)."""
-        keep = []
-        for b, (n, (a, e)) in enumerate(zip(batch.extend_lens, batch.logit_ranges)):
-            if e - a == 1 and e == n:
+        """The last layer's attention when each sequence wants the logits (or hidden
+        state) of one new row at most (its last, to sample; its first, CLS pooling):
+        those rows as a decode over their sequence's KV up to them (every new token's K/V
+        stored first), so that layer's attention, o_proj and MLP run on them alone (when
+        none wants any, a batch of no sequences: that layer only stores K/V). None when a
+        sequence wants more rows (prompt logprobs, mean pooling)."""
+        keep, rows = [], []
+        for b, (a, e) in enumerate(batch.logit_ranges):
+            if e - a == 1:
                 keep.append(b)
+                rows.append(a)
             elif e != a:
                 return None
         if not keep:  # chunks whose prompts go on
@@ -157,7 +159,7 @@ class ForwardBatchBuilder:
         return self._decode_batch(ModelWorkerBatch(
             is_decode=True,
             req_pool_indices=[batch.req_pool_indices[b] for b in keep],
-            prefix_lens=[batch.prefix_lens[b] + batch.extend_lens[b] - 1 for b in keep],
+            prefix_lens=[batch.prefix_lens[b] + a for b, a in zip(keep, rows)],
             extend_lens=[1] * len(keep),
             input_ids=[0] * len(keep),  # read by no layer
             logit_ranges=[(0, 1)] * len(keep),

@@ -81,9 +81,9 @@ class ForwardBatch:
     # with the SWA pool: what the sliding layers read and write instead (their window
     # views live there, translated)
     swa: SWAIndices | None = None
-    # extend: the rows of ``logits_indices`` (each a sequence's last new token) as a
-    # DECODE batch over their sequences' whole KV, for the last layer, whose other rows
-    # no one reads (None: that layer runs every row; see ``_last_rows``)
+    # extend: the rows of ``logits_indices`` (one a sequence at most) as a DECODE batch
+    # over their sequences' KV up to them, for the last layer, whose other rows no one
+    # reads (None: that layer runs every row; see ``ForwardBatchBuilder._last_rows``)
     last_rows: ForwardBatch | None = None
 
     def for_layer(self, sliding: bool) -> ForwardBatch | SWAIndices:

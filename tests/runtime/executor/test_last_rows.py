@@ -1,9 +1,10 @@
-"""The last layer of an extend runs only the rows whose logits are wanted
-(``ForwardBatch.last_rows``): every row's K/V still goes to the pool, then those rows attend
-as a decode batch over their whole KV and alone go through o_proj and the MLP. For every
-family, through the ModelRunner's own path (prefix groups, a mixed batch, a chunk that
-wants no logits): the logits equal those of every row through the last layer, and the
-pools hold the same K/V, bit for bit. Prompt logprobs and mean pooling keep every row."""
+"""The last layer of an extend runs only the rows whose logits are wanted, one a sequence
+at most (``ForwardBatch.last_rows``): every row's K/V still goes to the pool, then those
+rows attend as a decode batch over their KV up to them and alone go through o_proj and the
+MLP. For every family, through the ModelRunner's own path (prefix groups, a mixed batch, a
+row before the last, a chunk that wants no logits): the logits equal those of every row
+through the last layer, and the pools hold the same K/V, bit for bit. Prompt logprobs and
+mean pooling keep every row."""
 
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ STEPS = [
     ModelWorkerBatch(False, [0, 2, 3], [40, 32, 0], [1, 20, 16], [50] + S2[32:] + S3,
                      [(0, 1), (19, 20), (16, 16)], prefix_groups=None),
     ModelWorkerBatch(True, [0, 2], [41, 52], [1, 1], [51, 52], [(0, 1), (0, 1)]),
-    # rows 1 and 2 share their first 32 slots: a group in the last layer's decode view too
+    # rows 1 and 2 share their first 32 slots: a group in the last layer's decode view too;
+    # row 3 wants its second new row's logits, not its last (keys past it not attended)
     ModelWorkerBatch(False, [1, 2, 3], [40, 53, 16], [3, 2, 4], [60, 61, 62, 63, 64,
                                                                   65, 66, 67, 68],
-                     [(2, 3), (1, 2), (3, 4)], prefix_groups=[(32, [0, 1])]),
+                     [(2, 3), (1, 2), (1, 2)], prefix_groups=[(32, [0, 1])]),
     # a chunk alone that wants no logits: its last layer only stores K/V, which the
     # decode step after it reads
     ModelWorkerBatch(False, [3], [20], [8], list(range(920, 928)), [(8, 8)]),
@@ -131,7 +133,7 @@ class _Builder(ForwardBatchBuilder):
     ([(4, 5), (3, 3)], [0]),  # the second wants none (a chunk with prompt left)
     ([(5, 5), (3, 3)], []),  # none wanted: the last layer only stores K/V
     ([(0, 5), (2, 3)], None),  # prompt logprobs (or mean pooling): every row
-    ([(3, 4), (2, 3)], None),  # a row that is not the last
+    ([(0, 1), (3, 3)], [0]),  # one row, not the last (CLS pooling)
 ])
 def test_which_batches_get_a_view(ranges, kept):
     batch = ModelWorkerBatch(False, [7, 8], [10, 9], [5, 3], list(range(8)), ranges,
@@ -144,5 +146,6 @@ def test_which_batches_get_a_view(ranges, kept):
         assert view.batch_size == 0 and view.logits_indices.numel() == 0
         return
     assert view.req_pool_indices == [[7, 8][b] for b in kept]
-    assert view.prefix_lens == [[14, 11][b] for b in kept]  # the last new row's position
+    positions = [10 + ranges[0][0], 9 + ranges[1][0]]
+    assert view.prefix_lens == [positions[b] for b in kept]  # the wanted row's position
     assert view.prefix_groups == ([(8, [0, 1])] if len(kept) == 2 else None)
