@@ -5,7 +5,8 @@
 //   1. pack: the head's rows of q into Q [R16, D] bf16 (R16: rows rounded up to 16, zeros
 //      past R), and the keys it sees, in blocks of kKeys (64), into tiles: K as B of
 //      S = Q K^T (tile (quarter, c): 16 pairs of d x 16 keys, each a u32 of two bf16: the
-//      VNNI layout) and V as B of O = P V (tile (half, t): 16 pairs of keys x 16 of d);
+//      VNNI layout) and V as B of O = P V (tile (half, t): 16 pairs of keys x 16 of d),
+//      each block when a tile first reaches it, the next block's rows fetched meanwhile;
 //   2. for each tile of 16 rows, for each block its rows see:
 //        S [16, 64] fp32 = Q K^T           (D / 32 tile products per 16 keys)
 //        online softmax per row (scale, soft cap, window / causal bounds; running max m,
@@ -304,12 +305,29 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
     std::memcpy(qb + r * d, t.q16 + t.head_of(h, r) * d, d * sizeof(uint16_t));
   const uint16_t* kh = t.k + h * d;
   const uint16_t* vh = t.v + h * d;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n = std::min(kKeys, kend - k0 - b * kKeys);
-    const int64_t* slots = t.slots + k0 + b * kKeys;
-    pack_k(kh, slots, n, stride, d, kp + b * k_block);
-    pack_v(vh, slots, n, stride, d, vp + b * v_block);
-  }
+  // Blocks are packed when a tile first needs them, in order, and each packing prefetches
+  // the next block's K and V rows into L2: the rows' trip from memory (the pool's rows 512
+  // bytes apart, evicted by the weights between layers) runs under this block's products
+  // rather than before any of them (a decode step's shared-prefix groups in bf16, AMD Zen
+  // 4: 12 layers' groups 4.4-5.7 ms -> 3.6-4.3 ms; docs/benchmarks.md).
+  int64_t packed = 0;  // blocks [0, packed) are packed
+  auto pack_upto = [&](int64_t last_b) {
+    for (; packed <= last_b && packed < blocks; ++packed) {
+      const int64_t b = packed;
+      const int64_t* slots = t.slots + k0 + b * kKeys;
+      const int64_t n = std::min(kKeys, kend - k0 - b * kKeys);
+      pack_k(kh, slots, n, stride, d, kp + b * k_block);
+      pack_v(vh, slots, n, stride, d, vp + b * v_block);
+      const int64_t n1 = std::min(kKeys, kend - k0 - (b + 1) * kKeys);  // <= 0: the last
+      for (int64_t j = 0; j < n1; ++j)
+        for (int64_t c = 0; c < d; c += 32) {
+          _mm_prefetch(reinterpret_cast<const char*>(kh + slots[kKeys + j] * stride + c),
+                       _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(vh + slots[kKeys + j] * stride + c),
+                       _MM_HINT_T1);
+        }
+    }
+  };
   alignas(64) float s[kRows][kKeys];
 #ifdef RADIXLM_AMX
   alignas(64) float pv[4][kRows][16];
@@ -334,6 +352,7 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
     const int64_t last = std::min(blocks, (t.hi(r0 + nr - 1) - k0 + kKeys - 1) / kKeys);
     const uint16_t* qt = qb + r0 * d;
     for (int64_t b = first; b < last; ++b) {
+      pack_upto(b);
       const int64_t kb = k0 + b * kKeys;
       for (int64_t r = 0; r < kRows; ++r) {
         lo[r] = std::clamp<int64_t>(row_lo[r] - kb, 0, kKeys);
