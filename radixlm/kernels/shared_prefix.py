@@ -255,12 +255,10 @@ def check_prefix_groups(groups: PrefixGroups, kv: list[int], kv_indices: torch.T
         for b in members:
             if kv[b + 1] - kv[b] < length:
                 raise ValueError(f"sequence {b} has fewer than L={length} KV entries")
-        starts = torch.tensor([kv[b] for b in members], device=kv_indices.device)
-        heads = kv_indices[starts[:, None] + torch.arange(length, device=kv_indices.device)]
-        same = (heads == heads[:1]).all(dim=1)  # [members]
-        if not bool(same.all()):
-            b = members[int((~same).nonzero()[0, 0])]
-            raise ValueError(f"sequence {b} does not share its first {length} KV slots")
+        head = kv_indices[kv[members[0]]: kv[members[0]] + length]
+        for b in members[1:]:  # views compared in place: no index tensor built
+            if not torch.equal(kv_indices[kv[b]: kv[b] + length], head):
+                raise ValueError(f"sequence {b} does not share its first {length} KV slots")
 
 
 def planned_attention(plan: AttentionPlan, q, k, v, k_buf, v_buf, sm_scale, out=None,

@@ -111,6 +111,14 @@ def test_groups_that_do_not_share_are_rejected():
     with pytest.raises(ValueError, match="two groups"):
         AttentionPlan.build(qo, kvp, kvi, 64, extend=False,
                             prefix_groups=[(40, [0, 1]), (17, [1, 3])])
+    groups = [(40, [0, 1, 2]), (17, [3, 4]), (5, [5])]  # a lone member has nothing to match
+    AttentionPlan.build(qo, kvp, kvi, 64, extend=False, prefix_groups=groups)
+    for seq, length in ((4, 17), (2, 40)):  # only the last slot of its prefix differs
+        bad = kvi.clone()
+        bad[int(kvp[seq]) + length - 1] += 1
+        with pytest.raises(ValueError, match=f"sequence {seq} does not share its first "
+                                             f"{length} KV slots"):
+            AttentionPlan.build(qo, kvp, bad, 64, extend=False, prefix_groups=groups)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
