@@ -319,13 +319,10 @@ void amx_head(const Task<BF16>& t, int64_t h, float* o, float* lse) {
       pack_k(kh, slots, n, stride, d, kp + b * k_block);
       pack_v(vh, slots, n, stride, d, vp + b * v_block);
       const int64_t n1 = std::min(kKeys, kend - k0 - (b + 1) * kKeys);  // <= 0: the last
-      for (int64_t j = 0; j < n1; ++j)
-        for (int64_t c = 0; c < d; c += 32) {
-          _mm_prefetch(reinterpret_cast<const char*>(kh + slots[kKeys + j] * stride + c),
-                       _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(vh + slots[kKeys + j] * stride + c),
-                       _MM_HINT_T1);
-        }
+      for (int64_t j = 0; j < n1; ++j) {
+        prefetch_row<BF16>(kh + slots[kKeys + j] * stride, d);
+        prefetch_row<BF16>(vh + slots[kKeys + j] * stride, d);
+      }
     }
   };
   alignas(64) float s[kRows][kKeys];
