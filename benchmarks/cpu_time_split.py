@@ -11,9 +11,9 @@ attention (``RadixAttention.forward``: the KV store and ``decode_attention`` /
 KV store alone; phases: extend forwards (prefill chunks, mixed batches) and decode forwards;
 ``outside`` is the CPU time of the run outside every forward (scheduling, batch building,
 sampling, output processing). ``radixlm.Engine`` with ``cpu_threads=1``, greedy, EOS
-ignored, the workloads of ``benchmarks/workloads.py``. ``--threads N`` (N > 1) times the same
-parts in wall time (``time.perf_counter``) with N threads instead: where two threads scale
-less than the parts' CPU time says, on an otherwise idle machine.
+ignored, the workloads of ``benchmarks/transformers_side_by_side.py``. ``--threads N``
+(N > 1) times the same parts in wall time (``time.perf_counter``) with N threads instead:
+where two threads scale less than the parts' CPU time says, on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workloads import workload
+from transformers_side_by_side import workload
 
 import radixlm  # noqa: I001 - before torch: radixlm sets OpenMP's wait policy
 from radixlm import kernels

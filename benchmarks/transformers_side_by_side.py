@@ -9,8 +9,8 @@ and leaving the batch), side by side in one process, alternating, medians of rou
   batches of 16 in arrival order, each generating its batch's longest output; only the
   requested tokens count).
 
-    .venv/bin/python benchmarks/workloads.py --preset small
-    .venv/bin/python benchmarks/workloads.py --workload unique --rounds 5
+    .venv/bin/python benchmarks/transformers_side_by_side.py --preset small
+    .venv/bin/python benchmarks/transformers_side_by_side.py --workload unique --rounds 5
 
 Greedy, EOS ignored. Also prints the engine's share of the machine's measured float32
 matmul peak (model FLOPs: 2 x non-embedding parameters per token, plus attention).
