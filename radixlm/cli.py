@@ -1,5 +1,5 @@
-"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve``, ``bench serve``,
-``prefix-report`` (see --help)."""
+"""``radixlm`` command line: ``demo``, ``make-tiny-model``, ``serve``, ``bench serve`` (and
+the benchmarks/ scripts as ``bench NAME``), ``prefix-report`` (see --help)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import sys
 
 from radixlm.analysis import cli as prefix_report_cli
+from radixlm.bench import scripts as bench_scripts
 from radixlm.bench import serve as bench_serve
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
@@ -85,6 +86,10 @@ def _prefix_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_scripts.SCRIPTS:
+        # every argument is the script's, --help included: argparse would claim them
+        return bench_scripts.run(argv[1], argv[2:])
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="offline generation on the built-in tiny model")
@@ -104,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
                            "layers, each family's special features on (radixlm/tiny_families.py)")
     tiny.add_argument("--seed", type=int, default=0)
     add_shape_args(tiny)
-    bench = sub.add_parser("bench", help="benchmarks against a running server")
+    bench = sub.add_parser("bench", help="a load generator against any server, and the "
+                           "benchmarks/ scripts (docs/benchmarks.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_serve.add_cli_args(bench_sub.add_parser(
         "serve", help="load generator: throughput, TTFT/TPOT/ITL/E2E percentiles, goodput",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    for name, (script, what) in bench_scripts.SCRIPTS.items():  # run before parsing, above
+        bench_sub.add_parser(name, add_help=False, help=f"{what} (benchmarks/{script})")
     prefix_report_cli.add_cli_args(sub.add_parser(
         "prefix-report", help="where and why prompts in a request log stop sharing a prefix",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
