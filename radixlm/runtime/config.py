@@ -228,10 +228,12 @@ class ServerArgs:
         "help": "most messages in one /v1/chat/completions request"})
     max_stored_responses: int = field(default=1024, metadata={
         "help": "most responses of /v1/responses kept in memory for previous_response_id "
-                "and GET /v1/responses/{id} (least recently used out; 0: none stored)"})
+                "and GET /v1/responses/{id}, per tenant of --api-key (each tenant its own "
+                "least-recently-used list: no tenant evicts another's; 0: none stored)"})
     max_stored_response_bytes: int = field(default=256 << 20, metadata={
-        "help": "most bytes the stored responses (objects and conversations, as JSON) may "
-                "hold together; the least recently used go first"})
+        "help": "most bytes one tenant's stored responses (objects, conversations and input "
+                "items, kept as JSON) take in memory; the least recently used go first. The "
+                "server holds at most this once per tenant (keys without a tenant share one)"})
     tokenizer_metrics_allowed_custom_labels: tuple[str, ...] | None = field(
         default=None, metadata={"help": "label names requests may set on the request metrics "
                                 "(custom_labels in /generate, the labels header on /v1)"})

@@ -83,15 +83,15 @@ def test_page_round_trip_and_every_mismatch_is_refused():
 def test_file_storage_put_get_delete_and_private_modes(tmp_path):
     fs = FileStorage(str(tmp_path / "s"), 1 << 20)
     key = "ab" + "0" * 30
-    assert fs.get(key) is None and not fs.exists(key)
+    assert fs.get(key, 5) is None and not fs.exists(key)
     assert fs.put(key, b"hello")
-    assert fs.get(key) == b"hello" and fs.exists(key)
+    assert fs.get(key, 5) == b"hello" and fs.exists(key)
     assert fs.path(key).parent.name == "ab"
     assert (fs.root.stat().st_mode & 0o777) == 0o700
     assert (fs.path(key).stat().st_mode & 0o777) == 0o600
     assert not [p for p in fs.path(key).parent.iterdir() if p.name.startswith(".tmp-")]
     fs.delete(key)
-    assert fs.get(key) is None
+    assert fs.get(key, 5) is None
 
 
 def test_file_storage_stays_under_its_size_deleting_least_recently_used(tmp_path):
@@ -101,7 +101,7 @@ def test_file_storage_stays_under_its_size_deleting_least_recently_used(tmp_path
         assert fs.put(key, bytes(1000))
         os.utime(fs.path(key), (1000 + i, 1000 + i))  # written in order, one second apart
         if i == 3:
-            fs.get(keys[0])  # read: the most recently used now
+            fs.get(keys[0], 1000)  # read: the most recently used now
             assert os.stat(fs.path(keys[0])).st_mtime > 2000
     total = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
     assert total <= 10_000
@@ -142,7 +142,7 @@ def test_concurrent_writers_of_one_page_leave_a_whole_page(tmp_path):
     def reader():
         fs = FileStorage(str(tmp_path), 1 << 30)
         for _ in range(300):
-            got = fs.get(key)
+            got = fs.get(key, len(data))
             if got is not None:
                 try:
                     decode_page(got, key, tokens, torch.float32, SHAPE)
@@ -157,7 +157,7 @@ def test_concurrent_writers_of_one_page_leave_a_whole_page(tmp_path):
     for t in threads:
         t.join(timeout=60)
     assert not errors
-    assert decode_page(FileStorage(str(tmp_path), 1 << 30).get(key), key, tokens,
+    assert decode_page(FileStorage(str(tmp_path), 1 << 30).get(key, len(data)), key, tokens,
                        torch.float32, SHAPE).equal(kv)
 
 
@@ -177,7 +177,9 @@ def test_tier_writes_in_background_and_a_corrupt_page_is_a_deleted_miss(tmp_path
         load = tier.start_load(keys, [p[0] for p in pages], 0)
         assert load.done.wait(30)
         assert len(load.pages) == 1 and load.pages[0].equal(pages[0][1])  # stops at page 1
-        assert tier.stats["pages_corrupt"] == 1 and not fs.exists(keys[1])
+        # refused by its size before a byte was read, and deleted
+        assert fs.refused_files == 1 and tier.stats["pages_missed"] == 1
+        assert not fs.exists(keys[1]) and fs.bytes_read == fs.size(keys[0])  # page 0 only
         assert not tier.known(keys[1])  # written again when next cached
         tier.release(load)
     finally:

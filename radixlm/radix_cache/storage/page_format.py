@@ -40,18 +40,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _header(key: str, tokens: list[int], dtype: torch.dtype, shape: list[int]) -> bytes:
+    return msgspec.json.encode(PageHeader(key, tokens, _dtype_name(dtype), shape))
+
+
+def page_bytes(key: str, tokens: list[int], dtype: torch.dtype,
+               shape: tuple[int, ...]) -> int:
+    """The exact size of the page ``encode_page`` writes for these (a reader refuses a file
+    of any other size before reading it)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (len(MAGIC) + _LEN.size + len(_header(key, list(tokens), dtype, list(shape)))
+            + itemsize * torch.Size(shape).numel() + _DIGEST)
+
+
 def encode_page(key: str, tokens: list[int], kv: torch.Tensor) -> bytes:
     """``kv``: ``[2 * layers, len(tokens), kv heads, head_dim]`` on the CPU."""
     assert kv.dim() == 4 and kv.shape[1] == len(tokens), (
         f"kv of shape {tuple(kv.shape)} for {len(tokens)} tokens")
-    header = msgspec.json.encode(PageHeader(key, tokens, _dtype_name(kv.dtype),
-                                            list(kv.shape)))
+    header = _header(key, tokens, kv.dtype, list(kv.shape))
     payload = kv.contiguous().view(torch.uint8).numpy().tobytes()
     body = b"".join((MAGIC, _LEN.pack(len(header)), header, payload))
     return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
 
 
-def decode_page(data: bytes, key: str, tokens: list[int], dtype: torch.dtype,
+def decode_page(data: bytes | bytearray, key: str, tokens: list[int], dtype: torch.dtype,
                 shape: tuple[int, ...]) -> torch.Tensor:
     """The K/V rows of a page read back (see the module docstring); ``CorruptPage`` if
     anything does not match."""

@@ -3,35 +3,53 @@
 ``StorageTier`` never touches the KV pool or the radix tree: the scheduler thread hands it
 copies of pages to write (``write``) and takes back pages it loaded (``start_load`` ->
 ``PageLoad``). Every failure on the way (a full or read-only directory, a missing,
-truncated or corrupt page, too many bytes in flight) is a miss that is counted and, where
-it is new, logged: the tokens are recomputed, the request never fails.
+truncated, corrupt or refused page, too many bytes in flight, a read past its deadline) is
+a miss that is counted and, where it is new, logged: the tokens are recomputed, the request
+never fails.
+
+The scheduler never waits on the prefetch thread: it polls a ``PageLoad`` (``done``,
+``pages``, ``stalled``). A read that outlives ``page_deadline`` (a hung filesystem) makes
+its page a miss, and ``poll`` retires its thread (left blocked in the read; it drops what it
+read) and starts another for the loads queued behind it; past ``MAX_STUCK_READERS`` such
+threads reads stop and every page is a miss.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from radixlm.radix_cache.storage.base import StorageBackend
-from radixlm.radix_cache.storage.page_format import CorruptPage, decode_page, encode_page
+from radixlm.radix_cache.storage.page_format import (
+    CorruptPage,
+    decode_page,
+    encode_page,
+    page_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_WRITE_BYTES = 512 << 20  # pages copied but not yet written; past it: dropped
 MAX_PREFETCH_BYTES = 1 << 30  # pages loaded but not yet taken by their request
 MAX_KNOWN_KEYS = 1 << 18  # keys remembered as stored (not copied again): about 40 MB
+PAGE_DEADLINE_S = 5.0  # a page read that takes longer is a miss (its thread is replaced)
+MAX_STUCK_READERS = 4  # prefetch threads left blocked in a read before reads stop
+RATE_DECAY = 0.8  # weight of the past in the measured seconds per page
 
 
 @dataclass
 class PageLoad:
     """Pages ``first_page ..`` of one request, read in order by the prefetch thread until
-    the first miss or ``cancel``; ``pages[i]``: ``[2 * layers, block, heads, head_dim]``."""
+    the first miss or ``cancel``; ``pages[i]``: ``[2 * layers, block, heads, head_dim]``.
+    ``deadline`` (monotonic): when its request stops waiting for it (the prefetch policy's,
+    set by its owner)."""
 
     keys: list[str]
     tokens: list[list[int]]
@@ -41,10 +59,30 @@ class PageLoad:
     abandoned: bool = False  # released before it was done (see StorageTier.release)
     done: threading.Event = field(default_factory=threading.Event)
     nbytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    deadline: float = math.inf
+    reading_since: float | None = None  # when the read of the page in flight began
 
     def cancel(self) -> None:
         """Stop after the page being read (``done`` is set soon after)."""
         self.cancelled = True
+
+    def stalled(self, now: float, page_deadline: float) -> bool:
+        """Whether the page in flight has been read for longer than ``page_deadline``."""
+        since = self.reading_since
+        return since is not None and now - since > page_deadline
+
+
+class _Reader:
+    """One prefetch thread and the load it is reading; ``retired`` once a read of it
+    outlived the page deadline (it then drops what it read and ends)."""
+
+    def __init__(self, tier: StorageTier) -> None:
+        self.retired = False
+        self.load: PageLoad | None = None
+        self.thread = threading.Thread(target=tier._read_loop, args=(self,), daemon=True,
+                                       name="hicache-prefetch")
+        self.thread.start()
 
 
 class StorageTier:
@@ -63,12 +101,19 @@ class StorageTier:
         self._prefetched_bytes = 0
         self.stats: dict[str, int] = dict.fromkeys(
             ("pages_written", "bytes_written", "pages_read", "bytes_read", "pages_missed",
-             "pages_corrupt", "writes_dropped", "writes_failed", "writes_skipped"), 0)
+             "pages_corrupt", "writes_dropped", "writes_failed", "writes_skipped",
+             "reads_timed_out"), 0)
         self._writes: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="hicache-writer",
                                         daemon=True)
         self._writer.start()
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-prefetch")
+        self.page_deadline = PAGE_DEADLINE_S
+        self.page_seconds: float | None = None  # measured: one page read and checked
+        self.progress = threading.Event()  # set whenever a page arrives or a load ends
+        self.reads_stopped = False  # MAX_STUCK_READERS threads hung in reads
+        self._loads: queue.Queue[PageLoad | None] = queue.Queue()
+        self._stuck: list[_Reader] = []
+        self._reader = _Reader(self)
 
     # --- writes (scheduler thread enqueues, writer thread writes) -----------------------
     def known(self, key: str) -> bool:
@@ -99,10 +144,12 @@ class StorageTier:
         done.wait(timeout)
 
     def close(self) -> None:
-        """Write what is queued, then stop both threads."""
+        """Write what is queued, then stop both threads (loads not started are dropped)."""
         self._writes.put(None)
         self._writer.join(timeout=30)
-        self._loader.shutdown(wait=True, cancel_futures=True)
+        self._stop_reads()
+        self._loads.put(None)
+        self._reader.thread.join(timeout=self.page_deadline)
 
     def _write_loop(self) -> None:
         while True:
@@ -138,11 +185,51 @@ class StorageTier:
     def start_load(self, keys: list[str], tokens: list[list[int]], first_page: int) -> PageLoad:
         """Read pages ``first_page ..`` of ``keys`` in the background."""
         load = PageLoad(keys, tokens, first_page)
-        try:
-            self._loader.submit(self._load, load)
-        except RuntimeError:  # shut down
+        if self.reads_stopped:
             load.done.set()
+        else:
+            self._loads.put(load)
         return load
+
+    def poll(self, now: float) -> None:
+        """Scheduler thread: retire the prefetch thread if its read is past the page
+        deadline, and start another (or, past ``MAX_STUCK_READERS``, stop reading)."""
+        reader = self._reader
+        load = reader.load
+        if load is None or not load.stalled(now, self.page_deadline):
+            return
+        reader.retired = True
+        self.stats["reads_timed_out"] += 1
+        self._stuck = [r for r in self._stuck if r.thread.is_alive()] + [reader]
+        if len(self._stuck) >= MAX_STUCK_READERS:
+            logger.error("hicache: %d prefetch threads are blocked in reads of %s; storage "
+                         "reads stop (every page is recomputed)", len(self._stuck),
+                         self.backend.info().get("dir", self.backend.name))
+            self._stop_reads()
+            return
+        logger.warning("hicache: a page read took over %.1f s; it is a miss, and reads go on "
+                       "in a new thread", self.page_deadline)
+        self._reader = _Reader(self)
+
+    def _stop_reads(self) -> None:
+        self.reads_stopped = True
+        while True:
+            try:
+                load = self._loads.get_nowait()
+            except queue.Empty:
+                break
+            if load is not None:
+                load.done.set()
+        self.progress.set()
+
+    def _read_loop(self, reader: _Reader) -> None:
+        while not reader.retired:
+            load = self._loads.get()
+            if load is None:
+                return
+            reader.load = load
+            self._load(load, reader)
+            reader.load = None
 
     def release(self, load: PageLoad) -> None:
         """``load``'s pages were taken or are dropped: their bytes leave the prefetch
@@ -155,24 +242,34 @@ class StorageTier:
             self._prefetched_bytes -= load.nbytes
             load.nbytes = 0
 
-    def _load(self, load: PageLoad) -> None:
+    def _load(self, load: PageLoad, reader: _Reader) -> None:
         try:
             for i in range(load.first_page, len(load.keys)):
-                if load.cancelled or not self._reserve(load):
+                if load.cancelled or reader.retired or not self._reserve(load):
                     break
+                start = load.reading_since = time.monotonic()
                 kv = self.read(load.keys[i], load.tokens[i])
-                if kv is None:  # the pages after it cannot be reached: write them again
+                load.reading_since = None
+                if kv is None or reader.retired:  # a miss (or too late): write them again
                     self._reserve(load, -1)
                     for key in load.keys[i:]:
                         self._forget(key)
                     break
+                self._measured(time.monotonic() - start)
                 load.pages.append(kv)
+                self.progress.set()
         finally:
             with self._lock:
                 load.done.set()
                 if load.abandoned:
                     self._prefetched_bytes -= load.nbytes
                     load.nbytes = 0
+            self.progress.set()
+
+    def _measured(self, seconds: float) -> None:
+        last = self.page_seconds
+        self.page_seconds = seconds if last is None else (
+            RATE_DECAY * last + (1 - RATE_DECAY) * seconds)
 
     def _reserve(self, load: PageLoad, pages: int = 1) -> bool:
         """Count ``pages`` more (or fewer) pages of ``load`` against ``MAX_PREFETCH_BYTES``."""
@@ -186,7 +283,7 @@ class StorageTier:
 
     def read(self, key: str, tokens: list[int]) -> torch.Tensor | None:
         """One page, checked (``page_format``); None on a miss or a bad page (deleted)."""
-        data = self.backend.get(key)
+        data = self.backend.get(key, page_bytes(key, tokens, self.dtype, self.shape))
         if data is None:
             self.stats["pages_missed"] += 1
             self._forget(key)

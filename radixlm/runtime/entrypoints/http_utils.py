@@ -1,13 +1,22 @@
 """HTTP helpers shared by the native routes (native_api.py) and OpenAI's (openai_api.py):
 JSON bodies, responses, server-sent events, client-disconnect handling, the body limit
-and the error handlers (every error in OpenAI's shape). API keys and tenants: ``auth.py``."""
+and the error handlers (every error in OpenAI's shape). API keys and tenants: ``auth.py``.
+
+Large JSON stays off the event loop both ways: a large body is parsed on a worker thread
+(``read_model``), and a response that can be large (a stored response, its input items,
+``n`` choices with logprobs, a ``/generate`` batch) is encoded on the JSON thread
+(``large_json_response``) in pieces, so the thread gives the GIL back between them: one
+``msgspec`` call on 10 MB holds it for its whole ~20 ms, which would stall the loop even
+from another thread.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,6 +30,7 @@ from radixlm.runtime.entrypoints.validation_errors import describe
 from radixlm.runtime.managers.api_error import ApiError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +54,60 @@ async def read_model(request: Request, model: type[M]) -> M:
 
 def json_response(obj: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(obj), status, media_type="application/json")
+
+
+# --- large JSON, off the event loop ----------------------------------------------------------
+# one thread: large bodies wait for each other, not the loop; with one thread beside it,
+# the loop gets the GIL back at least every piece
+_JSON_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixlm-json")
+_PIECE_ITEMS = 256  # list elements encoded in one msgspec call
+_PIECE_DEPTH = 6  # containers deeper than this are encoded in one call
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the JSON thread (encoding or joining large JSON)."""
+    return await asyncio.get_running_loop().run_in_executor(_JSON_THREAD, fn, *args)
+
+
+def encode_json(obj: Any) -> bytes:
+    """``msgspec.json.encode(obj)``, the same bytes, made of many small encodes: dicts and
+    lists are walked to ``_PIECE_DEPTH`` levels, long lists in slices of ``_PIECE_ITEMS``."""
+    out: list[bytes] = []
+    _pieces(obj, out, 0)
+    return b"".join(out)
+
+
+def _encode_piece(obj: Any) -> bytes:
+    return msgspec.json.encode(obj)
+
+
+def _pieces(obj: Any, out: list[bytes], depth: int) -> None:
+    if depth >= _PIECE_DEPTH or not isinstance(obj, (dict, list)) or not obj:
+        out.append(_encode_piece(obj))
+    elif isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):  # msgspec's own key rules
+            out.append(_encode_piece(obj))
+            return
+        sep = b"{"
+        for key, value in obj.items():
+            out.append(sep + _encode_piece(key) + b":")
+            _pieces(value, out, depth + 1)
+            sep = b","
+        out.append(b"}")
+    elif len(obj) > _PIECE_ITEMS:
+        for i in range(0, len(obj), _PIECE_ITEMS):
+            out.append((b"," if i else b"[") + _encode_piece(obj[i:i + _PIECE_ITEMS])[1:-1])
+        out.append(b"]")
+    else:
+        for i, value in enumerate(obj):
+            out.append(b"," if i else b"[")
+            _pieces(value, out, depth + 1)
+        out.append(b"]")
+
+
+async def large_json_response(obj: Any, status: int = 200) -> Response:
+    """``json_response`` for a body that can be large: encoded on the JSON thread."""
+    return Response(await off_loop(encode_json, obj), status, media_type="application/json")
 
 
 def sse(obj: Any) -> bytes:

@@ -24,6 +24,7 @@ from radixlm.runtime.entrypoints.http_utils import (
     SSE_DONE,
     await_or_disconnect,
     json_response,
+    large_json_response,
     pick,
     read_model,
     sse,
@@ -141,7 +142,7 @@ class NativeRoutes:
         if body.return_prompt_token_ids:  # SGLang's top-level key
             for r, s in zip(results, states):
                 r["prompt_token_ids"] = list(s.msg.input_ids)
-        return json_response(results if many else results[0])
+        return await large_json_response(results if many else results[0])
 
     async def _stream(self, primed: PrimedOutputs, many: bool,
                       t0: float) -> AsyncIterator[bytes]:

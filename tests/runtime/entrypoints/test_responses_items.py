@@ -95,3 +95,77 @@ def test_streamed_calls_become_call_events():
     assert call["arguments"] == "{\"city\": \"Paris\"}" == got[11]["arguments"]
     assert call["call_id"] == "call_1" and call["status"] == "completed"
     assert got[9]["output_index"] == 1 and got[9]["item_id"] == call["id"]
+
+
+def test_items_are_kept_as_read_without_the_fields_the_server_ignores():
+    """What the store keeps of the input is what the server read: a field it ignores (here
+    a 100 kB one) is not kept, so the stored bytes are the validated items'."""
+    junk = "j" * 100_000
+    kept: list[dict] = []
+    input_messages([
+        {"role": "user", "content": "Hi", "junk": junk},
+        {"type": "message", "role": "assistant", "id": "msg_9", "status": "completed",
+         "content": [{"type": "output_text", "text": "Yo", "annotations": [junk]}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}",
+         "extra": junk},
+    ], kept)
+    assert junk not in json.dumps(kept)
+    assert [item["type"] for item in kept] == ["message", "message", "function_call"]
+    assert kept[0]["id"].startswith("msg_") and kept[1]["id"] == "msg_9"
+    assert kept[0]["content"] == [{"type": "input_text", "text": "Hi"}]
+    assert kept[1]["content"] == [{"type": "output_text", "text": "Yo"}]
+    assert kept[2] == {"id": kept[2]["id"], "type": "function_call", "call_id": "c1",
+                       "name": "f", "arguments": "{}"}
+
+
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Think."}]}
+
+
+def test_reasoning_items_in_and_out():
+    """A chat choice's reasoning_content is a reasoning item before the message (OpenAI's
+    ResponseReasoningItem); replayed, it is the assistant turn's reasoning_content."""
+    choice = {"message": {"role": "assistant", "content": "Paris.",
+                          "reasoning_content": "Think."}}
+    items = output_items(choice, "completed", want_logprobs=False)
+    assert [i["type"] for i in items] == ["reasoning", "message"]
+    assert items[0]["content"] == [{"type": "reasoning_text", "text": "Think."}]
+    assert items[0]["summary"] == [] and items[0]["id"].startswith("rs_")
+    assert history_messages(items) == [
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "Think."}]
+    thinking_only = output_items({"message": {"role": "assistant", "content": None,
+                                              "reasoning_content": "Hm"}}, "incomplete", False)
+    assert [i["type"] for i in thinking_only] == ["reasoning"]
+    messages = input_messages([{"role": "user", "content": "Q"}, REASONING,
+                               {"type": "function_call", "call_id": "c", "name": "f",
+                                "arguments": "{}"}])
+    assert messages[1]["reasoning_content"] == "Think." and messages[1]["tool_calls"]
+    with pytest.raises(ApiError) as e:
+        input_messages([{**REASONING, "encrypted_content": "gAAAA"}])
+    assert e.value.param == "input[0].encrypted_content"
+
+
+def test_streamed_reasoning_becomes_reasoning_events():
+    events = ResponseEvents({"id": "resp_1", "output": []}, want_logprobs=False)
+    chunks = events.begin()
+    chunks += events.delta({"role": "assistant", "reasoning_content": "Let me "}, None)
+    chunks += events.delta({"reasoning_content": "think."}, None)
+    chunks += events.delta({"content": "Paris."}, None)
+    chunks += events.finish("completed", {"input_tokens": 1}, None)
+    got = _events(chunks)
+    assert [e["type"] for e in got] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    rs = got[-1]["response"]["output"][0]
+    assert rs["type"] == "reasoning" and rs["status"] == "completed"
+    assert rs["content"] == [{"type": "reasoning_text", "text": "Let me think."}]
+    assert got[3]["part"] == {"type": "reasoning_text", "text": ""}
+    assert got[6]["text"] == "Let me think." and got[6]["item_id"] == rs["id"]
+    assert events.reasoning_text == "Let me think."
+    assert got[9]["output_index"] == 1

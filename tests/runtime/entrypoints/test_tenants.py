@@ -28,6 +28,7 @@ KEY_FILE = f"""# radixlm tenants
 # the tiny model's tokenizer: about one token per short word; 200+ tokens
 LONG = " ".join(f"w{i % 37} and the {i}" for i in range(120))
 SALT = "very-secret-salt-42"
+STORE_SIZE = 4  # stored responses per tenant
 
 
 def _auth(tenant: str) -> dict[str, str]:
@@ -49,7 +50,8 @@ def server(tenants_dir):
     srv = ServerProcess(["--api-key", str(d / "keys.txt"), "--log-level", "warning",
                          "--admin-api-key", KEYS["admin"], "--weights-root", str(d / "weights"),
                          "--model-path", str(d / "weights" / "tiny"),
-                         "--max-total-tokens", "8192"], d / "server.log")
+                         "--max-total-tokens", "8192",
+                         "--max-stored-responses", str(STORE_SIZE)], d / "server.log")
     srv.wait_healthy(headers=_auth("alice"))
     yield srv
     srv.stop()
@@ -115,6 +117,24 @@ def test_stored_responses_belong_to_their_tenant(server):
         assert "not found" in resp.json()["error"]["message"]
     resp = httpx.get(f"{url}/{rid}", headers=_auth("alice"), timeout=60)
     assert resp.status_code == 200 and resp.json()["output"] == made["output"]
+
+
+def test_a_tenant_filling_the_store_keeps_anothers_responses(server):
+    """Bob storing more responses than the store holds evicts his own, never Alice's: the
+    bounds are per tenant (one LRU for all let him turn her response into a 404)."""
+    url = server.url + "/v1/responses"
+    one_token = {"max_output_tokens": 1, "temperature": 0}
+    mine = httpx.post(url, headers=_auth("alice"), timeout=60,
+                      json={"input": "keep me", **one_token}).json()["id"]
+    bobs = [httpx.post(url, headers=_auth("bob"), timeout=60,
+                       json={"input": f"fill {i}", **one_token}).json()["id"]
+            for i in range(STORE_SIZE + 3)]
+    assert httpx.get(f"{url}/{bobs[0]}", headers=_auth("bob")).status_code == 404
+    assert httpx.get(f"{url}/{bobs[-1]}", headers=_auth("bob")).status_code == 200
+    assert httpx.get(f"{url}/{mine}", headers=_auth("alice")).status_code == 200
+    more = httpx.post(url, headers=_auth("alice"), timeout=60, json={
+        "input": "and?", "previous_response_id": mine, **one_token})
+    assert more.status_code == 200, more.text
 
 
 def test_wrong_key_is_401(server):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,36 @@ def _written(eng):
     tier = eng.scheduler.cache.hicache.tier
     tier.flush(timeout=60)
     return tier.stats
+
+
+def plant(path: Path, kind: str) -> None:
+    """Put a hostile entry where a page file was: a FIFO (an open without O_NONBLOCK waits
+    for a writer), a symlink to /dev/zero (endless) or a 256 MiB sparse file."""
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(256 << 20)
+
+
+def run_guarded(eng, doc, fifos=(), **kw):
+    """``_run`` on a thread: a request still waiting after 120 s (on a FIFO) is released by
+    opening the FIFOs' write ends, and the test fails (a hang guard, not a timing check)."""
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(_run(eng, doc, **kw)), daemon=True)
+    worker.start()
+    worker.join(120)
+    hung = worker.is_alive()
+    if hung:
+        ends = [os.open(f, os.O_WRONLY | os.O_NONBLOCK) for f in fifos if Path(f).exists()]
+        for fd in ends:
+            os.close(fd)
+        worker.join(60)
+    assert not hung, "the request hung on a page file"
+    return got[0]
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +214,63 @@ def test_pages_written_to_storage_are_kv_events_of_the_trees_chain(make_engine, 
     index.apply(1, KVEventBatch(ts=0.0, events=disk))
     assert index.match_storage(DOCS[0]) == WHOLE_PAGES
     assert index.match_storage(DOCS[1]) == 0 and index.match(DOCS[0]) == [0, 0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "sparse"])
+def test_fifo_dev_zero_and_sparse_pages_are_refused_unread_under_wait_complete(
+        make_engine, tmp_path, want, kind):
+    """The README's wait_complete: pages 1-3 of a prompt replaced by hostile files. The
+    request answers with page 0 from storage, the first hostile page refused by its type or
+    its size before a byte of it is read (so the loader stops there: misses)."""
+    eng = _tiered(make_engine, tmp_path)
+    for doc in DOCS:
+        _run(eng, doc)
+    _written(eng)
+    assert eng.flush_cache()
+    hicache = eng.scheduler.cache.hicache
+    backend = hicache.tier.backend
+    paths = [backend.path(k) for k in hicache.keys(DOCS[0], None)]
+    for path in paths[1:]:
+        plant(path, kind)
+    read_before, page0 = backend.bytes_read, paths[0].stat().st_size
+    out, meta = run_guarded(eng, DOCS[0], fifos=paths[1:])
+    assert out == want[0] and meta["cached_tokens_details"]["storage"] == 64
+    assert backend.refused_files == 1 and backend.bytes_read - read_before == page0
+    _written(eng)  # deleted, then written again whole from the recomputed tokens
+    assert paths[1].is_file() and not paths[1].is_symlink()
+    assert paths[1].stat().st_size == page0
+    out, meta = run_guarded(eng, _doc(7), fifos=paths[1:])  # a prompt with no stored pages
+    assert meta["cached_tokens_details"]["storage"] == 0
+
+
+def test_the_default_policy_waits_for_pages_that_load_faster_than_they_compute(
+        make_engine, tmp_path, want, monkeypatch):
+    """An idle server, its prompt's pages evicted to storage. Each page read takes 0.2 s
+    (an injected delay) and computing is measured at 10 ms a token (pinned: the tiny model
+    computes about as fast as it loads; a real one does not): loading 4 pages (0.8 s) beats
+    computing 256 tokens (2.6 s), so the default waits and takes them all; best_effort
+    schedules the request before the first page arrives and computes everything."""
+    eng = make_engine(max_total_tokens=POOL, dtype="float32", enable_hierarchical_cache=True,
+                      hicache_storage_backend="file", hicache_storage_dir=str(tmp_path))
+    hicache = eng.scheduler.cache.hicache
+    assert eng.get_server_info()["hierarchical_cache"]["prefetch_policy"] == "auto"
+    for doc in DOCS:
+        _run(eng, doc)
+    _written(eng)
+    backend = hicache.tier.backend
+    read = backend.get
+
+    def slow_read(key, size):
+        threading.Event().wait(0.2)
+        return read(key, size)
+
+    monkeypatch.setattr(backend, "get", slow_read)
+    storage = {}
+    for policy in ("auto", "best_effort"):
+        hicache.prefetch_policy = policy
+        assert eng.flush_cache()
+        hicache.compute.seconds_per_token = 0.01
+        out, meta = _run(eng, DOCS[0])
+        assert out == want[0]
+        storage[policy] = meta["cached_tokens_details"]["storage"]
+    assert storage == {"auto": WHOLE_PAGES, "best_effort": 0}

@@ -1,22 +1,28 @@
-"""HiCache's prefetch policies without a model: a backend whose third page blocks until the
-test lets it go shows what ``take`` hands back under ``best_effort`` (the pages read when
-the request is scheduled, and the one in flight) and ``wait_complete`` (all of them)."""
+"""HiCache's prefetch policies without a model: a backend whose fourth page blocks until the
+test lets it go shows when a queued request is ``ready`` under each policy and what
+``take`` hands back (never waiting); a page that never comes is a miss past the tier's
+page deadline, and the loads behind it go on in a new thread."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 import pytest
 import torch
 
+from radixlm.radix_cache.storage import prefetch_policy
 from radixlm.radix_cache.storage.base import StorageBackend
 from radixlm.radix_cache.storage.page_format import encode_page
+from radixlm.radix_cache.storage.prefetch_policy import timeout_s, wait_s
 from radixlm.radix_cache.storage.tier import StorageTier
+from radixlm.runtime.config_checks import HICACHE_PREFETCH_POLICIES
 from radixlm.runtime.managers.scheduler.hicache import HiCache
 
 BLOCK, SHAPE = 64, (2, 64, 1, 2)  # one layer, one KV head, head_dim 2
 TOKENS = list(range(5, 5 + 5 * BLOCK))  # five pages
+OTHER = list(range(500, 500 + 3 * BLOCK))  # three pages, none gated
 
 
 class GatedBackend(StorageBackend):
@@ -29,11 +35,12 @@ class GatedBackend(StorageBackend):
         self.gated_key = ""
         self.gate_reached, self.release = threading.Event(), threading.Event()
 
-    def get(self, key):
+    def get(self, key, size):
         if key == self.gated_key:
             self.gate_reached.set()
-            assert self.release.wait(60), "the test never released the gate"
-        return self.pages.get(key)
+            self.release.wait(120)
+        data = self.pages.get(key)
+        return data if data is not None and len(data) == size else None
 
     def put(self, key, data):
         self.pages[key] = data
@@ -52,45 +59,120 @@ class GatedBackend(StorageBackend):
         return {"backend": self.name}
 
 
-def _hicache(policy: str) -> tuple[HiCache, GatedBackend]:
-    backend = GatedBackend()
-    tier = StorageTier(backend, torch.float32, SHAPE)
-    cache = HiCache(tier, BLOCK, {"device": "cpu"}, "write_through", policy,
-                    read_kv=lambda slots: [], write_kv=lambda slots, frames: None)
-    cache.identity = "test-model"
-    for i, key in enumerate(cache.keys(TOKENS, None)):
+def _store(cache: HiCache, backend: GatedBackend, tokens: list[int]) -> list[str]:
+    keys = cache.keys(tokens, None)
+    for i, key in enumerate(keys):
         kv = torch.full(SHAPE, float(i))
-        backend.pages[key] = encode_page(key, TOKENS[i * BLOCK:(i + 1) * BLOCK], kv)
-    backend.gated_key = cache.keys(TOKENS, None)[3]
-    return cache, backend
+        backend.pages[key] = encode_page(key, tokens[i * BLOCK:(i + 1) * BLOCK], kv)
+    return keys
 
 
-@pytest.mark.parametrize("policy, pages", [("best_effort", 3), ("wait_complete", 4)])
-def test_take_per_prefetch_policy(policy, pages):
-    """The request holds page 0 in the pool; pages 1 and 2 arrive, page 3 is in flight when
-    it is scheduled: best_effort stops after it; wait_complete waits for page 4 too (there
-    is none past the fifth)."""
-    cache, backend = _hicache(policy)
-    try:
-        cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
-        assert backend.gate_reached.wait(30)
-        load = cache.loads["r"]
-        got: list = []
-        taker = threading.Thread(target=lambda: got.append(cache.take("r", TOKENS, None,
-                                                                       BLOCK)))
-        taker.start()
-        deadline = time.monotonic() + 30
-        while policy == "best_effort" and not load.cancelled:  # take has decided
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-        backend.release.set()
-        taker.join(30)
-        start, kv = got[0]
-        assert start == BLOCK and kv.shape == (2, pages * BLOCK, 1, 2)
-        firsts = kv[0, ::BLOCK, 0, 0].tolist()
-        assert firsts == [float(i) for i in range(1, 1 + pages)]
-        assert cache.tier._prefetched_bytes == 0  # the budget is back
-    finally:
+@pytest.fixture
+def tiered():
+    made = []
+
+    def make(policy: str, page_deadline: float = 3600.0) -> tuple[HiCache, GatedBackend]:
+        backend = GatedBackend()
+        tier = StorageTier(backend, torch.float32, SHAPE)
+        tier.page_deadline = page_deadline  # no read outlives it unless the test says so
+        cache = HiCache(tier, BLOCK, {"device": "cpu"}, "write_through", policy,
+                        read_kv=lambda slots: [], write_kv=lambda slots, frames: None)
+        cache.identity = "test-model"
+        backend.gated_key = _store(cache, backend, TOKENS)[3]
+        _store(cache, backend, OTHER)
+        made.append((cache, backend))
+        return cache, backend
+
+    yield make
+    for cache, backend in made:
         backend.release.set()
         cache.close()
 
+
+def _until(predicate, what: str) -> None:
+    """A guard against a hang, not a timing assertion: the condition holds long before."""
+    limit = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < limit, f"{what} never happened"
+        time.sleep(0.005)
+
+
+def _firsts(got) -> list[float]:
+    start, kv = got
+    assert start == BLOCK
+    return kv[0, ::BLOCK, 0, 0].tolist()
+
+
+@pytest.mark.parametrize("policy, waits, pages", [
+    ("best_effort", False, [1.0, 2.0]),  # pages 1 and 2 arrived; 3 was in flight: dropped
+    ("wait_complete", True, [1.0, 2.0, 3.0, 4.0]),
+    ("timeout", True, [1.0, 2.0, 3.0, 4.0]),
+    ("auto", True, [1.0, 2.0, 3.0, 4.0]),  # computing measured slower than loading
+])
+def test_ready_and_take_per_policy(tiered, monkeypatch, policy, waits, pages):
+    """Page 0 is in the pool; pages 1 and 2 arrive and page 3 is in flight when the
+    scheduler asks whether the request may run."""
+    monkeypatch.setattr(prefetch_policy, "TIMEOUT_BASE_S", 3600.0)  # no deadline in reach
+    cache, backend = tiered(policy)
+    cache.observe_prefill(100, 100.0)  # a second per token: loading is faster
+    cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
+    assert backend.gate_reached.wait(60)
+    assert cache.ready("r", TOKENS, None, BLOCK) is not waits
+    assert cache.loading()
+    if waits:
+        backend.release.set()
+        _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the load ending")
+    assert _firsts(cache.take("r", TOKENS, None, BLOCK)) == pages
+    backend.release.set()
+    _until(lambda: cache.tier._prefetched_bytes == 0, "the budget coming back")
+
+
+def test_auto_does_not_wait_when_loading_is_measured_slower(tiered):
+    cache, backend = tiered("auto")
+    cache.observe_prefill(1000, 0.001)  # a microsecond per token
+    cache.tier.page_seconds = 1.0  # a second per page
+    cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
+    assert backend.gate_reached.wait(60)
+    assert cache.ready("r", TOKENS, None, BLOCK)
+
+
+def test_a_page_past_its_deadline_is_a_miss_and_the_loads_behind_it_go_on(tiered):
+    """wait_complete too: the gated page never comes (an injected stall); past the page
+    deadline the request runs with the pages before it, the stuck thread is replaced and
+    the next request's load completes."""
+    cache, backend = tiered("wait_complete", page_deadline=0.2)
+    cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
+    cache.prefetch("s", OTHER, None, cached_len=0)  # queued behind the stuck read
+    assert backend.gate_reached.wait(60)
+    _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the page deadline")
+    assert _firsts(cache.take("r", TOKENS, None, BLOCK)) == [1.0, 2.0]
+    assert cache.tier.stats["reads_timed_out"] == 1
+    cache.tier.page_deadline = 3600.0  # the next reads, however slow today, are not stalls
+    _until(lambda: cache.ready("s", OTHER, None, 0), "the next load")
+    start, kv = cache.take("s", OTHER, None, 0)
+    assert start == 0 and kv.shape[1] == 3 * BLOCK
+
+
+def test_reads_stop_after_too_many_stuck_threads(tiered, monkeypatch):
+    from radixlm.radix_cache.storage import tier as tier_module
+
+    monkeypatch.setattr(tier_module, "MAX_STUCK_READERS", 1)
+    cache, backend = tiered("wait_complete", page_deadline=0.2)
+    cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
+    _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the page deadline")
+    assert cache.tier.reads_stopped
+    cache.prefetch("s", OTHER, None, cached_len=0)
+    assert cache.ready("s", OTHER, None, 0) and cache.take("s", OTHER, None, 0) is None
+
+
+def test_the_wait_each_policy_allows():
+    assert set(prefetch_policy.PREFETCH_POLICIES) == set(HICACHE_PREFETCH_POLICIES)
+    assert wait_s("best_effort", 4, 256, 1.0, 0.001) == 0.0
+    assert wait_s("wait_complete", 4, 256, None, None) == math.inf
+    assert wait_s("timeout", 4, 2048, 1.0, 0.001) == timeout_s(2048) == 2.2
+    assert timeout_s(10 ** 7) == 30.0  # SGLang's cap
+    assert wait_s("auto", 4, 256, 0.01, 0.1) == pytest.approx(2.56)  # 0.4 s < 2.56 s
+    assert wait_s("auto", 4, 256, 0.001, 0.1) == 0.0  # 0.4 s > 0.256 s: compute it
+    assert wait_s("auto", 4, 256, 0.01, None) == pytest.approx(2.56)  # no load measured
+    assert wait_s("auto", 4, 256, None, None) == timeout_s(256)  # nothing computed yet
+    assert wait_s("auto", 0, 0, 0.01, 0.1) == 0.0

@@ -18,7 +18,11 @@ from fastapi import FastAPI, Request, Response
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.entrypoints.auth import request_tenant
-from radixlm.runtime.entrypoints.http_utils import await_or_disconnect, json_response, read_model
+from radixlm.runtime.entrypoints.http_utils import (
+    await_or_disconnect,
+    large_json_response,
+    read_model,
+)
 from radixlm.runtime.entrypoints.openai.embedding_protocol import (
     EMBEDDING_ON_GENERATION,
     EmbeddingRequest,
@@ -62,8 +66,8 @@ class EmbeddingRoutes:
                  for ids, rid in zip(ids_list, rids)]
         self._log_origins(items, "/v1/embeddings", texts, tenant)
         outs = await self._run(request, items)
-        return json_response(openai_embeddings([out for out, _ in outs], body.encoding_format,
-                                               self.served))
+        return await large_json_response(openai_embeddings(
+            [out for out, _ in outs], body.encoding_format, self.served))
 
     async def _openai_inputs(self, value: Any, special: bool
                              ) -> tuple[list[str | None], list[list[int]]]:
@@ -112,7 +116,7 @@ class EmbeddingRoutes:
         if body.return_prompt_token_ids:  # as /generate's
             for r, (_, state) in zip(results, outs):
                 r["prompt_token_ids"] = list(state.msg.input_ids)
-        return json_response(results if batch else results[0])
+        return await large_json_response(results if batch else results[0])
 
     async def _native_inputs(self, body: EncodeRequest
                              ) -> tuple[list[str | None], list[list[int]], bool]:

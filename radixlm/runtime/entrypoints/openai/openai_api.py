@@ -17,6 +17,7 @@ from radixlm.runtime.entrypoints.auth import request_tenant
 from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
     json_response,
+    large_json_response,
     read_model,
     sse_response,
 )
@@ -185,7 +186,7 @@ class OpenAIRoutes:
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
-        return json_response(job.response(builders))
+        return await large_json_response(job.response(builders))
 
     # --- /v1/chat/completions -------------------------------------------------------------------
     async def _chat_prompt(self, body: ChatCompletionRequest, tools: list[Any] | None
@@ -231,7 +232,7 @@ class OpenAIRoutes:
         builders = await await_or_disconnect(
             request, asyncio.gather(*[self.tm.collect(s) for s in states])
         )
-        return json_response(job.response(builders))
+        return await large_json_response(job.response(builders))
 
     async def start_chat(self, request: Request, body: ChatCompletionRequest, route: str
                          ) -> tuple[ChatJob, list[Any]]:

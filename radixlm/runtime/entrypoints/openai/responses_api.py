@@ -6,25 +6,32 @@ A response is a translation to the chat-completions machinery (``openai_api.py``
 conversation (``responses_items.py``), its options a ``ChatCompletionRequest`` (function
 tools, ``text.format`` as ``response_format``, ``max_output_tokens``, logprobs), and the
 chat job's choice or chunk deltas become output items or stream events
-(``responses_stream.py``). Finished responses are kept in a bounded, tenant-scoped store
-(``responses_store.py``) unless ``store`` is false.
+(``responses_stream.py``); with ``--reasoning-parser`` the thinking is a ``reasoning`` item
+and ``usage.output_tokens_details.reasoning_tokens`` counts it. Finished responses are kept
+in a bounded, tenant-scoped store (``responses_store.py``) unless ``store`` is false; they
+are encoded (and read back) on the JSON thread (``http_utils.off_loop``), never on the
+event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from radixlm.runtime.entrypoints.auth import request_tenant
 from radixlm.runtime.entrypoints.http_utils import (
     await_or_disconnect,
+    encode_json,
     finish_reason_str,
     json_response,
+    off_loop,
     read_model,
     sse_response,
 )
@@ -39,7 +46,7 @@ from radixlm.runtime.entrypoints.openai.responses_items import (
     output_items,
 )
 from radixlm.runtime.entrypoints.openai.responses_protocol import ResponsesRequest, TextFormat
-from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore, StoredResponse
 from radixlm.runtime.entrypoints.openai.responses_stream import ResponseEvents
 from radixlm.runtime.entrypoints.primed import PrimedOutputs, prime
 from radixlm.runtime.entrypoints.protocol import ChatCompletionRequest
@@ -58,6 +65,7 @@ _CHAT_FIELDS = {
     "presence_penalty", "frequency_penalty": "frequency_penalty", "stop": "stop",
     "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos", "min_tokens":
     "min_tokens", "priority": "priority", "cache_salt": "cache_salt", "extra_key": "extra_key",
+    "chat_template_kwargs": "chat_template_kwargs",
 }
 
 
@@ -73,7 +81,8 @@ class ResponsesRoutes:
         add("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"])
 
     # --- stored responses ------------------------------------------------------------------
-    def _stored(self, request: Request, response_id: str, param: str | None = None) -> Any:
+    def _stored(self, request: Request, response_id: str, param: str | None = None
+                ) -> StoredResponse:
         entry = self.store.get(response_id, request_tenant(request))
         if entry is None:  # another tenant's id reads as unknown
             raise ApiError(404, f"Response with id '{response_id}' not found.",
@@ -84,7 +93,7 @@ class ResponsesRoutes:
         if request.query_params.get("stream", "false").lower() != "false":
             raise ApiError(400, "stream is not supported: a stored response cannot be "
                            "replayed as events; GET it without stream", param="stream")
-        return json_response(self._stored(request, response_id).response)
+        return _json_bytes(self._stored(request, response_id).response)
 
     async def delete(self, request: Request, response_id: str) -> Response:
         if not self.store.delete(response_id, request_tenant(request)):
@@ -92,12 +101,9 @@ class ResponsesRoutes:
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
     async def input_items(self, request: Request, response_id: str) -> Response:
-        items = self._stored(request, response_id).input_items
-        if request.query_params.get("order", "desc") == "desc":
-            items = items[::-1]
-        return json_response({"object": "list", "data": items, "has_more": False,
-                              "first_id": items[0]["id"] if items else None,
-                              "last_id": items[-1]["id"] if items else None})
+        entry = self._stored(request, response_id)
+        desc = request.query_params.get("order", "desc") == "desc"
+        return _json_bytes(await off_loop(items_page, entry, desc))
 
     async def cancel(self, request: Request, response_id: str) -> Response:
         self._stored(request, response_id)
@@ -114,29 +120,39 @@ class ResponsesRoutes:
             raise ApiError(400, refused[1], param=refused[0])
         history: list[dict[str, Any]] = []
         if body.previous_response_id is not None:
-            history = self._stored(request, body.previous_response_id,
-                                   "previous_response_id").messages
+            chain = self._stored(request, body.previous_response_id, "previous_response_id")
+            history = await off_loop(_decoded, chain.messages)
         if not body.input and not history:
             raise ApiError(400, "input must not be empty (without previous_response_id)",
                            param="input")
-        new = input_messages(body.input)
+        items: list[dict[str, Any]] = []
+        new = input_messages(body.input, items)
         system = [{"role": "system", "content": body.instructions}] if body.instructions \
             else []
         job, states = await self.chat.start_chat(
             request, self._chat_request(body, system + history + new), "/v1/responses")
         response = self._skeleton(body)
-        turn = Turn(self, request, body, response, history + new)
+        turn = Turn(self, request, body, response, history + new, items)
         if body.stream:
             return sse_response(turn.stream(job, await prime(request, self.chat.tm, states)))
         builder = await await_or_disconnect(request, self.chat.tm.collect(states[0]))
         chat = job.response([builder])
         status, incomplete, error = _outcome(builder.last)
+        choice = chat["choices"][0]
         response.update(status=status, incomplete_details=incomplete, error=error,
-                        output=output_items(chat["choices"][0], _item_status(status),
-                                            body.want_logprobs),
-                        usage=responses_usage(chat["usage"]))
-        turn.keep()
-        return json_response(response)
+                        output=output_items(choice, _item_status(status), body.want_logprobs),
+                        usage=responses_usage(chat["usage"], await self.reasoning_tokens(
+                            choice["message"].get("reasoning_content"))))
+        return _json_bytes(await turn.keep())
+
+    async def reasoning_tokens(self, reasoning: str | None) -> int:
+        """The tokens of the thinking: its text tokenized again (the split is made on the
+        text, by ``--reasoning-parser``); a tokenizer releases the GIL, so off the loop."""
+        if not reasoning:
+            return 0
+        tokenizer = self.chat.tm.tokenizer
+        ids = await asyncio.to_thread(tokenizer.encode, reasoning, add_special_tokens=False)
+        return len(ids)
 
     def _chat_request(self, body: ResponsesRequest, messages: list[dict[str, Any]]
                       ) -> ChatCompletionRequest:
@@ -188,22 +204,24 @@ class Turn:
     """One response being produced: streams it, then stores it unless ``store`` is false."""
 
     def __init__(self, routes: ResponsesRoutes, request: Request, body: ResponsesRequest,
-                 response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+                 response: dict[str, Any], conversation: list[dict[str, Any]],
+                 items: list[dict[str, Any]]) -> None:
+        """``conversation``: the chat messages rendered (history and input); ``items``:
+        this turn's input items as read (``input_messages``' ``kept``)."""
         self.routes, self.request, self.body = routes, request, body
-        self.response, self.conversation = response, conversation
+        self.response, self.conversation, self.items = response, conversation, items
 
-    def keep(self) -> None:
-        """Store the finished response with its conversation (this turn's output added)."""
+    async def keep(self) -> bytes:
+        """Store the finished response with its conversation (this turn's output added)
+        unless ``store`` is false; the response's JSON. Encoded on the JSON thread."""
         self.response["completed_at"] = time.time() \
             if self.response["status"] == "completed" else None
         if self.body.store is False:
-            return
-        items = self.body.input if isinstance(self.body.input, list) else \
-            [{"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": self.body.input}]}]
-        items = [{"id": item.get("id") or new_id("msg"), **item} for item in items]
+            return await off_loop(encode_json, self.response)
         messages = self.conversation + history_messages(self.response["output"])
-        self.routes.store.put(self.response, messages, items, request_tenant(self.request))
+        entry = await off_loop(StoredResponse.of, self.response, messages, self.items)
+        self.routes.store.put(self.response["id"], entry, request_tenant(self.request))
+        return entry.response
 
     async def stream(self, job: ChatJob, primed: PrimedOutputs) -> AsyncIterator[bytes]:
         events = ResponseEvents(self.response, self.body.want_logprobs)
@@ -228,9 +246,11 @@ class Turn:
             for chunk in events.fail(error["code"], error["message"], None):
                 yield chunk
             return
-        for chunk in events.finish(status, responses_usage(job.usage([last])), incomplete):
+        usage = responses_usage(job.usage([last]),
+                                await self.routes.reasoning_tokens(events.reasoning_text))
+        for chunk in events.finish(status, usage, incomplete):
             yield chunk
-        self.keep()
+        await self.keep()
 
 
 def _response_format(fmt: TextFormat) -> dict[str, Any]:
@@ -261,14 +281,36 @@ def _item_status(status: str) -> str:
     return "completed" if status == "completed" else "incomplete"
 
 
-def responses_usage(chat: dict[str, Any]) -> dict[str, Any]:
+def responses_usage(chat: dict[str, Any], reasoning_tokens: int) -> dict[str, Any]:
     """Chat usage in the Responses shape. radixlm's prefix cache is implicit: it has no
-    explicit cache writes (``cache_write_tokens`` 0) and no reasoning tokens to count."""
+    explicit cache writes (``cache_write_tokens`` 0)."""
     return {
         "input_tokens": chat["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"][
             "cached_tokens"], "cache_write_tokens": 0},
         "output_tokens": chat["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": min(reasoning_tokens, chat["completion_tokens"])},
         "total_tokens": chat["total_tokens"],
     }
+
+
+def _json_bytes(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
+
+
+def _decoded(messages: tuple[bytes, ...]) -> list[dict[str, Any]]:
+    """A stored conversation's messages, decoded one by one (the JSON thread gets the GIL
+    back between them)."""
+    return [msgspec.json.decode(m) for m in messages]
+
+
+def items_page(entry: StoredResponse, desc: bool) -> bytes:
+    """``GET .../input_items``' list object, joined from the stored items' JSON."""
+    items, ids = entry.input_items, entry.item_ids
+    if desc:
+        items, ids = items[::-1], ids[::-1]
+    return b"".join([b'{"object":"list","data":[', b",".join(items),
+                     b'],"has_more":false,"first_id":',
+                     msgspec.json.encode(ids[0] if ids else None), b',"last_id":',
+                     msgspec.json.encode(ids[-1] if ids else None), b"}"])

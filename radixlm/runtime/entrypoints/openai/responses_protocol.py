@@ -116,6 +116,8 @@ class ResponsesRequest(BaseModel):
     priority: int | None = None
     cache_salt: str | None = None
     extra_key: str | None = None
+    # the template's switches, as on /v1/chat/completions (enable_thinking, ...)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def log_unknown_fields(self) -> None:
         """Log, once per name, the fields this server does not know (then ignored)."""
@@ -208,6 +210,7 @@ class ResponsesRequest(BaseModel):
 class MessageItem(_Typed):
     """An input message (``EasyInputMessage`` or a replayed ``ResponseOutputMessage``)."""
 
+    id: str | None = None
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[dict[str, Any]]
@@ -216,6 +219,7 @@ class MessageItem(_Typed):
 class FunctionCallItem(_Typed):
     """A ``function_call`` the model made earlier (``ResponseFunctionToolCall``)."""
 
+    id: str | None = None
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -225,9 +229,30 @@ class FunctionCallItem(_Typed):
 class FunctionCallOutputItem(_Typed):
     """The client's result of a call (``FunctionCallOutput``)."""
 
+    id: str | None = None
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[dict[str, Any]]
+
+
+class ReasoningText(_Typed):
+    """A ``reasoning_text`` or ``summary_text`` part of a reasoning item."""
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Typed):
+    """The model's earlier thinking (``ResponseReasoningItem``), replayed by a client that
+    manages its own context: its ``content`` (else its ``summary``) becomes the assistant
+    turn's ``reasoning_content``. ``encrypted_content`` is OpenAI's, which radixlm cannot
+    read (it returns none)."""
+
+    id: str | None = None
+    type: Literal["reasoning"]
+    summary: list[ReasoningText] = []
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
 
 
 class FunctionToolIn(_Typed):

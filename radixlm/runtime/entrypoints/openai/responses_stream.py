@@ -3,6 +3,9 @@
 The order is OpenAI's (and vLLM's):
 
     response.created, response.in_progress
+    reasoning:    output_item.added, content_part.added (reasoning_text),
+                  reasoning_text.delta*, reasoning_text.done, content_part.done,
+                  output_item.done
     per message:  output_item.added, content_part.added, output_text.delta*,
                   output_text.done, content_part.done, output_item.done
     per call:     output_item.added, function_call_arguments.delta*,
@@ -19,7 +22,12 @@ from typing import Any
 
 import msgspec
 
-from radixlm.runtime.entrypoints.openai.responses_items import call_item, message_item, new_id
+from radixlm.runtime.entrypoints.openai.responses_items import (
+    call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+)
 
 
 class ResponseEvents:
@@ -31,6 +39,7 @@ class ResponseEvents:
         self.seq = 0
         self.items: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None  # the open message item
+        self.reasoning: dict[str, Any] | None = None  # the open reasoning item
         self.calls: dict[int, dict[str, Any]] = {}  # chat call index -> its open item
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -49,9 +58,12 @@ class ResponseEvents:
               ) -> list[bytes]:
         """The events of one chat chunk's ``delta`` (and its ``logprobs.content``)."""
         events: list[bytes] = []
+        thought = delta.get("reasoning_content")
+        if thought:
+            events += self._reasoning(thought)
         text = delta.get("content")
         if text:
-            events += self._text(text, logprobs or [])
+            events += self._close_reasoning("completed") + self._text(text, logprobs or [])
         for call in delta.get("tool_calls") or []:
             events += self._call(call)
         return events
@@ -75,9 +87,47 @@ class ResponseEvents:
                                  content_index=0, delta=text, logprobs=logprobs))
         return events
 
-    def _where(self) -> dict[str, Any]:
-        assert self.message is not None
-        return {"item_id": self.message["id"], "output_index": self.items.index(self.message)}
+    def _where(self, item: dict[str, Any] | None = None) -> dict[str, Any]:
+        item = item or self.message
+        assert item is not None
+        return {"item_id": item["id"], "output_index": self.items.index(item)}
+
+    def _reasoning(self, text: str) -> list[bytes]:
+        events: list[bytes] = []
+        if self.reasoning is None:
+            self.reasoning = reasoning_item(new_id("rs"), "", "in_progress")
+            self.items.append(self.reasoning)
+            events.append(self.event("response.output_item.added",
+                                     output_index=len(self.items) - 1,
+                                     item={**self.reasoning, "content": []}))
+            events.append(self.event("response.content_part.added",
+                                     **self._where(self.reasoning), content_index=0,
+                                     part=self.reasoning["content"][0]))
+        self.reasoning["content"][0]["text"] += text
+        events.append(self.event("response.reasoning_text.delta", **self._where(self.reasoning),
+                                 content_index=0, delta=text))
+        return events
+
+    def _close_reasoning(self, status: str) -> list[bytes]:
+        if self.reasoning is None:
+            return []
+        where, part = self._where(self.reasoning), self.reasoning["content"][0]
+        self.reasoning["status"] = status
+        events = [
+            self.event("response.reasoning_text.done", **where, content_index=0,
+                       text=part["text"]),
+            self.event("response.content_part.done", **where, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=where["output_index"],
+                       item=self.reasoning),
+        ]
+        self.reasoning = None
+        return events
+
+    @property
+    def reasoning_text(self) -> str:
+        """Everything the model thought (every reasoning item's text)."""
+        return "".join(item["content"][0]["text"] for item in self.items
+                       if item["type"] == "reasoning")
 
     def _call(self, call: dict[str, Any]) -> list[bytes]:
         index = call.get("index", 0)
@@ -85,7 +135,8 @@ class ResponseEvents:
         events: list[bytes] = []
         item = self.calls.get(index)
         if item is None:
-            events += self._close_message("completed") + self._close_calls()
+            events += self._close_reasoning("completed") + self._close_message("completed") \
+                + self._close_calls()
             item = call_item(new_id("fc"), {"id": call.get("id") or new_id("call"),
                                             "function": {"name": function.get("name", "")}},
                              "in_progress")
@@ -134,7 +185,8 @@ class ResponseEvents:
         """Close the open items; the terminal event (``response.completed`` or
         ``response.incomplete``) carries the whole response."""
         item_status = "completed" if status == "completed" else "incomplete"
-        events = self._close_message(item_status) + self._close_calls(item_status)
+        events = self._close_reasoning(item_status) + self._close_message(item_status) \
+            + self._close_calls(item_status)
         if not self.items:  # an empty answer is still one (empty) message, as unstreamed
             events += self._text_item_empty(item_status)
         self.response.update(status=status, output=self.items, usage=usage,

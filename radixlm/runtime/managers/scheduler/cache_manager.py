@@ -109,6 +109,31 @@ class CacheManager:
             cached = len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
             self.hicache.prefetch(req.rid, ids, req.namespace, cached)
 
+    def storage_ready(self, req: Req) -> bool:
+        """Whether ``req`` may be admitted now as far as storage goes: False while its
+        pages are loading and its prefetch policy says wait (the scheduler skips it; it
+        never blocks on storage)."""
+        if self.hicache is None:
+            return True
+        if req.rid in self.hicache.loads:  # the match is only needed to start a load
+            return self.hicache.ready(req.rid, (), req.namespace, 0)
+        ids = req.fill_ids[: req.max_cached_prefix()]
+        cached = len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
+        return self.hicache.ready(req.rid, ids, req.namespace, cached)
+
+    def wait_storage(self, timeout: float) -> bool:
+        """With storage loads in flight, nap until one progresses (at most ``timeout`` s);
+        False (at once) if none is."""
+        if self.hicache is None or not self.hicache.loading():
+            return False
+        self.hicache.wait(timeout)
+        return True
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill step's tokens and time: the storage tier's measure of computing."""
+        if self.hicache is not None:
+            self.hicache.observe_prefill(tokens, seconds)
+
     def _load_from_storage(self, req: Req, ids: list[int], m: MatchResult
                            ) -> tuple[MatchResult, int]:
         """Extend the match ``m`` of ``ids`` with the pages storage holds past it: fresh

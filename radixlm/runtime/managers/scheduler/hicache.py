@@ -13,16 +13,17 @@ Pages of the tier are ``block_tokens`` tokens (the pool's page size, rounded up 
 ``MIN_BLOCK_TOKENS``: one file per KV page of a pool with ``--page-size 1`` would be a file
 per token) at positions that are multiples of it from the start of a sequence, under the
 content keys of ``radix_cache.storage.page_keys``. A request's pages past its in-pool
-prefix are prefetched while it waits in the queue (``prefetch``) and taken when it is
-admitted (``take``), per ``--hicache-storage-prefetch-policy``: ``best_effort`` takes what
-has arrived by then, ``wait_complete`` waits for every page found, ``timeout`` waits up to
-``PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S`` per 1024 tokens (SGLang's
-defaults). There is no separate host-memory tier: on a CPU the pool is host memory.
+prefix are prefetched while it waits in the queue (``prefetch``); the scheduler skips it
+while it is not ``ready`` (``radix_cache.storage.prefetch_policy``: the default ``auto``
+waits while loading is measured faster than computing) and it takes what arrived when it is
+admitted (``take``). The scheduler thread never blocks on storage. There is no separate
+host-memory tier: on a CPU the pool is host memory.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,13 +34,13 @@ from radixlm.radix_cache.kv_events import MEDIUM_DISK, KVEventRecorder, chain_ha
 from radixlm.radix_cache.radix_tree import TreeNode
 from radixlm.radix_cache.storage.file_backend import FileStorage
 from radixlm.radix_cache.storage.page_keys import model_identity, page_keys
+from radixlm.radix_cache.storage.prefetch_policy import ComputeRate, wait_s
 from radixlm.radix_cache.storage.tier import PageLoad, StorageTier
 from radixlm.runtime.config_checks import HICACHE_PREFETCH_POLICIES, HICACHE_WRITE_POLICIES
 
 logger = logging.getLogger(__name__)
 
 MIN_BLOCK_TOKENS = 64
-PREFETCH_TIMEOUT_BASE_S, PREFETCH_TIMEOUT_PER_KI_TOKEN_S = 1.0, 0.25
 MAX_LOADS = 256  # prefetches of requests still waiting (older ones are dropped)
 
 ReadKV = Callable[[torch.Tensor], list[torch.Tensor]]
@@ -70,6 +71,7 @@ class HiCache:
         self.read_kv, self.write_kv = read_kv, write_kv
         self.identity = ""
         self.loads: OrderedDict[str, PageLoad] = OrderedDict()
+        self.compute = ComputeRate()  # prefill seconds per token (the auto policy)
         self.stats = {"storage_hit_tokens": 0, "storage_loaded_bytes": 0}
         # the tree's KV events (None: none wanted): a page written to storage is recorded
         # as BlockStored blocks of the tree's page size, medium DISK (attach_events)
@@ -160,44 +162,64 @@ class HiCache:
         while len(self.loads) > MAX_LOADS:
             self.tier.release(self.loads.popitem(last=False)[1])
 
+    def ready(self, rid: str, token_ids: Sequence[int], namespace: str | None,
+              cached_len: int) -> bool:
+        """Whether a queued request may be scheduled now: its load is done, past its
+        deadline, or stalled on a page (then a miss). A request without a load (dropped
+        past ``MAX_LOADS``, or back in the queue after a retraction) starts one."""
+        now = time.monotonic()
+        self.tier.poll(now)
+        load = self.loads.get(rid)
+        if load is None:
+            self.prefetch(rid, token_ids, namespace, cached_len)
+            load = self.loads.get(rid)
+            if load is None:
+                return True  # no whole page past its match
+        return (load.done.is_set() or now >= load.deadline
+                or load.stalled(now, self.tier.page_deadline))
+
+    def loading(self) -> bool:
+        """Whether any queued request's load is still running."""
+        return any(not load.done.is_set() for load in self.loads.values())
+
+    def wait(self, timeout: float) -> None:
+        """Nap until a page arrives or a load ends (at most ``timeout`` s): the scheduler,
+        with nothing else to do, waits for ``ready`` without spinning."""
+        self.tier.progress.wait(timeout)
+        self.tier.progress.clear()
+
     def take(self, rid: str, token_ids: Sequence[int], namespace: str | None,
              cached_len: int) -> tuple[int, torch.Tensor] | None:
         """At admission: ``(start, kv)`` with ``kv`` ``[2 * layers, n, heads, head_dim]``
         the rows of tokens ``start .. start + n`` (``start <= cached_len < start + n``), as
-        far as storage holds them contiguously; None if it holds none."""
+        far as storage delivered them contiguously by now (never waits); None if none."""
         b = self.block_tokens
         load = self.loads.pop(rid, None)
-        if load is None or load.first_page > cached_len // b:
-            if load is not None:
-                self.tier.release(load)
-            if len(token_ids) // b <= cached_len // b:
-                return None
-            load = self._start(token_ids, namespace, cached_len)
-        self._wait(load, len(token_ids) - cached_len)
+        if load is None:
+            return None
+        self.tier.release(load)  # cancelled: what arrives later is dropped
         skip = cached_len // b - load.first_page
-        pages = load.pages[skip:]
-        self.tier.release(load)
+        pages = load.pages[skip:] if skip >= 0 else []  # the tree lost pages before it
         if not pages:
             return None
         start = (load.first_page + skip) * b
         return start, torch.cat(pages, dim=1)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill step computed ``tokens`` tokens in ``seconds`` (the auto policy)."""
+        self.compute.observe(tokens, seconds)
 
     def _start(self, token_ids: Sequence[int], namespace: str | None, cached_len: int
                ) -> PageLoad:
         b = self.block_tokens
         keys = self.keys(token_ids, namespace)
         tokens = [[int(t) for t in token_ids[i * b:(i + 1) * b]] for i in range(len(keys))]
-        return self.tier.start_load(keys, tokens, cached_len // b)
-
-    def _wait(self, load: PageLoad, uncached: int) -> None:
-        if self.prefetch_policy == "wait_complete":
-            load.done.wait()
-            return
-        if self.prefetch_policy == "timeout":
-            load.done.wait(PREFETCH_TIMEOUT_BASE_S
-                           + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * uncached / 1024)
-        load.cancel()
-        load.done.wait()  # at most the page being read
+        load = self.tier.start_load(keys, tokens, cached_len // b)
+        pages = len(keys) - cached_len // b
+        load.deadline = load.started + wait_s(
+            self.prefetch_policy, pages, pages * b, self.compute.seconds_per_token,
+            self.tier.page_seconds)
+        return load
 
     def loaded(self, tokens: int, kv: torch.Tensor) -> None:
         """Count ``tokens`` served from storage (``kv``: what was read for them)."""

@@ -217,7 +217,10 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
                                           self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
         outs = (self.embeddings or self.outputs).process(batch, logits)
-        self._time_step(batch, decode, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._time_step(batch, decode, seconds)
+        if not decode:  # the storage tier's default policy weighs loading against this
+            self.cache.observe_prefill(batch.num_tokens, seconds)
         if self.pd is not None:
             self.pd.after_forward()  # prefill server: first tokens sampled, send the KV
         return outs
@@ -267,6 +270,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
     def _admit_waiting(self, adder: PrefillAdder) -> None:
         admitted: set[str] = set()
         for req in self.policy.order(self.waiting, ahead=adder.reqs):
+            if not self.cache.storage_ready(req):
+                continue  # its pages are loading from storage (the prefetch policy)
             if not self._fits(req, adder) and not self._preempt_for(req, adder):
                 break
             admitted.add(req.rid)
@@ -380,6 +385,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
             self.check_idle_invariants(deep=False)
         elif self.grammar_waiting and not (self.waiting or self.running):
             time.sleep(0.001)  # only compiles in flight: do not spin on the GIL
+        elif self.waiting and not (outs or self.running or self.chunked_req):
+            self.cache.wait_storage(0.002)  # the queue waits for storage: nap, do not spin
         elif self.pd is not None and self.pd.busy() and not (outs or self.waiting
                                                              or self.running or self.chunked_req):
             self.pd.wait(0.005)  # only transfers in flight: nap until a message arrives
