@@ -97,10 +97,12 @@ class ServerArgs:
     hicache_write_policy: str = field(default="write_through", metadata={
         "help": "write_through (every cached page, as it is cached) | write_back (pages as "
                 "the pool evicts them)"})
-    hicache_storage_prefetch_policy: str = field(default="best_effort", metadata={
-        "help": "best_effort (a queued request takes the pages read by the time it is "
-                "scheduled) | wait_complete (it waits for all of them) | timeout (waits up "
-                "to 1 s + 0.25 s per 1k tokens)"})
+    hicache_storage_prefetch_policy: str = field(default="auto", metadata={
+        "help": "how long a queued request waits for its pages from storage: auto (while "
+                "loading them is measured faster than computing them, at most the time "
+                "computing would take) | best_effort (no wait: the pages read by the time "
+                "it is scheduled) | wait_complete (all of them) | timeout (SGLang's: up to "
+                "2 s + 0.1 s per 1k tokens, at most 30 s); a page read past 5 s is a miss"})
     hicache_ratio: float | None = field(default=None, metadata={
         "help": "SGLang's host-memory tier (host pool / device pool): radixlm has none (on a "
                 "CPU the pool is host memory); refused"})

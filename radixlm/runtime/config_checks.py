@@ -210,7 +210,7 @@ def _check_disaggregation(args: Any, need: Any) -> None:
 
 
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
-HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+HICACHE_PREFETCH_POLICIES = ("auto", "best_effort", "wait_complete", "timeout")
 HICACHE_STORAGE_BACKENDS = ("file",)
 SGLANG_HICACHE_STORAGE_BACKENDS = ("mooncake", "hf3fs", "nixl", "aibrix", "eic", "lmcache",
                                    "dynamic")
