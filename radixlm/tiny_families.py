@@ -7,7 +7,8 @@ Each family's config turns on what is special about it at a size a test can affo
 (hidden 64, 3 layers, windows of 24 tokens): Qwen3's yarn RoPE, Gemma 2's soft-caps, Gemma
 3's interleaved sliding layers with their own RoPE base, Phi-3's fused projections with longrope and
 partial rotary, SmolLM3's NoPE layer, Granite's multipliers, Mixtral's and Qwen3-MoE's
-experts (decisive router logits: no top-k choice is a near-tie), gpt-oss's attention sinks
+experts (decisive router logits: no top-k choice is a near-tie; Qwen3-MoE's windows on
+every layer), gpt-oss's attention sinks
 (drawn large enough that switching them off changes the tokens), biased experts with a
 SwiGLU clamp low enough to bite, alternating windows and yarn RoPE. Weights are re-drawn from one
 seeded generator at the built-in models' scales (decisive logits: greedy decoding never
@@ -85,12 +86,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                               "full_attention"]}),
     "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0, 1]}),
     # 8 experts, 2 per token; Qwen3-MoE's layer 1 dense (mlp_only_layers), weights not
-    # renormalized (norm_topk_prob false: Mixtral covers the renormalized rule)
+    # renormalized (norm_topk_prob false: Mixtral covers the renormalized rule), every layer
+    # sliding (transformers' Qwen3-MoE ignores max_window_layers, which by Qwen2's rule would
+    # leave none sliding here)
     "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2,
                                   "intermediate_size": 64}),
     "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2,
                                      "moe_intermediate_size": 32, "mlp_only_layers": [1],
-                                     "norm_topk_prob": False}),
+                                     "norm_topk_prob": False, "use_sliding_window": True,
+                                     "sliding_window": WINDOW, "max_window_layers": 3}),
     # hidden 128 (whole MXFP4 blocks of 32 along H and, at tp 2, along I), 4 layers
     # alternating sliding / full, 8 experts of 64, top-2
     "gpt_oss": ("GptOssConfig", {

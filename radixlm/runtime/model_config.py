@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.model_dir import ModelDirError, read_config, served_architecture
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -79,13 +81,23 @@ class ModelConfig:
         dtype: str = "auto",
         context_length: int | None = None,
     ) -> ModelConfig:
+        """Read ``model_dir``'s config.json: ``ModelDirError`` when it is missing, names an
+        architecture radixlm does not serve (checked first: such a config may lack the
+        fields below), or lacks a field the architecture needs."""
         model_dir = Path(model_dir)
-        path = model_dir / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        hf = _text_config(json.loads(path.read_text(encoding="utf-8")))
+        raw = read_config(model_dir)
+        arch = served_architecture(raw, model_dir / "config.json")
         if dtype != "auto" and dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        try:
+            return cls._from_dict(model_dir, _text_config(raw), dtype, context_length)
+        except KeyError as e:
+            raise ModelDirError(f"{model_dir / 'config.json'} lacks {e.args[0]!r}, which "
+                                f"{arch} needs") from None
+
+    @classmethod
+    def _from_dict(cls, model_dir: Path, hf: dict[str, Any], dtype: str,
+                   context_length: int | None) -> ModelConfig:
         heads = hf["num_attention_heads"]
         model_type = hf.get("model_type", "")
         max_pos = hf.get("max_position_embeddings", 2048)
@@ -265,10 +277,13 @@ def _sliding_window(hf: dict) -> int | None:
 def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     """config.json's ``layer_types``, else the family's rule as transformers derives it:
     Gemma 3 every ``sliding_window_pattern``-th layer full, Gemma 2 alternating, OLMo 3
-    every fourth full, Qwen's
-    layers from ``max_window_layers`` on sliding, every layer sliding elsewhere (Mistral,
-    Phi-3) when there is a window."""
+    every fourth full, Qwen2's and Qwen3's layers from ``max_window_layers`` on sliding,
+    every layer sliding elsewhere (Mistral, Phi-3) when there is a window. Qwen3-MoE slides
+    every layer whatever the file says: its transformers config has neither
+    ``max_window_layers`` nor ``layer_types`` (real checkpoints carry the first anyway)."""
     n = hf["num_hidden_layers"]
+    if hf.get("model_type") == "qwen3_moe":
+        return (FULL if sliding_window is None else SLIDING,) * n
     if hf.get("layer_types"):
         types = tuple(hf["layer_types"])
         if len(types) != n or set(types) - {FULL, SLIDING}:

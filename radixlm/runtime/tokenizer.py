@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from radixlm.runtime.model_dir import ModelDirError
 from radixlm.tiny_model import default_tiny_model_path
 
 
@@ -13,8 +14,8 @@ def resolve_model_path(model_path: str | None) -> str:
     if model_path is None:
         return str(default_tiny_model_path())
     if not os.path.isdir(model_path):
-        raise ValueError(f"model_path {model_path!r} is not a local directory (radixlm loads "
-                         "Hugging Face checkpoints from disk; nothing is downloaded)")
+        raise ModelDirError(f"model_path {model_path!r} is not a local directory (radixlm "
+                            "loads Hugging Face checkpoints from disk; nothing is downloaded)")
     return model_path
 
 

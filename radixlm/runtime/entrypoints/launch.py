@@ -23,6 +23,7 @@ from radixlm.runtime.entrypoints.child_processes import (
     ChildProcesses,
 )
 from radixlm.runtime.entrypoints.listener import bind_listener
+from radixlm.runtime.model_dir import ModelDirError, check_model_dir
 from radixlm.runtime.tokenizer import resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,11 @@ def launch_server(args: ServerArgs, sock: socket.socket | None = None) -> int:
     """Start the processes and serve until SIGTERM/SIGINT: 0 after a clean shutdown, 1
     when the watchdog found the scheduler stuck. ``sock``: the port, bound already
     (``listener.bind_listener``; the command line binds it before its imports)."""
-    model_path = resolve_model_path(args.model_path)
+    try:
+        model_path = resolve_model_path(args.model_path)
+        check_model_dir(model_path, args.tokenizer_path)
+    except ModelDirError as e:  # one line and exit 1, before any child starts (as listener.py)
+        raise SystemExit(f"radixlm serve: {e}") from None
     if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks
         from radixlm.runtime.managers.scheduler.tp_ranks import serve_node
 

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # before the Triton kernels are first importe
 
 import pytest  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from radixlm import cli  # noqa: E402
 from radixlm.kernels import cpu_paged, masked_attention  # noqa: E402
@@ -128,6 +128,31 @@ def test_make_tiny_model_cli_writes_every_family(tmp_path):
         assert config.architectures == (get_model_class(config.architectures).__name__,)
     with pytest.raises(SystemExit):
         cli.main(["make-tiny-model", str(tmp_path / "x"), "--arch", "gpt2"])
+
+
+def test_qwen3_moe_slides_every_layer(family_dirs, make_engine):
+    """transformers' Qwen3-MoE windows every layer when ``use_sliding_window`` is on, whatever
+    ``max_window_layers`` says (by Qwen2's and Qwen3's rule the tiny model's 3 would leave no
+    layer sliding): so do we, token for token; and the window decides tokens within these
+    prompts (transformers without it gives others)."""
+    path = family_dirs["qwen3_moe"]
+    config = ModelConfig.from_hf(path)
+    assert config.hf_config["max_window_layers"] == config.num_layers == 3
+    assert [config.layer_window(i) for i in range(3)] == [WINDOW] * 3
+    ids = AutoTokenizer.from_pretrained(path).encode(TEXT, add_special_tokens=False)
+    prompts = [ids, (ids * 2)[:70]]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    unwindowed = AutoConfig.from_pretrained(path)
+    unwindowed.sliding_window = None
+    full = AutoModelForCausalLM.from_pretrained(path, config=unwindowed, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+    expected = _hf_greedy(hf, prompts)
+    assert _hf_greedy(full, prompts) != expected
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    eng = make_engine(model_path=str(path))
+    assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)
+            ] == expected
 
 
 def test_gemma3_rope_per_layer_type(tmp_path):

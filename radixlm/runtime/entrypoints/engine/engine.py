@@ -62,6 +62,7 @@ from radixlm.runtime.managers.validation import (
     validate_request,
 )
 from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.model_dir import check_model_dir
 from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Engine(EngineEncode):
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path)
+        check_model_dir(self.model_path, self.server_args.tokenizer_path)  # one clear error
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
         self.sampling_defaults = sampling_defaults(self.server_args, self.model_path)
         if self.server_args.dp_size > 1 and self.server_args.tp_size > 1:

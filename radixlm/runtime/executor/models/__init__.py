@@ -36,6 +36,7 @@ from radixlm.runtime.executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.model_dir import SERVED_ARCHITECTURES, served_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +70,15 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
 }
 
 
+# model_dir.py refuses every other architecture before a config is parsed or a process starts
+assert set(MODEL_CLASSES) == set(SERVED_ARCHITECTURES), (
+    sorted(set(MODEL_CLASSES) ^ set(SERVED_ARCHITECTURES)))
+
+
 def get_model_class(architectures: Sequence[str]) -> type[DecoderForCausalLM]:
-    """The class for the first supported name in config.json's ``architectures``."""
-    for name in architectures:
-        if name in MODEL_CLASSES:
-            return MODEL_CLASSES[name]
-    raise ValueError(
-        f"unsupported model architectures {list(architectures)}; "
-        f"supported: {', '.join(MODEL_CLASSES)}"
-    )
+    """The class for the first served name in config.json's ``architectures``
+    (``ModelDirError`` naming them and the served ones when there is none)."""
+    return MODEL_CLASSES[served_architecture({"architectures": list(architectures)})]
 
 
 def masked_layers(model: nn.Module) -> list[int]:

@@ -4,7 +4,8 @@ softmax over all router logits, the k largest, renormalized only when ``norm_top
 then rounded to the model dtype (``layers/moe.py``). A layer is sparse unless it is in
 ``mlp_only_layers`` or ``(layer + 1) % decoder_sparse_step``; the others keep a dense MLP of
 ``intermediate_size``. Checkpoints: ``mlp.gate`` and ``mlp.experts.{e}.gate_proj`` /
-``up_proj`` / ``down_proj``."""
+``up_proj`` / ``down_proj``. With ``use_sliding_window`` every layer slides, as in
+transformers' Qwen3-MoE, which reads no ``max_window_layers`` (``ModelConfig.layer_types``)."""
 
 from __future__ import annotations
 
