@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -159,6 +160,74 @@ def test_concurrent_writers_of_one_page_leave_a_whole_page(tmp_path):
     assert not errors
     assert decode_page(FileStorage(str(tmp_path), 1 << 30).get(key, len(data)), key, tokens,
                        torch.float32, SHAPE).equal(kv)
+
+
+def test_a_directory_group_or_others_can_reach_is_made_private_with_a_warning(tmp_path,
+                                                                               caplog):
+    d = tmp_path / "kv"
+    d.mkdir()
+    d.chmod(0o777)  # any local user could plant FIFOs or links to /dev/zero in it
+    FileStorage(str(d), 1 << 20)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert any("was mode 0777" in r.message and r.levelname == "WARNING"
+               for r in caplog.records)
+
+
+def test_a_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    d = tmp_path / "kv"
+    d.mkdir(mode=0o700)
+    uid = d.stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)  # the server runs as another user
+    with pytest.raises(ValueError, match=r"--hicache-storage-dir .* belongs to uid"):
+        FileStorage(str(d), 1 << 20)
+
+
+def _plant(fs: FileStorage, key: str, kind: str, size: int, tmp_path: Path) -> None:
+    path = fs.path(key)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "link_to_page":  # a whole page of the right size, elsewhere
+        (tmp_path / "elsewhere").write_bytes(bytes(size))
+        os.symlink(tmp_path / "elsewhere", path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "sparse":
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)
+    elif kind == "short":
+        path.write_bytes(bytes(size - 1))
+    elif kind == "linked_folder":  # the fan-out folder is a link to a folder of pages
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / path.name).write_bytes(bytes(size))
+        path.parent.rmdir()
+        os.symlink(other, path.parent)
+    elif kind == "open_folder":  # a fan-out folder others can write
+        path.write_bytes(bytes(size))
+        path.parent.chmod(0o777)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "link_to_page", "directory", "sparse",
+                                  "short", "linked_folder", "open_folder"])
+def test_an_entry_that_is_not_a_private_page_of_the_right_size_is_refused_unread(tmp_path,
+                                                                                  kind):
+    """Opened O_NOFOLLOW | O_NONBLOCK (a FIFO's open does not wait for a writer), checked
+    with fstat before a byte is read: refused, counted, and deleted where it can be."""
+    fs = FileStorage(str(tmp_path / "kv"), 1 << 30)
+    key, size = "9a" + "7" * 30, 4096
+    _plant(fs, key, kind, size, tmp_path)
+    assert fs.get(key, size) is None
+    assert fs.refused_files == 1 and fs.bytes_read == 0
+    if kind == "open_folder":  # not ours to clean: left, never read or written
+        assert not fs.put(key, bytes(size)) and fs.get(key, size) is None
+        return
+    if kind == "linked_folder":  # the link is removed, what it pointed to left alone
+        assert (tmp_path / "other" / fs.path(key).name).stat().st_size == size
+    assert not os.path.lexists(fs.path(key)) and fs.size(key) is None
+    assert fs.put(key, bytes(size)) and fs.get(key, size) == bytes(size)
 
 
 # --- the tier ------------------------------------------------------------------------------

@@ -243,19 +243,21 @@ class FileStorage(StorageBackend):
 
     def _refused(self, path: Path, why: str, folder: int | None = None,
                  delete: bool = True) -> None:
-        """Count and warn about a refused entry; ``delete`` it (a folder stays) so that the
-        page is written again."""
+        """Count and warn about a refused entry; ``delete`` it (a folder only if empty) so
+        that the page is written again."""
         self.refused_files += 1
         self._warn("refused", f"{path}: {why}; refused, its tokens are recomputed")
         if not delete:
             return None
-        try:
-            if folder is None:
-                os.unlink(path)
-            else:
-                os.unlink(path.name, dir_fd=folder)
-        except OSError:
-            pass  # a directory, or gone: it stays refused
+        for remove in (os.unlink, os.rmdir):
+            try:
+                if folder is None:
+                    remove(path)
+                else:
+                    remove(path.name, dir_fd=folder)
+                break
+            except OSError:
+                pass  # a folder (then rmdir: only if empty), or gone
         return None
 
     def _write_failed(self, path: Path, e: OSError) -> bool:
