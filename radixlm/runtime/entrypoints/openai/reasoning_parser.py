@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from radixlm.runtime.config_checks import REASONING_PARSERS
+from radixlm.runtime.entrypoints.openai.function_call.scan import Finder, Run, TrailingSpace
 
 THINK_START, THINK_END = "<think>", "</think>"
 _FORCED = {"deepseek-r1"}
@@ -29,9 +30,9 @@ _ANALYSIS_MARKERS = ("<|start|>assistant<|channel|>analysis<|message|>",
 _ANALYSIS_END = "<|end|>"
 
 
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""
-    for k in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
+def _held(text: str, lo: int, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text[lo:]`` that is a proper prefix of a marker."""
+    for k in range(min(len(text) - lo, max(map(len, markers)) - 1), 0, -1):
         if any(m.startswith(text[-k:]) for m in markers):
             return k
     return 0
@@ -53,7 +54,11 @@ def starts_in_reasoning(name: str, prompt: str) -> bool:
 
 
 class ReasoningParser:
-    """Splits one choice's output into (reasoning, content)."""
+    """Splits one choice's output into (reasoning, content).
+
+    Streamed, it reads each delta once: the text before ``pos`` is settled, markers are
+    looked for in the new text only (``function_call/scan.py``), so a stream is linear in
+    its length."""
 
     def __init__(self, name: str, in_reasoning: bool = False) -> None:
         if name not in REASONING_PARSERS:
@@ -62,64 +67,98 @@ class ReasoningParser:
         self.name = name
         self.in_reasoning = in_reasoning
         self.buffer = ""
-        self.sent = [0, 0]
-
-    def split(self, text: str, final: bool) -> tuple[str, str]:
-        """(reasoning, content) settled so far."""
-        if self.name == "gpt-oss":
-            return self._split_harmony(text, final)
-        return self._split_think(text, final)
-
-    def _split_think(self, text: str, final: bool) -> tuple[str, str]:
-        start = len(text) - len(text.lstrip())
-        if text.startswith(THINK_START, start):
-            start += len(THINK_START)
-        elif not self.in_reasoning:
-            if not final and THINK_START.startswith(text[start:]):
-                return "", ""  # may still become <think>
-            return "", text
-        end = text.find(THINK_END, start)
-        if end < 0:
-            body = text[start:]
-            if not final:
-                body = body[:len(body) - _held(body, (THINK_END,))].rstrip()
-            return body.strip(), ""
-        return text[start:end].strip(), text[end + len(THINK_END):].lstrip()
-
-    def _split_harmony(self, text: str, final: bool) -> tuple[str, str]:
-        reasoning, content, pos = [], [], 0
-        while True:
-            m = _ANALYSIS.search(text, pos)
-            if m is None:
-                tail = text[pos:]
-                content.append(tail if final else tail[:len(tail) - _held(tail, _ANALYSIS_MARKERS)])
-                break
-            content.append(text[pos:m.start()])
-            end = text.find(_ANALYSIS_END, m.end())
-            if end < 0:
-                body = text[m.end():]
-                keep = len(body) if final else len(body) - _held(body, (_ANALYSIS_END,))
-                reasoning.append(body[:keep])
-                break
-            reasoning.append(text[m.end():end])
-            pos = end + len(_ANALYSIS_END)
-        return "".join(reasoning), "".join(content)
+        self.sent = [0, 0]  # <think>: where reasoning and content were given up to
+        # <think>: the leading whitespace, then where the thinking starts (-1: no thinking)
+        self.lead = Run(0)
+        self.body: int | None = None
+        self.first: Run | None = None  # the thinking's first non-space
+        self.tail: TrailingSpace | None = None
+        self.end: Finder | None = None
+        self.after: Run | None = None
+        # harmony: the text before pos is split; an analysis message is open from body
+        self.pos = 0
+        self.search_from = 0
+        self.in_analysis = False
 
     def parse(self, text: str) -> tuple[str | None, str]:
-        reasoning, content = self.split(text, final=True)
+        reader = ReasoningParser(self.name, self.in_reasoning)
+        reader.buffer = text
+        reasoning, content = reader._diff(final=True)
         return reasoning or None, content
 
     def feed(self, delta: str) -> tuple[str, str]:
-        self.buffer += delta
+        text, self.buffer = self.buffer, ""
+        text += delta  # the only reference: CPython grows the string in place, no copy
+        self.buffer = text
         return self._diff(final=False)
 
     def finish(self) -> tuple[str, str]:
         return self._diff(final=True)
 
     def _diff(self, final: bool) -> tuple[str, str]:
+        if self.name == "gpt-oss":
+            return self._harmony(final)
+        reasoning, content = self._think(self.buffer, final)
         out = []
-        for i, part in enumerate(self.split(self.buffer, final)):
-            new = part[self.sent[i]:] if len(part) > self.sent[i] else ""
-            self.sent[i] += len(new)
-            out.append(new)
+        for i, (a, b) in enumerate((reasoning, content)):
+            out.append(self.buffer[a + self.sent[i]:b] if b - a > self.sent[i] else "")
+            self.sent[i] = max(self.sent[i], b - a)
         return out[0], out[1]
+
+    def _think(self, text: str, final: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The spans of (reasoning, content) settled so far."""
+        none = (0, 0)
+        if self.body is None:
+            start = self.lead.skip(text)
+            if text.startswith(THINK_START, start):
+                self.body = start + len(THINK_START)
+            elif not final and len(text) - start < len(THINK_START) and THINK_START.startswith(
+                    text[start:]):
+                return none, none  # may still become <think>
+            elif self.in_reasoning:
+                self.body = start
+            else:
+                self.body = -1
+        if self.body < 0:
+            return none, (0, len(text))
+        if self.end is None:
+            self.first, self.tail = Run(self.body), TrailingSpace(self.body)
+            self.end = Finder(THINK_END, self.body)
+        end = self.end.find(text)
+        if end < 0:
+            stop = len(text) if final else len(text) - _held(text, self.body, (THINK_END,))
+            return self._strip(text, stop), none
+        self.after = self.after or Run(end + len(THINK_END))
+        return self._strip(text, end), (self.after.skip(text), len(text))
+
+    def _strip(self, text: str, stop: int) -> tuple[int, int]:
+        """The span of ``text[body:stop].strip()``."""
+        end = self.tail.rstrip_end(text, stop)
+        return (self.first.skip(text), end) if end > self.body else (0, 0)
+
+    def _harmony(self, final: bool) -> tuple[str, str]:
+        """The analysis messages' bodies are the reasoning; the rest is content."""
+        text, reasoning, content = self.buffer, [], []
+        while True:
+            if not self.in_analysis:
+                m = _ANALYSIS.search(text, max(self.pos, self.search_from))
+                if m is None:
+                    stop = len(text) if final else len(text) - _held(text, self.pos,
+                                                                      _ANALYSIS_MARKERS)
+                    self.search_from = len(text) - len(_ANALYSIS_MARKERS[0]) + 1
+                    content.append(text[self.pos:stop])
+                    self.pos = stop
+                    break
+                content.append(text[self.pos:m.start()])
+                self.pos, self.in_analysis = m.end(), True
+                self.end = Finder(_ANALYSIS_END, self.pos)
+            end = self.end.find(text)
+            if end < 0:
+                stop = len(text) if final else len(text) - _held(text, self.pos,
+                                                                  (_ANALYSIS_END,))
+                reasoning.append(text[self.pos:stop])
+                self.pos = stop
+                break
+            reasoning.append(text[self.pos:end])
+            self.pos, self.in_analysis = end + len(_ANALYSIS_END), False
+        return "".join(reasoning), "".join(content)

@@ -11,10 +11,11 @@ function tools to the same shape)::
     content, calls = parser.parse(text)                      # ToolCall: name, arguments, id
     text_delta, call_deltas = parser.feed(delta); ... parser.finish()
 
-Layout: core.py (calls, the format interface, JSON helpers), driver.py (the one parser, whole
-or streamed), one module per format (hermes.py, llama3.py, mistral.py, pythonic.py,
-harmony.py, json_array.py for forced calls), registry.py (--tool-call-parser names),
-tools.py (checking the request; the plan).
+Layout: core.py (calls, the format interface, JSON helpers), scan.py (scans that go on
+where they stopped as the text grows: every parser is linear in its output), driver.py
+(the one parser, whole or streamed), one module per format (hermes.py, llama3.py,
+mistral.py, pythonic.py, harmony.py, json_array.py for forced calls), registry.py
+(--tool-call-parser names), tools.py (checking the request; the plan).
 """
 
 from radixlm.runtime.entrypoints.openai.function_call.core import ToolCall

@@ -8,8 +8,8 @@
 Each message is a region: a header up to ``<|message|>`` and a body up to ``<|end|>``,
 ``<|call|>`` or ``<|return|>``. A header naming ``to=functions.NAME`` makes the body a
 call's JSON arguments; any other body (final, commentary preamble, analysis when no
-reasoning parser took it) is ordinary text. The markers are special tokens: the
-detokenizer keeps them.
+reasoning parser took it) is ordinary text. A header is at most 512 characters. The
+markers are special tokens: the detokenizer keeps them.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import re
 from radixlm.runtime.entrypoints.openai.function_call.core import (
     NOT_A_CALL,
     PartialCall,
+    Region,
     RegionParse,
     ToolCallFormat,
     json_value_end,
 )
+from radixlm.runtime.entrypoints.openai.function_call.scan import Finder, Run, TrailingSpace
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -30,48 +32,66 @@ _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _HEADER_MAX = 512
 
 
-def _body_end(text: str, i: int) -> tuple[int, int] | None:
-    """(end of the body, end of its end marker) from ``i``, or None if still open."""
-    found = [(j, m) for m in ENDS if (j := text.find(m, i)) >= 0]
-    if not found:
-        return None
-    j, m = min(found)
-    return j, j + len(m)
+def held(text: str, lo: int, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text[lo:]`` that is a proper prefix of a marker."""
+    tail = text[max(lo, len(text) - max(map(len, markers)) + 1):]
+    for k in range(len(tail), 0, -1):
+        if any(m.startswith(tail[-k:]) for m in markers):
+            return k
+    return 0
 
 
-def _held(body: str) -> str:
-    """A partial body without a trailing piece of an end marker."""
-    for k in range(min(len(body), max(map(len, ENDS)) - 1), 0, -1):
-        if any(m.startswith(body[-k:]) for m in ENDS):
-            return body[:-k]
-    return body
+class HarmonyRegion(Region):
+    """A header (at most ``_HEADER_MAX`` characters) up to ``<|message|>``, then a body
+    whose end markers are looked for in the new text only."""
 
+    def __init__(self, text: str, start: int) -> None:
+        super().__init__(text, start)
+        self.header = Finder(MESSAGE, start, stop=start + _HEADER_MAX + len(MESSAGE))
+        self.body = -1  # where the body starts, once the header is whole
+        self.name: str | None = None
+        self.ends: list[Finder] = []
+        self.lead: Run | None = None
+        self.tail: TrailingSpace | None = None
+        self.valid: bool | None = None  # the arguments, once the body ended
+
+    def parse(self, text: str, final: bool) -> RegionParse:
+        if self.body < 0:
+            head_end = self.header.find(text)
+            if head_end < 0:
+                if final or len(text) - self.start > _HEADER_MAX:
+                    return NOT_A_CALL
+                return RegionParse()
+            self.body = head_end + len(MESSAGE)
+            m = _RECIPIENT.search(text, self.start, head_end)
+            self.name = None if m is None else m.group(1)
+            self.ends = [Finder(e, self.body) for e in ENDS]
+            self.lead, self.tail = Run(self.body), TrailingSpace(self.body)
+        done = min(((f.at, f.at + len(f.sub)) for f in self.ends if f.find(text) >= 0),
+                   default=None)
+        if self.name is None:  # ordinary text: stream it as it comes
+            if done is not None:
+                return RegionParse(text=(self.body, done[0]), end=done[1])
+            stop = len(text) if final else len(text) - held(text, self.body, ENDS)
+            return RegionParse(text=(self.body, stop))
+        if done is None and final:
+            done = (len(text), len(text))
+        stop = done[0] if done else len(text) - held(text, self.body, ENDS)
+        lead = min(self.lead.skip(text), stop)
+        args = (lead, max(lead, self.tail.rstrip_end(text, stop)))
+        if done is not None and self.valid is None:
+            self.valid = json_value_end(text, args[0]) == args[1]
+        if self.valid:
+            call = PartialCall(self.name, text[args[0]:args[1]], done=True)
+            return RegionParse([call], end=done[1])
+        if final:
+            return NOT_A_CALL
+        return RegionParse(open_call=PartialCall(self.name, span=args))
 
 class HarmonyFormat(ToolCallFormat):
     name = "gpt-oss"
     triggers = (START, CHANNEL)
     needs_special_tokens = True
 
-    def parse_region(self, text: str, final: bool) -> RegionParse:
-        head_end = text.find(MESSAGE)
-        if head_end < 0:
-            if final or len(text) > _HEADER_MAX:
-                return NOT_A_CALL
-            return RegionParse()
-        header, start = text[:head_end], head_end + len(MESSAGE)
-        done = _body_end(text, start)
-        body = text[start:done[0]] if done else text[start:]
-        m = _RECIPIENT.search(header)
-        if m is None:  # ordinary text: stream it as it comes
-            if done is None:
-                return RegionParse(text=body) if final else RegionParse(text=_held(body))
-            return RegionParse(text=body, end=done[1])
-        name = m.group(1)
-        if done is None and final:
-            done = (len(text), len(text))
-        if done is None:
-            return RegionParse([PartialCall(name, _held(body).strip())])
-        args = body.strip()
-        if json_value_end(args, 0) != len(args):
-            return NOT_A_CALL if final else RegionParse([PartialCall(name, args)])
-        return RegionParse([PartialCall(name, args, done=True)], end=done[1])
+    def region(self, text: str, start: int) -> Region:
+        return HarmonyRegion(text, start)

@@ -13,34 +13,51 @@ import json
 
 from radixlm.runtime.entrypoints.openai.function_call.core import (
     NOT_A_CALL,
+    CallObject,
+    PartialCall,
+    Region,
     RegionParse,
     ToolCallFormat,
-    read_call_object,
-    skip_ws,
 )
+from radixlm.runtime.entrypoints.openai.function_call.scan import Run
 
 BEGIN, END = "<tool_call>", "</tool_call>"
+
+
+class HermesRegion(Region):
+    def __init__(self, text: str, start: int) -> None:
+        super().__init__(text, start)
+        self.lead = Run(start + len(BEGIN))
+        self.obj: CallObject | None = None
+        self.close: Run | None = None
+
+    def parse(self, text: str, final: bool) -> RegionParse:
+        i = self.lead.skip(text)
+        if i >= len(text):
+            return NOT_A_CALL if final else RegionParse([PartialCall(None)])
+        self.obj = self.obj or CallObject(i)
+        call, end = self.obj.read(text, final)
+        if call is None:
+            return NOT_A_CALL
+        if end is None:
+            return RegionParse(open_call=call)
+        self.close = self.close or Run(end)
+        close = self.close.skip(text)
+        if text.startswith(END, close):
+            return RegionParse([call], end=close + len(END))
+        if not final and len(text) - close < len(END) and END.startswith(text[close:]):
+            return RegionParse([call])
+        if final and close >= len(text):  # the model stopped before the closing tag
+            return RegionParse([call], end=close)
+        return NOT_A_CALL
 
 
 class HermesFormat(ToolCallFormat):
     name = "qwen25"
     triggers = (BEGIN,)
 
-    def parse_region(self, text: str, final: bool) -> RegionParse:
-        start = skip_ws(text, len(BEGIN))
-        call, end = read_call_object(text, start, final)
-        if call is None:
-            return NOT_A_CALL
-        if end is None:
-            return RegionParse([call])
-        close = skip_ws(text, end)
-        if text.startswith(END, close):
-            return RegionParse([call], end=close + len(END))
-        if END.startswith(text[close:]) and not final:
-            return RegionParse([call])
-        if final and close >= len(text):  # the model stopped before the closing tag
-            return RegionParse([call], end=close)
-        return NOT_A_CALL
+    def region(self, text: str, start: int) -> Region:
+        return HermesRegion(text, start)
 
     def structure(self, name: str) -> tuple[str, str]:
         return f'{BEGIN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + END

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.runtime.entrypoints.openai.function_call.core import RegionParse, ToolCallFormat
-from radixlm.runtime.entrypoints.openai.function_call.mistral import read_call_array
+from radixlm.runtime.entrypoints.openai.function_call.core import ToolCallFormat
+from radixlm.runtime.entrypoints.openai.function_call.mistral import CallArray
 
 _REF_KEYS = ("$defs", "definitions")
 
@@ -23,8 +23,8 @@ class JsonArrayFormat(ToolCallFormat):
     name = "json_array"
     triggers = ("[",)
 
-    def parse_region(self, text: str, final: bool) -> RegionParse:
-        return read_call_array(text, 0, final)
+    def region(self, text: str, start: int) -> CallArray:
+        return CallArray(start)
 
 
 def _rewrite_refs(node: Any, prefix: str) -> Any:

@@ -13,46 +13,105 @@ import re
 
 from radixlm.runtime.entrypoints.openai.function_call.core import (
     NOT_A_CALL,
+    CallObject,
+    JsonValue,
     PartialCall,
+    Region,
     RegionParse,
     ToolCallFormat,
-    json_value_end,
-    read_call_object,
-    skip_ws,
 )
+from radixlm.runtime.entrypoints.openai.function_call.scan import Run, TrailingSpace
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
-_NAME_ARGS = re.compile(r"([A-Za-z0-9_.\-]+)(\[ARGS\])?")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]*")
 
 
-def read_call_array(text: str, i: int, final: bool) -> RegionParse:
-    """``[{call}, {call}]`` at ``text[i:]``; ``end`` relative to ``text``."""
-    if i >= len(text):
-        return NOT_A_CALL if final else RegionParse()
-    if text[i] != "[":
-        return NOT_A_CALL
-    calls: list[PartialCall] = []
-    i += 1
-    while True:
-        i = skip_ws(text, i)
+class CallArray:
+    """``[{call}, {call}]`` at ``start`` of a growing text, read on from the last whole
+    call; ``end`` an index of the text."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.calls: list[PartialCall] = []
+        self.lead: Run | None = None
+        self.obj: CallObject | None = None
+        self.after: Run | None = None
+
+    def parse(self, text: str, final: bool) -> RegionParse:
+        if self.start >= len(text):
+            return NOT_A_CALL if final else RegionParse()
+        if text[self.start] != "[":
+            return NOT_A_CALL
+        self.lead = self.lead or Run(self.start + 1)
+        while True:
+            if self.obj is None:
+                i = self.lead.skip(text)
+                if i >= len(text):
+                    return NOT_A_CALL if final else RegionParse(self.calls)
+                if text[i] == "]" and not self.calls:
+                    return NOT_A_CALL
+                self.obj = CallObject(i)
+            call, end = self.obj.read(text, final)
+            if call is None:
+                return NOT_A_CALL
+            if end is None:
+                return RegionParse(self.calls, open_call=call)
+            if self.after is None:
+                self.calls.append(call)
+                self.after = Run(end)
+            j = self.after.skip(text)
+            if j >= len(text):
+                return NOT_A_CALL if final else RegionParse(self.calls)
+            if text[j] == "]":
+                return RegionParse(self.calls, end=j + 1)
+            if text[j] != ",":
+                return NOT_A_CALL
+            self.lead, self.obj, self.after = Run(j + 1), None, None
+
+
+class MistralRegion(Region):
+    """The array form, or the compact ``[TOOL_CALLS]name[ARGS]{...}``."""
+
+    def __init__(self, text: str, start: int) -> None:
+        super().__init__(text, start)
+        self.lead = Run(start + len(BOT))
+        self.array: CallArray | None = None
+        self.name_run: Run | None = None
+        self.name = ""
+        self.args: JsonValue | None = None
+        self.tail: TrailingSpace | None = None
+
+    def parse(self, text: str, final: bool) -> RegionParse:
+        i = self.lead.skip(text)
         if i >= len(text):
-            return NOT_A_CALL if final else RegionParse(calls)
-        if text[i] == "]" and not calls:
+            return NOT_A_CALL if final else RegionParse()
+        if text[i] != "[":
+            return self._compact(text, i, final)
+        self.array = self.array or CallArray(i)
+        return self.array.parse(text, final)
+
+    def _compact(self, text: str, i: int, final: bool) -> RegionParse:
+        self.name_run = self.name_run or Run(i, _NAME)
+        name_end = self.name_run.skip(text)
+        if name_end == i:
             return NOT_A_CALL
-        call, end = read_call_object(text, i, final)
-        if call is None:
-            return NOT_A_CALL
-        calls.append(call)
+        if name_end >= len(text):
+            return NOT_A_CALL if final else RegionParse()
+        if not text.startswith(ARGS, name_end):
+            more = len(text) - name_end < len(ARGS) and ARGS.startswith(text[name_end:])
+            return RegionParse() if more and not final else NOT_A_CALL
+        start = name_end + len(ARGS)
+        if self.args is None:
+            self.args, self.tail = JsonValue(start), TrailingSpace(start)
+            self.name = text[i:name_end]
+        end = self.args.end_of(text, final)
+        name = self.name
         if end is None:
-            return RegionParse(calls)
-        j = skip_ws(text, end)
-        if j >= len(text):
-            return NOT_A_CALL if final else RegionParse(calls)
-        if text[j] == "]":
-            return RegionParse(calls, end=j + 1)
-        if text[j] != ",":
-            return NOT_A_CALL
-        i = j + 1
+            if final:
+                return NOT_A_CALL
+            span = (start, self.tail.rstrip_end(text, len(text)))
+            return RegionParse(open_call=PartialCall(name, span=span))
+        return RegionParse([PartialCall(name, text[start:end], done=True)], end=end)
 
 
 class MistralFormat(ToolCallFormat):
@@ -60,25 +119,8 @@ class MistralFormat(ToolCallFormat):
     triggers = (BOT,)
     needs_special_tokens = True
 
-    def parse_region(self, text: str, final: bool) -> RegionParse:
-        i = skip_ws(text, len(BOT))
-        if i < len(text) and text[i] != "[":
-            return self._compact(text, i, final)
-        return read_call_array(text, i, final)
-
-    @staticmethod
-    def _compact(text: str, i: int, final: bool) -> RegionParse:
-        m = _NAME_ARGS.match(text, i)
-        if m is None:
-            return NOT_A_CALL
-        if m.group(2) is None:
-            return NOT_A_CALL if final or m.end() < len(text) else RegionParse()
-        start = m.end()
-        end = json_value_end(text, start)
-        if end is None:
-            return NOT_A_CALL if final else RegionParse([PartialCall(m.group(1),
-                                                                     text[start:].rstrip())])
-        return RegionParse([PartialCall(m.group(1), text[start:end], done=True)], end=end)
+    def region(self, text: str, start: int) -> Region:
+        return MistralRegion(text, start)
 
     def structure(self, name: str) -> tuple[str, str]:
         return f'{BOT} [{{"name": {json.dumps(name)}, "arguments": ', "}]"

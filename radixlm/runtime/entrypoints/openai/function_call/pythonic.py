@@ -3,7 +3,8 @@
     [get_weather(city="Paris", days=3), get_time(zone="CET")]
 
 optionally between ``<|python_start|>`` and ``<|python_end|>``. Arguments are Python
-literals; they are given to the client as JSON. A call is read when its list closes.
+literals; they are given to the client as JSON. A call is read when its list closes
+(its brackets, counted as the text grows, balance).
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import re
 from radixlm.runtime.entrypoints.openai.function_call.core import (
     NOT_A_CALL,
     PartialCall,
+    Region,
     RegionParse,
     ToolCallFormat,
 )
+from radixlm.runtime.entrypoints.openai.function_call.scan import Nesting, Run
 
 START, END = "<|python_start|>", "<|python_end|>"
-_CALL_START = re.compile(r"\[\s*([A-Za-z_][\w.]*)?(\s*\()?")
+_NAME_START = re.compile(r"[A-Za-z_]")
+_NAME_REST = re.compile(r"[\w.]*")
 
 
 def _literal(node: ast.expr) -> object:
@@ -51,26 +55,64 @@ def _calls(source: str) -> list[PartialCall] | None:
     return calls
 
 
-def _list_end(text: str) -> int | None:
-    """Index after the ``]`` that closes the list at ``text[0]`` (strings skipped)."""
-    depth, quote, i = 0, "", 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "[({":
-            depth += 1
-        elif c in "])}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+class PythonicRegion(Region):
+    """``[name(`` checked as it comes, then the list read when its brackets balance."""
+
+    def __init__(self, text: str, start: int) -> None:
+        super().__init__(text, start)
+        self.tagged = text.startswith(START, start)
+        self.lead = Run(start + len(START) if self.tagged else start)
+        self.head: list[Run] = []  # after "[": spaces, the name, spaces before "("
+        self.list: Nesting | None = None
+        self.calls: list[PartialCall] | None = None
+        self.rest: Run | None = None
+
+    def parse(self, text: str, final: bool) -> RegionParse:
+        b = self.lead.skip(text)
+        if b >= len(text):
+            return NOT_A_CALL if final else RegionParse()
+        if self.list is None:
+            opened = self._call_start(text, b)
+            if opened is None:
+                return NOT_A_CALL if final else RegionParse()
+            if not opened:
+                return NOT_A_CALL
+            self.list = Nesting(b, quotes="'\"", brackets="[](){}")
+        end = self.list.close(text)
+        if end is None:
+            return NOT_A_CALL if final else RegionParse()
+        if self.calls is None:
+            self.calls = _calls(text[b:end]) or []
+        if not self.calls:
+            return NOT_A_CALL
+        if not self.tagged:
+            return RegionParse(self.calls, end=end)
+        self.rest = self.rest or Run(end)
+        r = self.rest.skip(text)
+        if text.startswith(END, r):
+            return RegionParse(self.calls, end=r + len(END))
+        if not final and len(text) - r < len(END) and END.startswith(text[r:]):
+            return RegionParse(self.calls)
+        return RegionParse(self.calls, end=end)
+
+    def _call_start(self, text: str, b: int) -> bool | None:
+        """Whether ``text[b:]`` opens a list of calls, ``[name(`` (None: not known yet)."""
+        if text[b] != "[":
+            return False
+        if not self.head:
+            self.head.append(Run(b + 1))
+        i = self.head[0].skip(text)
+        if len(self.head) == 1 and i < len(text):
+            self.head.append(Run(i + 1, _NAME_REST) if _NAME_START.match(text[i]) else Run(i))
+        if len(self.head) > 1:
+            i = self.head[1].skip(text)
+            if len(self.head) == 2 and i < len(text):
+                self.head.append(Run(i))
+            if len(self.head) > 2:
+                i = self.head[2].skip(text)
+        if i >= len(text):
+            return None
+        return text[i] == "("
 
 
 class PythonicFormat(ToolCallFormat):
@@ -78,23 +120,5 @@ class PythonicFormat(ToolCallFormat):
     triggers = (START, "[")
     needs_special_tokens = True
 
-    def parse_region(self, text: str, final: bool) -> RegionParse:
-        offset = len(START) if text.startswith(START) else 0
-        body = text[offset:].lstrip()
-        offset = len(text) - len(body)
-        m = _CALL_START.match(body)
-        if body and (m is None or (m.end() < len(body) and not m.group(2))):
-            return NOT_A_CALL
-        end = _list_end(body)
-        if end is None:
-            return NOT_A_CALL if final else RegionParse()
-        calls = _calls(body[:end])
-        if calls is None:
-            return NOT_A_CALL
-        end += offset
-        rest = text[end:].lstrip()
-        if text.startswith(START) and rest.startswith(END):
-            end = len(text) - len(rest) + len(END)
-        elif text.startswith(START) and not final and END.startswith(rest):
-            return RegionParse(calls)
-        return RegionParse(calls, end=end)
+    def region(self, text: str, start: int) -> Region:
+        return PythonicRegion(text, start)
