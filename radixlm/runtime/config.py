@@ -168,6 +168,10 @@ class ServerArgs:
     grammar_compile_memory_mb: int = field(default=1024, metadata={
         "help": "MB of memory a grammar's first compile may take, in a child process killed "
                 "past it (the request is then a 400); 0 compiles in the scheduler unbounded"})
+    grammar_step_budget_ms: float = field(default=50.0, metadata={
+        "help": "ms a request's grammar may take in one decode step (mask, advance, "
+                "jump-forward): its first steps are timed when it first compiles (over it: a "
+                "400) and every step after (over it: the request ends with a 400); 0: none"})
     grammar_cache_size: int = field(default=256, metadata={
         "help": "compiled grammars kept (LRU)"})
     sampling_defaults: str = field(default="model", metadata={

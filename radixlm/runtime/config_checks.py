@@ -83,6 +83,8 @@ def check_server_args(args: Any) -> None:
     need(args.grammar_compile_memory_mb == 0 or args.grammar_compile_memory_mb >= 64,
          "grammar_compile_memory_mb must be 0 (no limit) or >= 64, got "
          f"{args.grammar_compile_memory_mb}")
+    need(args.grammar_step_budget_ms >= 0,
+         f"grammar_step_budget_ms must be >= 0, got {args.grammar_step_budget_ms}")
     need(args.attention_backend in (None, "torch", "triton"),
          f"attention_backend must be torch or triton, got {args.attention_backend!r}")
     need(args.max_total_tokens is None or args.max_total_tokens >= 2 * args.page_size,

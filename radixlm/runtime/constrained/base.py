@@ -137,6 +137,9 @@ class GrammarBackend(abc.ABC):
     # JSON schema keywords the backend enforces (beyond ANNOTATION_KEYWORDS); any other
     # keyword is refused, since a backend that ignores one would emit output breaking it
     schema_keywords: frozenset[str] = frozenset()
+    # compiled before a server reports ready (GrammarCompiler.warm_up): OpenAI's
+    # json_object, the grammar most clients ask for first
+    warm_specs: tuple[tuple[str, Any], ...] = (("json_schema", {"type": "object"}),)
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()
                  ) -> None:

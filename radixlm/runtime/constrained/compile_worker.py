@@ -3,12 +3,13 @@
 The backends' compilers (C++/Rust) cannot be interrupted and bound neither their time nor
 their memory. ``CompileWorker`` keeps one long-lived child (``python -m`` this module) that
 builds the same backend from the tokenizer's directory; each spec is first *probed* there:
-compiled, a matcher made, its initial mask filled, its jump-forward string found
-(``probe.probe``). The child's address space is limited (RLIMIT_AS: what it had after
-start-up plus ``memory_mb``) and the parent also watches its RSS; past either limit, or
-past ``timeout_s``, the parent kills it and the spec is refused with a ValueError naming the
-limit and its flag; a fresh child starts for the next spec. Compiling is deterministic, so
-the scheduler's own compile of a spec that passed stays within the same bounds.
+compiled, a matcher made, its initial mask filled, its jump-forward string found and its
+first decode steps timed against the step budget (``probe.probe``). The child's address
+space is limited (RLIMIT_AS: what it had after start-up plus ``memory_mb``) and the parent
+also watches its RSS; past either limit, or past ``timeout_s``, the parent kills it and
+the spec is refused with a ValueError naming the limit and its flag; a fresh child starts
+for the next spec. Compiling is deterministic, so the scheduler's own compile of a spec
+that passed stays within the same bounds.
 
 Frames on the child's stdin/stdout: a 4-byte big-endian length, then msgpack (msgspec
 structs; never pickle). The child's own stdout is moved to stderr so a library's prints
@@ -46,6 +47,8 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     memory_mb: int
     delay_s: float = 0.0  # tests: every probe sleeps first (the time limit, never a slow box)
     alloc_mb: int = 0  # tests: every probe allocates this much first (the memory limit)
+    step_budget_ms: float = 0.0  # --grammar-step-budget-ms: the first steps' cost (0: none)
+    step_delay_s: float = 0.0  # tests: every probed decode step sleeps first (the budget)
 
 
 class ProbeRequest(msgspec.Struct, frozen=True):
@@ -112,7 +115,8 @@ def _serve(config: WorkerConfig, inp: IO[bytes], out: IO[bytes]) -> None:
         ballast = bytearray(config.alloc_mb << 20) if config.alloc_mb else None
         try:
             grammar = backend.compile(req.kind, canonical_spec(req.kind, req.spec))
-            probe(grammar, req.kind, backend.vocab_size, backend.stop_token_ids)
+            probe(grammar, req.kind, backend.vocab_size, backend.stop_token_ids, tokenizer,
+                  config.step_budget_ms, config.step_delay_s)
             reply = ProbeReply(payload=backend.export(grammar))
         except ValueError as e:
             reply = ProbeReply(error=str(e))

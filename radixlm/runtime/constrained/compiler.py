@@ -7,7 +7,8 @@ the loop. A build cannot be interrupted, so with ``memory_mb`` set each new spec
 probed in a child process (compile_worker.py) that is killed past the memory or time
 limit: the spec is then refused, and only a spec whose probe finished within the limits is
 compiled here (deterministically: within the same bounds). Every compiled grammar must
-match some string (probe.py). The time limit also fails the caller's future on its own.
+match some string (probe.py), and its first decode steps must keep ``step_budget_ms``
+(step_budget.py). The time limit also fails the caller's future on its own.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from radixlm.runtime.constrained.base import Grammar, GrammarBackend, canonical_spec
 from radixlm.runtime.constrained.compile_worker import CompileWorker, WorkerConfig
 from radixlm.runtime.constrained.probe import check_matches_something
+from radixlm.runtime.constrained.step_budget import probe_steps
 from radixlm.runtime.metrics import GRAMMAR_COMPILE_BUCKETS, CumulativeHistogram
 
 logger = logging.getLogger(__name__)
@@ -34,8 +36,9 @@ class GrammarCompiler:
     ``submit`` returns a Future[Grammar]; the same spec returns the same future (and so the
     same compiled grammar) while it stays in the LRU cache. A bad spec, one the backend
     cannot enforce, or one over a limit fails the future with a ValueError naming the
-    problem; so does a compile running longer than ``timeout_s``, and (``memory_mb`` set:
-    probes in a child process) one whose probe needs more than ``memory_mb`` MB.
+    problem; so does a compile running longer than ``timeout_s``, (``memory_mb`` set:
+    probes in a child process) one whose probe needs more than ``memory_mb`` MB, and one
+    whose first decode steps cost more than ``step_budget_ms`` each (0: no budget).
     ``compile_delay_s`` slows every compile down on purpose (tests of the time limit, never
     a slow machine); ``worker_hooks`` (WorkerConfig's delay_s / alloc_mb) do so in the child.
     """
@@ -43,11 +46,14 @@ class GrammarCompiler:
     def __init__(self, backend: GrammarBackend, max_cache_entries: int = 256,
                  timeout_s: float = 10.0, num_workers: int = 1,
                  compile_delay_s: float = 0.0, memory_mb: int = 0,
-                 worker_hooks: dict[str, Any] | None = None) -> None:
+                 worker_hooks: dict[str, Any] | None = None,
+                 step_budget_ms: float = 0.0) -> None:
         assert max_cache_entries >= 1 and timeout_s > 0, (max_cache_entries, timeout_s)
         self.backend = backend
         self.timeout_s = timeout_s
-        self.worker = _make_worker(backend, memory_mb, timeout_s, worker_hooks or {})
+        self.step_budget_ms = step_budget_ms
+        self.worker = _make_worker(backend, memory_mb, timeout_s,
+                                   {"step_budget_ms": step_budget_ms, **(worker_hooks or {})})
         self._worker_lock = threading.Lock()
         self.compile_delay_s = compile_delay_s
         self.max_cache_entries = max_cache_entries
@@ -58,23 +64,34 @@ class GrammarCompiler:
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
         self._stopped = False  # shutdown() was called
-        self._warming: Future[None] | None = None  # warm_up's start of the worker
+        self._warming: list[Future[Any]] = []  # warm_up's start of the worker, warm_specs
 
     def warm_up(self, wait: bool = False) -> None:
-        """Start the compile worker now, in the background unless ``wait`` (a server does,
-        while its model loads: the child's start takes seconds of a core and about 400 MB;
-        it answers health checks once ``wait_warm`` returned). Otherwise the first compile
-        starts it; an Engine that never constrains a request never pays for it."""
-        if self.worker is not None and self._warming is None:
-            self._warming = self._pool.submit(self._start_worker)
+        """Start the compile worker and compile the backend's ``warm_specs`` (OpenAI's
+        json_object, in the worker and here) now, in the background unless ``wait``. A
+        server does, while its model loads: the child's start takes seconds of a core and
+        about 400 MB, a backend's first JSON grammar builds its token tables, and the
+        server answers health checks only once ``wait_warm`` returned, so its first
+        json_object request is a cache hit. Otherwise the first compile starts the
+        worker; an Engine that never constrains a request never pays for it."""
+        if not self._warming:
+            if self.worker is not None:
+                self._warming.append(self._pool.submit(self._start_worker))
+            # queued behind the worker's start
+            self._warming += [self.submit(kind, spec) for kind, spec in self.backend.warm_specs]
         if wait:
             self.wait_warm()
 
     def wait_warm(self) -> None:
         """Return once a ``warm_up`` has finished (at once if none was asked for); a worker
         that failed to start was logged, and the first compile tries again."""
-        if self._warming is not None:
-            self._warming.result()
+        for fut in self._warming:
+            try:
+                error = fut.exception()
+            except CancelledError:  # shut down meanwhile
+                continue
+            if error is not None:  # a request compiles it again
+                logger.warning("warming the grammar compiler failed: %s", error)
 
     def _start_worker(self) -> None:
         try:
@@ -137,6 +154,9 @@ class GrammarCompiler:
                        else self.backend.compile(kind, canonical))
             check_matches_something(grammar, kind, self.backend.vocab_size,
                                     self.backend.stop_token_ids)
+            if self.worker is None:  # else the worker's probe timed its steps
+                probe_steps(grammar, self.backend.tokenizer, self.backend.vocab_size,
+                            self.backend.stop_token_ids, self.step_budget_ms)
             elapsed = time.perf_counter() - start
             self.compile_time.observe(elapsed)
             logger.debug("compiled a %s grammar with %s in %.3f s", kind, self.backend.name,

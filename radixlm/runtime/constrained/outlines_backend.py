@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 class OutlinesBackend(GrammarBackend):
     name = "outlines"
     kinds = frozenset({"regex", "json_schema"})
+    warm_specs = ()  # its free-form json_object index takes seconds: built on demand
     # outlines-core's schema compiler silently ignores the bounds of numbers, uniqueness,
     # property counts and conditionals; only what it turns into the regex is listed
     schema_keywords = frozenset({

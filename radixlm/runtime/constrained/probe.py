@@ -3,15 +3,19 @@
 ``check_matches_something``: the initial mask allows some text, or the grammar accepts the
 empty string; otherwise the grammar matches no string (``[^\\x00-\\U0010FFFF]``) and its
 request is a 400 rather than a sampled token the grammar then refuses.
-``probe`` (run in the compile worker, where memory and time are bounded): that check plus
-the jump-forward string of the initial state, the work a scheduler does first.
+``probe`` (run in the compile worker, where memory and time are bounded): that check, the
+jump-forward string of the initial state, and the cost of the grammar's first decode steps
+against ``--grammar-step-budget-ms`` (step_budget.py).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from radixlm.runtime.constrained.base import Grammar, Matcher, allocate_token_bitmask
+from radixlm.runtime.constrained.step_budget import StepCost, probe_steps
 
 
 def allows_text(row: torch.Tensor, stop_token_ids: list[int]) -> bool:
@@ -40,7 +44,19 @@ def check_matches_something(grammar: Grammar, kind: str, vocab_size: int,
     return matcher
 
 
-def probe(grammar: Grammar, kind: str, vocab_size: int, stop_token_ids: list[int]) -> None:
+def probe(grammar: Grammar, kind: str, vocab_size: int, stop_token_ids: list[int],
+          tokenizer: Any = None, step_budget_ms: float = 0.0, step_delay_s: float = 0.0
+          ) -> None:
     """check_matches_something, then the initial jump-forward string (which a grammar with
-    no finite match makes unbounded: run this where memory is limited)."""
-    check_matches_something(grammar, kind, vocab_size, stop_token_ids).forced_string()
+    no finite match makes unbounded: run this where memory is limited), then the first
+    decode steps' cost (``probe_steps``; with a tokenizer and a budget). ValueError naming
+    what failed."""
+    matcher = check_matches_something(grammar, kind, vocab_size, stop_token_ids)
+    cost = StepCost()
+    cost.timed("jump-forward", matcher.forced_string)
+    message = cost.over(step_budget_ms)
+    if message is not None:
+        raise ValueError(message)
+    if tokenizer is not None:
+        probe_steps(grammar, tokenizer, vocab_size, stop_token_ids, step_budget_ms,
+                    delay_s=step_delay_s)

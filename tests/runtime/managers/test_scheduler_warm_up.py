@@ -53,6 +53,22 @@ def test_a_servers_worker_starts_before_the_model_loads(tiny_llama_dir, events):
         sched.grammar_compiler.shutdown()
 
 
+def test_ready_means_json_object_is_compiled(tiny_llama_dir, events):
+    """Once a server's scheduler is warm, OpenAI's json_object grammar has been probed in
+    the worker and compiled here: the first such request is a cache hit, not a compile."""
+    sched = _scheduler(tiny_llama_dir, warm_up_grammar=True)
+    compiler = sched.grammar_compiler
+    try:
+        compiler.wait_warm()
+        assert compiler.cache_misses == 1 and compiler.cache_hits == 0
+        future = compiler.submit("json_schema", {"type": "object"})
+        assert future.done() and future.exception() is None
+        assert compiler.cache_hits == 1 and compiler.cache_misses == 1
+        assert compiler.submit("json_schema", '{"type":"object"}') is future  # canonical
+    finally:
+        compiler.shutdown()
+
+
 def test_an_engines_worker_waits_for_the_first_grammar(tiny_llama_dir, events):
     sched = _scheduler(tiny_llama_dir)
     try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -11,10 +13,13 @@ import torch
 from radixlm.runtime.constrained import allocate_token_bitmask
 from radixlm.runtime.constrained.jump_forward import canonical_jump
 from radixlm.runtime.constrained.probe import allows_nothing
+from radixlm.runtime.constrained.step_budget import StepCost
 from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
 from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
+
+logger = logging.getLogger(__name__)
 
 
 class OutputProcessor:
@@ -35,7 +40,11 @@ class OutputProcessor:
         self._pending: list[ReqOutput] = []
         self.jump_forward = not scheduler.args.disable_jump_forward
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        self._bitmask_job: tuple[list[int], Future[torch.Tensor]] | None = None
+        # (ids of the rows, their filled bitmask and each row's seconds)
+        self._bitmask_job: tuple[list[int], Future[tuple[torch.Tensor, list[float]]]] | None
+        self._bitmask_job = None
+        self.step_budget_ms = scheduler.args.grammar_step_budget_ms
+        self._mask_s: dict[int, float] = {}  # id(req) -> seconds its mask row took this step
         # the last step's sampling state, keyed by (request, output length) per row
         self._kept_info: tuple[list[tuple[str, int]], SamplingBatchInfo] | None = None
 
@@ -183,18 +192,28 @@ class OutputProcessor:
     def _take_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
         job, self._bitmask_job = self._bitmask_job, None
         if job is not None and job[0] == [id(r) for r in reqs]:
-            return job[1].result()
-        if job is not None:
-            job[1].result()  # a batch that changed shape: never leave a fill running
-        return self._fill(reqs) if any(r.grammar is not None for r in reqs) else None
+            filled = job[1].result()
+        else:
+            if job is not None:
+                job[1].result()  # a batch that changed shape: never leave a fill running
+            if not any(r.grammar is not None for r in reqs):
+                return None
+            filled = self._fill(reqs)
+        bitmask, seconds = filled
+        self._mask_s = {id(r): s for r, s in zip(reqs, seconds)}
+        return bitmask
 
-    def _fill(self, reqs: list[Req]) -> torch.Tensor:
-        """[B, ceil(V / 32)] int32: every token allowed, except in constrained rows."""
+    def _fill(self, reqs: list[Req]) -> tuple[torch.Tensor, list[float]]:
+        """[B, ceil(V / 32)] int32: every token allowed, except in constrained rows; and
+        the seconds each row's fill took (its step's mask cost)."""
         bitmask = allocate_token_bitmask(len(reqs), self.vocab_size)
+        seconds = [0.0] * len(reqs)
         for i, r in enumerate(reqs):
             if r.grammar is not None:
+                start = time.perf_counter()
                 r.grammar.fill_bitmask(bitmask, i)
-        return bitmask
+                seconds[i] = time.perf_counter() - start
+        return bitmask, seconds
 
     def _rejected(self, g: Any, tok: int) -> dict[str, Any]:
         """The finish reason of a row whose sampled token its grammar refused: a 400 when
@@ -212,28 +231,41 @@ class OutputProcessor:
                            "allowed"}
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
-        """Move the request's matcher over ``tok``; finish the request when only EOS is
-        left; append the text the grammar forces (canonical jump-forward), each forced
-        token checked for stops like a sampled one."""
+        """Move the request's matcher over ``tok`` and jump forward (``_step_grammar``);
+        a row whose grammar took more than ``--grammar-step-budget-ms`` in this step (its
+        mask, advance and jump together) ends with status 400, alone."""
         g = req.grammar
         if g is None or req.finished or self._prefill_side(req):
             return  # a prefill server's request: the decode server advances its own
-        if not g.accept_token(tok):
+        cost = StepCost()
+        cost.add("mask", self._mask_s.pop(id(req), 0.0))
+        self._step_grammar(req, g, tok, cost)
+        message = cost.over(self.step_budget_ms)
+        if message is not None and not req.finished:
+            logger.warning("request %s: %s", req.rid, message)
+            req.finish_reason = {"type": "abort", "status_code": 400, "message": message}
+
+    def _step_grammar(self, req: Req, g: Any, tok: int, cost: StepCost) -> None:
+        """Move the matcher over ``tok``; finish the request when only EOS is left; append
+        the text the grammar forces (canonical jump-forward), each forced token checked
+        for stops like a sampled one. Each operation's time goes to ``cost``."""
+        if not cost.timed("advance", g.accept_token, tok):
             req.finish_reason = self._rejected(g, tok)
             return
-        if g.is_terminated():
+        if cost.timed("advance", g.is_terminated):
             req.finish_reason = {"type": "stop", "matched": None}
             return
         if not self.jump_forward or req.return_logprob:
             return
-        jump = canonical_jump(g, self.tokenizer, [tok], g.forced_string())
+        forced = cost.timed("jump-forward", g.forced_string)
+        jump = cost.timed("jump-forward", canonical_jump, g, self.tokenizer, [tok], forced)
         if jump is None:
             return
         del req.output_ids[len(req.output_ids) - jump.rollback:]
         self.s.stats["jump_forward_tokens"] += len(jump.ids)
-        for n, forced in enumerate(jump.ids):
-            req.output_ids.append(forced)
-            req.finish_reason = self._check_finish(req, forced)
+        for n, forced_id in enumerate(jump.ids):
+            req.output_ids.append(forced_id)
+            req.finish_reason = self._check_finish(req, forced_id)
             if req.finished:
                 g.rollback(len(jump.ids) - n - 1)  # the rest never happened
                 return

@@ -33,7 +33,7 @@ def make_grammar_compiler(args: ServerArgs, model_path: str, tokenizer: Any) -> 
         create_grammar_backend(args.grammar_backend, tokenizer, config.vocab_size,
                                config.eos_token_ids),
         max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
-        memory_mb=args.grammar_compile_memory_mb)
+        memory_mb=args.grammar_compile_memory_mb, step_budget_ms=args.grammar_step_budget_ms)
 
 
 class SchedulerIntake:
