@@ -8,10 +8,10 @@ import dataclasses
 import logging
 import sys
 
+from radixlm import server_args_cli
 from radixlm.analysis import cli as prefix_report_cli
 from radixlm.bench import scripts as bench_scripts
 from radixlm.bench import serve as bench_serve
-from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation import launcher as pd_launcher
 from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.tiny_families import FAMILIES, make_family_model
@@ -25,11 +25,18 @@ DEMO_PROMPTS = [
 ]
 
 
+def _server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    server_args_cli.add_group_help(parser)
+    server_args_cli.add_server_args(parser)
+    return parser
+
+
 def _demo(args: argparse.Namespace) -> int:
     from radixlm.runtime.entrypoints.engine.engine import Engine
 
-    with Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args))) as eng:
-        outs = eng.generate(DEMO_PROMPTS, {"max_new_tokens": 24, "temperature": 0})
+    with Engine(**dataclasses.asdict(server_args_cli.server_args_from_cli(args))) as eng:
+        # one after another, so that the second finds the first's prefix in the radix cache
+        outs = [eng.generate(p, {"max_new_tokens": 24, "temperature": 0}) for p in DEMO_PROMPTS]
         for prompt, out in zip(DEMO_PROMPTS, outs):
             meta = out["meta_info"]
             print(
@@ -60,7 +67,7 @@ def _make_tiny(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def _serve(args: argparse.Namespace) -> int:
-    server_args = ServerArgs.from_cli_args(args)
+    server_args = server_args_cli.server_args_from_cli(args)
     # the port is the server's before seconds of imports (listener.py); a node that runs
     # only tensor-parallel ranks serves no HTTP
     sock = bind_listener(server_args.host, server_args.port) if server_args.node_rank == 0 \
@@ -92,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         return bench_scripts.run(argv[1], argv[2:])
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="offline generation on the built-in tiny model")
-    ServerArgs.add_cli_args(demo)
-    serve = sub.add_parser("serve", help="the HTTP server: SGLang's /generate and OpenAI /v1/*")
-    ServerArgs.add_cli_args(serve)
+    demo = _server_flags(sub.add_parser(
+        "demo", help="offline generation on the built-in tiny model", add_help=False,
+        usage=server_args_cli.USAGE))
+    serve = _server_flags(sub.add_parser(
+        "serve", help="the HTTP server: SGLang's /generate and OpenAI /v1/*", add_help=False,
+        usage=server_args_cli.USAGE,
+        description="Serve a model (--model-path DIR; default: the built-in tiny model) on "
+                    "SGLang's native API and OpenAI's. --help=GROUP shows one group."))
     serve_pd = sub.add_parser("serve-pd", help="a prefill server, a decode server and a "
                               "router on this machine: radixlm serve-pd [opts] -- FLAGS "
                               "(FLAGS: radixlm serve's, given to both servers)")
@@ -120,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     prefix_report_cli.add_cli_args(sub.add_parser(
         "prefix-report", help="where and why prompts in a request log stop sharing a prefix",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, and the flag a misspelt one meant
+        own = {"demo": demo, "serve": serve}.get(args.command)
+        if own is None:
+            parser.parse_args(argv)  # argparse's own error
+        own.error(server_args_cli.suggest_flag(unknown))
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",

@@ -1,16 +1,15 @@
 """ServerArgs: every engine and server setting in one frozen dataclass.
 
-CLI flags are generated from the fields (``add_cli_args`` / ``from_cli_args``), with
-SGLang's names where the concept is the same. Numbers derived from these settings and
+CLI flags are generated from the fields (``radixlm/server_args_cli.py``, in groups by
+topic), with SGLang's names where the concept is the same. Numbers derived from these settings and
 the model (pool size, concurrency) are computed by the objects that own them.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any
 
 from radixlm.runtime.config_checks import (  # noqa: F401 - the names callers import
     DISAGGREGATION_MODES,
@@ -65,7 +64,8 @@ class ServerArgs:
         "help": "KV pool memory on CPU when --max-total-tokens is not given"})
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "share of free GPU memory for the KV pool (CUDA)"})
-    disable_radix_cache: bool = False
+    disable_radix_cache: bool = field(default=False, metadata={
+        "help": "no prefix reuse: every prompt computed in full"})
     enable_hybrid_swa_memory: bool = field(default=False, metadata={
         "help": "models with sliding-window layers (Mistral, Gemma 2/3, ...): their K/V in "
                 "a second, smaller pool from which each request's tokens older than its "
@@ -113,8 +113,10 @@ class ServerArgs:
                                       "(prefill chunks); -1 disables chunking"})
     max_prefill_tokens: int = field(default=16384, metadata={"help": "max new prompt tokens "
                                     "admitted per prefill batch"})
-    max_running_requests: int | None = None
-    max_queued_requests: int | None = None
+    max_running_requests: int | None = field(default=None, metadata={
+        "help": "most requests decoding at once (default: what the KV pool holds)"})
+    max_queued_requests: int | None = field(default=None, metadata={
+        "help": "503 beyond this many waiting requests (default: no limit)"})
     schedule_policy: str = field(default="lpm", metadata={"help": "|".join(SCHEDULE_POLICIES)})
     enable_priority_scheduling: bool = field(default=False, metadata={
         "help": "order waiting requests by their priority first (higher values first), then "
@@ -132,7 +134,8 @@ class ServerArgs:
                 "priority instead of ignoring it"})
     enable_mixed_chunk: bool = field(default=True, metadata={
         "help": "run prefill chunks and decode tokens in one forward"})
-    disable_mixed_chunk: bool = False
+    disable_mixed_chunk: bool = field(default=False, metadata={
+        "help": "prefill chunks and decode steps in separate forwards"})
     attention_backend: str | None = field(default=None, metadata={"help": "torch|triton "
                                           "(default: triton on CUDA, torch on CPU)"})
     cuda_graph_max_bs: int | None = field(default=None, metadata={
@@ -149,7 +152,8 @@ class ServerArgs:
                 "a forward's activations come from the heap, which keeps them for the next "
                 "forward (the process holds its largest forward's activations) instead of "
                 "mapping and faulting in fresh pages for every large one"})
-    random_seed: int | None = None
+    random_seed: int | None = field(default=None, metadata={
+        "help": "seed of unseeded sampling (default: random)"})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads, fixed (split evenly between --dp-size replicas and "
                 "tensor-parallel ranks). Default: the cores other processes leave free, "
@@ -192,8 +196,9 @@ class ServerArgs:
                 "names): qwen3, deepseek-r1, deepseek-v3, kimi, glm45 (<think>...</think>), "
                 "gpt-oss (harmony analysis channel)"})
     # server
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = field(default="127.0.0.1", metadata={
+        "help": "the address to listen on; 0.0.0.0 for every interface"})
+    port: int = field(default=30000, metadata={"help": "the HTTP port"})
     api_key: str | None = field(default=None, metadata={
         "help": "the API key, or a file of 'key tenant' lines (each tenant has its own "
                 "cache namespace and rids, and no admin rights)"})
@@ -204,7 +209,9 @@ class ServerArgs:
     weights_root: str | None = field(default=None, metadata={
         "help": "/update_weights_from_disk loads only directories under this one (symlinks "
                 "and '..' resolved first); unset: any directory"})
-    served_model_name: str | None = None
+    served_model_name: str | None = field(default=None, metadata={
+        "help": "the model's name in /v1/models and responses (default: the directory's "
+                "name)"})
     shutdown_timeout: float = field(default=30.0, metadata={"help": "seconds running requests "
                                     "get to finish after SIGTERM"})
     # limits a request may not pass (HTTP 400 / 413 beyond them)
@@ -249,7 +256,8 @@ class ServerArgs:
         "help": "seconds the scheduler's loop may make no progress before the server fails "
                 "its requests and exits (SGLang's --watchdog-timeout)"})
     # logging
-    log_level: str = "info"
+    log_level: str = field(default="info", metadata={
+        "help": "debug|info|warning|error"})
     log_requests: bool = field(default=False, metadata={
         "help": "log every finished request to the console, one JSON line each, with as much "
                 "as --log-requests-level says (SGLang's flag)"})
@@ -375,33 +383,3 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; valid: {sorted(names)}")
         return cls(**kwargs)
-
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        hints = get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            help_text = f.metadata.get("help", "")
-            kind = hints[f.name]
-            if kind is bool:
-                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
-                continue
-            if "tuple" in str(kind):  # a list of names
-                parser.add_argument(flag, nargs="+", type=str, default=f.default,
-                                    help=help_text)
-                continue
-            base = _base_type(kind)
-            parser.add_argument(flag, type=base, default=f.default,
-                                help=f"{help_text} (default: {f.default})".strip())
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
-def _base_type(kind: Any) -> type:
-    for t in (int, float, str):
-        if kind is t or (getattr(kind, "__args__", None) and t in kind.__args__):
-            return t
-    raise TypeError(f"no CLI type for {kind}")

@@ -18,6 +18,7 @@ from radixlm.kernels.int8_linear import quantize_per_channel
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.quantization import quantizable_layers, quantized_layers
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.server_args_cli import add_server_args, server_args_from_cli
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = [[11, 12, 13, 14, 15, 16], list(range(40, 75)), [7, 300, 9, 41, 1200]]
@@ -136,9 +137,9 @@ def test_quantization_methods_are_refused_pointing_to_int8wo(value):
 
 def test_cli_flags():
     parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    assert ServerArgs.from_cli_args(parser.parse_args([])).torchao_config == ""
-    args = ServerArgs.from_cli_args(parser.parse_args(["--torchao-config", "int8wo"]))
+    add_server_args(parser)
+    assert server_args_from_cli(parser.parse_args([])).torchao_config == ""
+    args = server_args_from_cli(parser.parse_args(["--torchao-config", "int8wo"]))
     assert args.torchao_config == "int8wo"
     with pytest.raises(ValueError, match="--quantization"):
-        ServerArgs.from_cli_args(parser.parse_args(["--quantization", "awq"]))
+        server_args_from_cli(parser.parse_args(["--quantization", "awq"]))

@@ -20,6 +20,7 @@ from radixlm.radix_cache.kv_pool import KVPool, kv_cache_torch_dtype
 from radixlm.runtime import config
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.server_args_cli import add_server_args, server_args_from_cli
 from tests.compat.sglang_wheel import sglang_dir
 
 SPELLINGS = {
@@ -54,12 +55,12 @@ def test_each_spelling_resolves_to_its_dtype(model_dtype):
 
 def test_cli_flag():
     parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    assert ServerArgs.from_cli_args(parser.parse_args([])).kv_cache_dtype == "auto"
-    args = ServerArgs.from_cli_args(parser.parse_args(["--kv-cache-dtype", "fp8_e5m2"]))
+    add_server_args(parser)
+    assert server_args_from_cli(parser.parse_args([])).kv_cache_dtype == "auto"
+    args = server_args_from_cli(parser.parse_args(["--kv-cache-dtype", "fp8_e5m2"]))
     assert args.kv_cache_dtype == "fp8_e5m2"
     with pytest.raises(ValueError, match="--kv-cache-dtype.*block-scaled"):
-        ServerArgs.from_cli_args(parser.parse_args(["--kv-cache-dtype", "nvfp4"]))
+        server_args_from_cli(parser.parse_args(["--kv-cache-dtype", "nvfp4"]))
 
 
 @pytest.mark.parametrize("bad", ["mxfp8", "nvfp4", "fp4_mx_block16", "int8", "BF16", ""])
