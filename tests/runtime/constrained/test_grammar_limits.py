@@ -149,6 +149,42 @@ def test_worker_time_limit_kills_it(tokenizer):
         compiler.shutdown()
 
 
+@pytest.mark.parametrize("name", GRAMMAR_BACKENDS)
+def test_worker_refuses_a_grammar_whose_first_steps_are_over_the_budget(tokenizer, name):
+    """The probe walks a new grammar's first decode steps (mask, advance, jump-forward) in
+    the worker; one that costs more than the budget (here by the step hook) is a 400 naming
+    --grammar-step-budget-ms, without killing the worker."""
+    backend = create_grammar_backend(name, tokenizer, VOCAB, [tokenizer.eos_token_id])
+    compiler = GrammarCompiler(backend, timeout_s=120, memory_mb=256, step_budget_ms=20,
+                               worker_hooks={"step_delay_s": 0.05})
+    try:
+        with pytest.raises(ValueError, match=r"per-step budget of 20 ms "
+                                             r"\(--grammar-step-budget-ms\)"):
+            compiler.compile("regex", "[ab]{3}")
+        assert compiler.worker.kills == 0 and compiler.worker._proc.poll() is None
+    finally:
+        compiler.shutdown()
+
+
+def test_costly_forced_text_is_refused_without_a_worker(tokenizer):
+    """No compile worker (memory_mb 0): the probe of the steps runs on the compile thread;
+    (a{600}){600} forces 360,000 characters, far over 5 ms of work on any machine."""
+    backend = create_grammar_backend("xgrammar", tokenizer, VOCAB, [tokenizer.eos_token_id])
+    compiler = GrammarCompiler(backend, timeout_s=120, step_budget_ms=5)
+    try:
+        with pytest.raises(ValueError, match="--grammar-step-budget-ms"):
+            compiler.compile("regex", "x(a{600}){600}")
+        assert compiler.compile("regex", "x(a{6}){6}").new_matcher() is not None
+    finally:
+        compiler.shutdown()
+
+
+def test_step_budget_flag_is_validated():
+    assert ServerArgs().grammar_step_budget_ms == 50
+    with pytest.raises(ValueError, match="grammar_step_budget_ms"):
+        ServerArgs(grammar_step_budget_ms=-1)
+
+
 def test_memory_flag_is_validated():
     assert ServerArgs().grammar_compile_memory_mb == 1024
     with pytest.raises(ValueError, match="grammar_compile_memory_mb"):

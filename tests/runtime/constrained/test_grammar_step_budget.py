@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import pytest
 
 from radixlm.runtime.constrained import create_grammar_backend
 from radixlm.runtime.constrained.jump_forward import MAX_JUMP_FORWARD_CHARS, canonical_jump
-from radixlm.runtime.constrained.step_budget import first_text_token
+from radixlm.runtime.constrained.step_budget import first_text_token, spin
 from radixlm.runtime.managers.scheduler.scheduler import Scheduler
 from radixlm.runtime.tokenizer import load_tokenizer
 
@@ -66,8 +65,9 @@ def test_thirty_costly_regexes_are_refused_while_another_tenant_is_served(
 
 
 class _SlowAfter:
-    """A matcher whose jump-forward takes ``delay_s`` from its ``after``-th call on (the
-    test hook for a grammar that grows costly at run time, past what the probe walked)."""
+    """A matcher whose jump-forward burns ``delay_s`` of CPU from its ``after``-th call on
+    (the test hook for a grammar that grows costly at run time, past what the probe
+    walked)."""
 
     def __init__(self, inner, after: int, delay_s: float) -> None:
         self.inner, self.after, self.delay_s, self.calls = inner, after, delay_s, 0
@@ -75,7 +75,7 @@ class _SlowAfter:
     def forced_string(self) -> str:
         self.calls += 1
         if self.calls >= self.after:
-            time.sleep(self.delay_s)
+            spin(self.delay_s)
         return self.inner.forced_string()
 
     def __getattr__(self, name):
