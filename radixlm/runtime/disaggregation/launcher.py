@@ -8,6 +8,8 @@ given by ``--sglang-router-python``).
 
 Both servers get the same ``--disaggregation-secret-file``: the one given in the server
 flags, else a fresh random key in a private (0700) temporary directory, removed at exit.
+
+SIGTERM and SIGINT both stop it: every child gets SIGTERM (the servers drain) and it exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
@@ -50,17 +53,22 @@ def server_cmd(mode: str, host: str, port: int, bootstrap_port: int,
             str(bootstrap_port), *flags]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, stop: threading.Event,
+                 timeout: float = 600) -> bool:
+    """Wait for ``url``'s /health: True once it answers 200, False when ``stop`` is set
+    first; RuntimeError if the server exits, TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         if proc.poll() is not None:
             raise RuntimeError(f"{url}: the server exited with code {proc.returncode}")
         try:
             if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
-        time.sleep(0.3)
+        stop.wait(0.3)
+    if stop.is_set():
+        return False
     raise TimeoutError(f"{url} not healthy after {timeout} s")
 
 
@@ -75,36 +83,69 @@ def run(args: argparse.Namespace, server_flags: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, server_flags: list[str]) -> int:
+    """SIGTERM means what SIGINT means (a supervisor sends TERM): both only set ``stop``,
+    so whatever runs (the wait for the servers, the router) returns and every child is
+    stopped; uvicorn handles them itself while the router serves, then raises the signal
+    again into ``stop``. Left to Python's default, TERM would end this process at once
+    and leave the servers running."""
+    stop = threading.Event()  # set from a signal handler: never blocks, never raises
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs: list[subprocess.Popen] = []
+    try:
+        return _serve(args, server_flags, procs, stop)
+    finally:
+        stop.set()
+        _stop_children(procs)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(args: argparse.Namespace, server_flags: list[str], procs: list[subprocess.Popen],
+           stop: threading.Event) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     pport, dport = args.prefill_port or args.port + 1, args.decode_port or args.port + 2
     host, bport = args.host, args.disaggregation_bootstrap_port
-    procs = [subprocess.Popen(server_cmd("prefill", host, pport, bport,
-                                         server_flags + args.prefill_args.split())),
-             subprocess.Popen(server_cmd("decode", host, dport, bport,
-                                         server_flags + args.decode_args.split()))]
+    procs.append(subprocess.Popen(server_cmd("prefill", host, pport, bport,
+                                             server_flags + args.prefill_args.split())))
+    procs.append(subprocess.Popen(server_cmd("decode", host, dport, bport,
+                                             server_flags + args.decode_args.split())))
     prefill, decode = f"http://{host}:{pport}", f"http://{host}:{dport}"
-    try:
-        for url, proc in zip((prefill, decode), procs):
-            wait_healthy(url, proc)
-        if args.router == "sglang":
-            router = subprocess.Popen([
-                args.sglang_router_python, "-m", "sglang_router.launch_router",
-                "--pd-disaggregation", "--host", host, "--port", str(args.port),
-                "--prefill", prefill, str(bport), "--decode", decode])
-            procs.append(router)
-            return router.wait()
-        logger.info("serve-pd: router on http://%s:%d (prefill %s, decode %s)", host,
-                    args.port, prefill, decode)
-        uvicorn.run(PDRouter(prefill, decode, host, bport).app(), host=host, port=args.port,
-                    log_level="warning")
-        return 0
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+    for url, proc in zip((prefill, decode), procs):
+        if not wait_healthy(url, proc, stop):
+            return 0
+    if args.router == "sglang":
+        router = subprocess.Popen([
+            args.sglang_router_python, "-m", "sglang_router.launch_router",
+            "--pd-disaggregation", "--host", host, "--port", str(args.port),
+            "--prefill", prefill, str(bport), "--decode", decode])
+        procs.append(router)
+        while router.poll() is None and not stop.wait(0.5):
+            pass
+        return router.returncode or 0
+    logger.info("serve-pd: router on http://%s:%d (prefill %s, decode %s)", host,
+                args.port, prefill, decode)
+    server = uvicorn.Server(uvicorn.Config(PDRouter(prefill, decode, host, bport).app(),
+                                           host=host, port=args.port, log_level="warning"))
+
+    def exit_on_stop() -> None:  # a signal before uvicorn's own handlers are in place
+        stop.wait()
+        server.should_exit = True
+
+    threading.Thread(target=exit_on_stop, name="serve-pd-stop", daemon=True).start()
+    server.run()
+    return 0
+
+
+def _stop_children(procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    """SIGTERM to each (they drain as on SIGINT), the router first; SIGKILL to any still
+    running after ``timeout``."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
