@@ -55,7 +55,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, pids: dict[str, int | Non
     app.include_router(openai_routes.router)
     store = ResponseStore(args.max_stored_responses, args.max_stored_response_bytes)
     app.include_router(ResponsesRoutes(openai_routes, store).router)
-    EmbeddingRoutes(app, tm, args, served, openai_routes.check_model)
+    EmbeddingRoutes(app, tm, args, openai_routes)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

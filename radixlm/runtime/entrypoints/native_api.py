@@ -39,7 +39,11 @@ from radixlm.runtime.entrypoints.protocol import (
     TokenizeRequest,
     UpdateWeightFromDiskRequest,
 )
-from radixlm.runtime.entrypoints.server_info import full_server_info, tenant_server_info
+from radixlm.runtime.entrypoints.server_info import (
+    full_server_info,
+    tenant_model_info,
+    tenant_server_info,
+)
 from radixlm.runtime.entrypoints.weights_root import resolve_under_root
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.messages import UpdateWeightFromDiskReq
@@ -182,18 +186,20 @@ class NativeRoutes:
             ) from None
         return Response(status_code=200)
 
-    async def model_info(self) -> Response:
-        return json_response(
-            {
-                "model_path": self.tm.model_path,
-                "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
-                "is_generation": not self.args.is_embedding,
-                "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
-                "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
-                "eos_token": getattr(self.tm.tokenizer, "eos_token", None),
-                "weight_version": self.tm.weight_version,
-            }
-        )
+    async def model_info(self, request: Request) -> Response:
+        """SGLang's answer; a tenant gets the model's and tokenizer's names, not paths."""
+        info = {
+            "model_path": self.tm.model_path,
+            "tokenizer_path": self.args.tokenizer_path or self.tm.model_path,
+            "is_generation": not self.args.is_embedding,
+            "chat_template": getattr(self.tm.tokenizer, "chat_template", None),
+            "bos_token": getattr(self.tm.tokenizer, "bos_token", None),
+            "eos_token": getattr(self.tm.tokenizer, "eos_token", None),
+            "weight_version": self.tm.weight_version,
+        }
+        if request_tenant(request) is not None:
+            info = tenant_model_info(info, self.args, self.tm.model_path)
+        return json_response(info)
 
     async def server_info(self, request: Request) -> Response:
         """SGLang's full form (``server_info.py``), or a tenant's own view of it."""

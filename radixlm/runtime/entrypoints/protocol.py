@@ -338,6 +338,19 @@ class ResponseFormat(_Lenient):
     json_schema: JsonSchemaFormat | None = None
 
 
+class FunctionName(_Lenient):
+    """A function named by ``tool_choice`` or the legacy ``function_call``."""
+
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Count | None = None
@@ -345,11 +358,13 @@ class ChatCompletionRequest(OpenAISampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
     # tool calling (entrypoints/function_call/): checked by plan_tools
+    # a choice's shape is typed here (a name that is not a string is a 400 naming it);
+    # whether the string or the name is one the request may use, plan_tools checks
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
-    function_call: str | dict[str, Any] | None = None
+    function_call: str | FunctionName | None = None
     # SGLang / vLLM: keyword arguments of the chat template (e.g. enable_thinking), and
     # whether --reasoning-parser splits the thinking into reasoning_content
     chat_template_kwargs: dict[str, Any] | None = None

@@ -34,6 +34,22 @@ TENANT_INFO = ("context_length", "max_total_num_tokens", "page_size", "max_runni
 TENANT_MODEL_INFO = ("dtype", "device", "vocab_size")  # not the scheduler's pid
 
 
+def public_model_name(args: ServerArgs, model_path: str) -> str:
+    """The model's name where a tenant may see it: ``--served-model-name``, else the
+    checkpoint directory's name, never its path (SGLang's default name is the path)."""
+    return args.served_model_name or os.path.basename(os.path.normpath(model_path))
+
+
+def tenant_model_info(info: dict[str, Any], args: ServerArgs, model_path: str
+                      ) -> dict[str, Any]:
+    """``/get_model_info`` for a tenant: names where SGLang shows the model's and the
+    tokenizer's paths (SGLang's frontend reads ``model_path`` for the name only)."""
+    name = public_model_name(args, model_path)
+    tokenizer = os.path.basename(os.path.normpath(args.tokenizer_path)) \
+        if args.tokenizer_path else name
+    return {**info, "model_path": name, "tokenizer_path": tokenizer}
+
+
 async def full_server_info(tm: TokenizerManager, args: ServerArgs,
                            pids: dict[str, int | None]) -> dict[str, Any]:
     """The server's settings and info summed over its replicas; ``internal_states``

@@ -59,7 +59,7 @@ def _path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 # pydantic names union members and nested models in an error's location; a path leaves them out
 _MODEL_NAMES = {"SamplingParamsIn", "StreamOptions", "ContentPart", "ChatMessage",
-                "JsonSchemaFormat", "ResponseFormat"}
+                "JsonSchemaFormat", "ResponseFormat", "NamedToolChoice", "FunctionName"}
 _TYPE_TAGS = {"str", "int", "bool", "float", "constrained-int", "constrained-float", "dict",
               "function-after", "literal"}
 

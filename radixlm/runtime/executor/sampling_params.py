@@ -266,6 +266,20 @@ class SamplingParams:
             stop_automaton(pattern)
 
 
+def sample_sampling_params(sp: dict[str, Any], j: int) -> dict[str, Any]:
+    """Sample ``j``'s copy of a request's sampling params (``n > 1``): a seeded request's
+    samples get seeds ``seed + j`` (vLLM's rule), so they differ as OpenAI's do while
+    sample 0 is what the request alone gives. The sum wraps into int64; ``row_seed``
+    reads seeds modulo 2**64, so the wrap changes no token."""
+    seed = sp.get("seed")
+    if seed is None or j == 0:
+        return sp
+    return {**sp, "seed": (seed + j + _INT64_HALF) % (2 * _INT64_HALF) - _INT64_HALF}
+
+
+_INT64_HALF = 1 << 63
+
+
 def _token_id_key(key: object) -> int:
     if isinstance(key, (bool, float)):
         raise ValueError(f"logit_bias keys must be token ids, got {key!r}")

@@ -121,6 +121,18 @@ def test_what_an_embedding_server_refuses(server, client):
         assert body["schema"] == {"$ref": f"#/components/schemas/{model}"}
 
 
+def test_embeddings_name_the_input_and_the_model_asked_for(server, tiny_qwen2_dir):
+    """An id outside the vocabulary names ``input`` (the field the client sent), and the
+    answer's ``model`` is the name asked for, else the served name, never a path."""
+    for value in ([5, 10**6], [[5], [10**6]]):
+        err = _error(_post(server, "/v1/embeddings", {"input": value}))
+        assert err["param"] == "input" and err["message"].startswith("input holds"), err
+    for asked, model in (("default", "default"), (None, tiny_qwen2_dir.name)):
+        body = {"input": "x"} if asked is None else {"input": "x", "model": asked}
+        resp = _post(server, "/v1/embeddings", body)
+        assert resp.json()["model"] == model and str(tiny_qwen2_dir) not in resp.text
+
+
 def test_langchain_and_litellm(server, tiny_qwen2_dir):
     result = run_client("""
         import json, os

@@ -460,3 +460,107 @@ def test_embeddings_on_a_generation_server_are_a_400(server, client):
     resp = _post(server, "/encode", {"text": "hello"})
     assert resp.status_code == 400 and "--is-embedding" in resp.json()["error"]["message"]
     assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is True
+
+
+# --- issue 55: OpenAI's rules for tool choices, n with seed, usage with n, top_logprobs ---
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+HI = [{"role": "user", "content": "Hi!"}]
+
+
+@pytest.mark.parametrize("extra, param, where", [
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": ["f"]}}},
+     "tool_choice", "tool_choice.function.name"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": {"n": 1}}}},
+     "tool_choice", "tool_choice.function.name"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}},
+     "tool_choice", "tool_choice.function"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", "function"),
+    ({"tools": [TOOL], "tool_choice": 3}, "tool_choice", "tool_choice"),
+    ({"functions": [TOOL["function"]], "function_call": {"name": ["f"]}},
+     "function_call", "function_call.name"),
+    ({"functions": [TOOL["function"]], "function_call": [{"name": "f"}]},
+     "function_call", "function_call"),
+])
+def test_malformed_tool_choice_is_a_400_naming_it(server, extra, param, where):
+    resp = _post(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2, **extra})
+    assert where in _error(resp, 400)
+    assert resp.json()["error"]["param"] == param
+
+
+def test_responses_tool_choice_shapes_are_400s(server):
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    for choice in ({"type": "function", "name": ["f"]}, {"type": "function", "name": {}},
+                   {"type": "function", "function": {"name": ["f"]}}):
+        resp = _post(server, "/v1/responses", {"input": "hi", "max_output_tokens": 2,
+                                               "tools": [tool], "tool_choice": choice})
+        _error(resp, 400)
+        assert resp.json()["error"]["param"] == "tool_choice"
+
+
+def test_n_with_seed_gives_distinct_choices_and_choice_0_is_the_seed(server, client, engine):
+    """vLLM's rule: choice i is sampled with seed + i, so n seeded choices differ and a
+    seeded n=1 request is reproducible and equals choice 0 (and n=1 with seed + i choice
+    i)."""
+    kw = {"model": "default", "max_tokens": 8, "temperature": 1.0,
+          "extra_body": {"ignore_eos": True}}
+    chat = client.chat.completions.create(messages=HI, n=3, seed=11, **kw)
+    texts = [c.message.content for c in chat.choices]
+    assert len(set(texts)) == 3, texts
+    for i in (0, 1):
+        one = client.chat.completions.create(messages=HI, seed=11 + i, **kw)
+        assert one.choices[0].message.content == texts[i]
+    cmpl = client.completions.create(prompt="Once upon a time", n=3, seed=5, **kw)
+    texts = [c.text for c in cmpl.choices]
+    assert len(set(texts)) == 3, texts
+    one = client.completions.create(prompt="Once upon a time", seed=5, **kw)
+    assert one.choices[0].text == texts[0]
+    last = client.completions.create(prompt="Once upon a time", seed=2**63 - 1, n=2, **kw)
+    assert len({c.text for c in last.choices}) == 2  # seed + 1 wraps, as int64
+    sp = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True, "seed": 5}
+    offline = engine.generate("Once upon a time", {**sp, "n": 3})
+    assert len({o["text"] for o in offline}) == 3
+    assert engine.generate("Once upon a time", sp)["text"] == offline[0]["text"]
+
+
+def test_usage_counts_the_prompt_once_with_n(client):
+    """With n choices the prompt is counted once (OpenAI, vLLM), its cached tokens too:
+    what the prompt found cached, never more than its tokens."""
+    kw = {"model": "default", "max_tokens": 2, "n": 3, "temperature": 1.0}
+    fresh = [{"role": "user", "content": "A prompt for the usage test, unseen before."}]
+    first = client.chat.completions.create(messages=fresh, **kw).usage
+    again = client.chat.completions.create(messages=fresh, **kw).usage
+    assert first.prompt_tokens == again.prompt_tokens
+    # the first found only the template's opening cached; its samples ran after it
+    assert (first.prompt_tokens_details.cached_tokens < again.prompt_tokens_details.cached_tokens
+            < again.prompt_tokens)
+    one = client.chat.completions.create(messages=fresh, **{**kw, "n": 1}).usage
+    assert one.prompt_tokens_details.cached_tokens == again.prompt_tokens_details.cached_tokens
+    cmpl = client.completions.create(prompt=["usage one", "usage two, longer"], **kw).usage
+    assert cmpl.prompt_tokens_details.cached_tokens <= cmpl.prompt_tokens
+    streamed = None
+    for chunk in client.completions.create(prompt="usage one", stream=True,
+                                           stream_options={"include_usage": True}, **kw):
+        streamed = chunk.usage or streamed
+    assert 0 < streamed.prompt_tokens_details.cached_tokens < streamed.prompt_tokens
+
+
+def test_logprob_fields_are_checked_as_openai_does(server):
+    """top_logprobs wants logprobs: true (OpenAI and vLLM: a 400, not ignored); the
+    completions route's int logprobs and token-id prompts are named as the client sent
+    them, not by the native API's names."""
+    resp = _post(server, "/v1/chat/completions",
+                 {"messages": HI, "max_tokens": 2, "top_logprobs": 2})
+    assert "logprobs" in _error(resp, 400) and resp.json()["error"]["param"] == "top_logprobs"
+    ok = _post(server, "/v1/chat/completions",
+               {"messages": HI, "max_tokens": 2, "top_logprobs": 0}).json()
+    assert ok["choices"][0]["logprobs"] is None  # 0 asks for nothing (vLLM)
+    resp = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "logprobs": 10**6})
+    assert _error(resp, 400).startswith("logprobs is 1000000")
+    assert resp.json()["error"]["param"] == "logprobs"
+    resp = _post(server, "/v1/completions", {"prompt": [5, 10**6], "max_tokens": 2})
+    assert "vocabulary" in _error(resp, 400) and resp.json()["error"]["param"] == "prompt"
+    resp = _post(server, "/v1/chat/completions",
+                 {"messages": HI, "max_completion_tokens": 10**6})
+    assert resp.json()["error"]["param"] == "max_completion_tokens", resp.text
+    lp = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "logprobs": 0})
+    assert len(lp.json()["choices"][0]["logprobs"]["token_logprobs"]) == 2

@@ -104,7 +104,7 @@ DEFECTS = [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, ["type", "'text'"]),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 21, "logprobs": True},
      ["top_logprobs", "20"]),
-    ("/v1/completions", {"prompt": "x", "logprobs": 10**6}, ["top_logprobs_num", "limit"]),
+    ("/v1/completions", {"prompt": "x", "logprobs": 10**6}, ["logprobs is", "limit"]),
     ("/v1/completions", {"prompt": [], "max_tokens": 1}, ["prompt"]),
     ("/tokenize", {"text": 5}, ["text"]),
     ("/detokenize", {"tokens": [True]}, ["tokens"]),

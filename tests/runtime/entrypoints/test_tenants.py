@@ -301,3 +301,32 @@ def test_weights_load_only_from_under_the_root(server, tenants_dir, tiny_llama_d
     resp = _call(server, "admin", "POST", "/update_weights_from_disk",
                  {"model_path": str(root / "tiny")})
     assert resp.status_code == 200 and resp.json()["success"], resp.text
+
+
+def test_tenants_see_no_paths(server, tenants_dir):
+    """A tenant sees the model's name (the checkpoint directory's, or
+    --served-model-name), never its path: model cards, /get_model_info, its server info,
+    responses' ``model`` and errors; a path is no name for it either (no oracle). The
+    admin keeps SGLang's answers, paths included."""
+    path = str(tenants_dir / "weights" / "tiny")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    answers = [_call(server, "alice", "GET", route) for route in (
+        "/v1/models", "/v1/models/tiny", "/get_model_info", "/model_info", "/get_server_info")]
+    answers += [_call(server, "alice", "POST", "/v1/chat/completions", chat),
+                _call(server, "alice", "POST", "/v1/completions", {"prompt": "hi",
+                                                                   "max_tokens": 1}),
+                _call(server, "alice", "POST", "/v1/responses", {"input": "hi",
+                                                                 "max_output_tokens": 1})]
+    for resp in answers:
+        assert resp.status_code == 200 and str(tenants_dir) not in resp.text, resp.text
+    assert answers[0].json()["data"][0]["id"] == "tiny" == answers[2].json()["model_path"]
+    assert [a.json()["model"] for a in answers[5:]] == ["tiny"] * 3
+    for wrong in (path, "no-such-model"):
+        resp = _call(server, "alice", "POST", "/v1/chat/completions", {**chat, "model": wrong})
+        assert resp.status_code == 404 and str(tenants_dir) not in resp.json()["error"][
+            "message"].replace(wrong, ""), resp.text
+        assert _call(server, "alice", "GET", f"/v1/models/{wrong}").status_code == 404
+    assert _call(server, "admin", "GET", "/get_model_info").json()["model_path"] == path
+    assert _call(server, "admin", "GET", "/v1/models").json()["data"][0]["id"] == path
+    resp = _call(server, "admin", "POST", "/v1/chat/completions", {**chat, "model": path})
+    assert resp.status_code == 200 and resp.json()["model"] == path  # the name it sent

@@ -34,7 +34,11 @@ from radixlm.runtime.entrypoints.protocol import (
 )
 from radixlm.runtime.entrypoints.refused_fields import refuse_options
 from radixlm.runtime.entrypoints.validation_errors import describe
-from radixlm.runtime.executor.sampling_params import SamplingParams, sampling_defaults
+from radixlm.runtime.executor.sampling_params import (
+    SamplingParams,
+    sample_sampling_params,
+    sampling_defaults,
+)
 from radixlm.runtime.managers.data_parallel.data_parallel_controller import (
     aggregate_infos,
     replica_args,
@@ -225,7 +229,9 @@ class Engine(EngineEncode):
         jobs = []
         for (m, p), text in zip(prepared, texts):
             for j in range(p.n):
-                sub = m if p.n == 1 else msgspec.structs.replace(m, rid=f"{m.rid}-{j}")
+                sub = m if p.n == 1 else msgspec.structs.replace(
+                    m, rid=f"{m.rid}-{j}",
+                    sampling_params=sample_sampling_params(m.sampling_params, j))
                 result = _Result(self.tokenizer, sub, p, text_in_logprobs)
                 jobs.append((result, self.loop.submit(sub), text))
         return [self._collect(result, q, text) for result, q, text in jobs]

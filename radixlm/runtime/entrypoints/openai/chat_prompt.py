@@ -8,6 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from radixlm.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from radixlm.runtime.entrypoints.openai.function_call import ToolCallParser, ToolPlan, plan_tools
 from radixlm.runtime.entrypoints.openai.function_call.harmony import HarmonyFormat
@@ -84,8 +86,14 @@ def template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def tool_plan(body: ChatCompletionRequest, parser_name: str | None) -> ToolPlan | None:
-    return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, parser_name,
-                      functions=body.functions, function_call=body.function_call)
+    return plan_tools(body.tools, _plain(body.tool_choice), body.parallel_tool_calls,
+                      parser_name, functions=body.functions,
+                      function_call=_plain(body.function_call))
+
+
+def _plain(choice: str | BaseModel | None) -> str | dict[str, Any] | None:
+    """A choice as the JSON it came as (``plan_tools`` takes any caller's)."""
+    return choice.model_dump() if isinstance(choice, BaseModel) else choice
 
 
 def special_token_texts(tokenizer: Any) -> frozenset[str]:

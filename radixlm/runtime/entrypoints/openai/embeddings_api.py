@@ -30,6 +30,7 @@ from radixlm.runtime.entrypoints.openai.embedding_protocol import (
     encode_result,
     openai_embeddings,
 )
+from radixlm.runtime.entrypoints.openai.openai_api import OpenAIRoutes, fields_named
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.messages import TextOutput
 from radixlm.runtime.managers.tokenizer_manager.admission import Prepared
@@ -39,10 +40,10 @@ from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import ReqStat
 
 class EmbeddingRoutes:
     def __init__(self, app: FastAPI, tm: TokenizerManager, args: ServerArgs,
-                 served_model_name: str, check_model: Any) -> None:
-        """``check_model``: the OpenAI routes' check of a request's ``model`` (404)."""
-        self.tm, self.args, self.served = tm, args, served_model_name
-        self.check_model = check_model
+                 models: OpenAIRoutes) -> None:
+        """``models``: the OpenAI routes, whose model names these share (the check of a
+        request's ``model``, a 404, and the ``model`` of an answer)."""
+        self.tm, self.args, self.models = tm, args, models
         app.add_api_route("/v1/embeddings", self.embeddings, methods=["POST"])
         app.add_api_route("/encode", self.encode, methods=["POST"])
 
@@ -53,21 +54,23 @@ class EmbeddingRoutes:
     # --- OpenAI ------------------------------------------------------------------------------
     async def embeddings(self, request: Request) -> Response:
         body = await read_model(request, EmbeddingRequest)
-        self.check_model(body.model)
+        tenant = request_tenant(request)
+        self.models.check_model(body.model, tenant)
         self._check_serving()
         refused = body.unsupported(self.tm.server_info["pooling"]["normalize"])
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0])
         texts, ids_list = await self._openai_inputs(body.input, body.add_special_tokens)
-        tenant = request_tenant(request)
         namespace = self.tm.namespace(None, body.cache_salt, tenant)
         rids = _rids(body.rid, len(ids_list))
-        items = [self._prepare(ids, rid, namespace, body.priority, tenant, True)
-                 for ids, rid in zip(ids_list, rids)]
+        with fields_named({"input_ids": "input"}):  # OpenAI's field holds the ids
+            items = [self._prepare(ids, rid, namespace, body.priority, tenant, True)
+                     for ids, rid in zip(ids_list, rids)]
         self._log_origins(items, "/v1/embeddings", texts, tenant)
         outs = await self._run(request, items)
         return await large_json_response(openai_embeddings(
-            [out for out, _ in outs], body.encoding_format, self.served))
+            [out for out, _ in outs], body.encoding_format,
+            self.models.response_model(body.model)))
 
     async def _openai_inputs(self, value: Any, special: bool
                              ) -> tuple[list[str | None], list[list[int]]]:

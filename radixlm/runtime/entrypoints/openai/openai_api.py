@@ -7,8 +7,10 @@ ignore_eos, stop_token_ids, repetition_penalty, min_tokens, regex, json_schema, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -31,7 +33,9 @@ from radixlm.runtime.entrypoints.protocol import (
     ResponseFormat,
     custom_labels_from_header,
 )
+from radixlm.runtime.entrypoints.server_info import public_model_name
 from radixlm.runtime.managers.api_error import ApiError
+from radixlm.runtime.managers.tokenizer_manager.admission import Prepared
 from radixlm.runtime.managers.tokenizer_manager.tokenizer_manager import TokenizerManager
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -59,13 +63,40 @@ _SAMPLING_FIELDS = {
     "stop_regex": "stop_regex",
     "logit_bias": "logit_bias",
 }
+# the shared checks (``validate_request``) name SGLang's fields; each route's own names
+_COMPLETION_FIELDS = {"input_ids": "prompt", "max_new_tokens": "max_tokens",
+                      "min_new_tokens": "min_tokens", "top_logprobs_num": "logprobs"}
+_CHAT_FIELDS = {"input_ids": "messages", "max_new_tokens": "max_tokens",
+                "min_new_tokens": "min_tokens", "top_logprobs_num": "top_logprobs"}
+
+
+@contextlib.contextmanager
+def fields_named(names: dict[str, str]) -> Iterator[None]:
+    """A 400 raised inside names the route's field (``prompt``) where the shared checks
+    name SGLang's (``input_ids``), in ``param`` and at the start of the message."""
+    try:
+        yield
+    except ApiError as e:
+        field = names.get(e.param or "")
+        if field is None:
+            raise
+        message = e.message
+        if message.startswith(e.param or ""):
+            message = field + message[len(e.param or ""):]
+        raise ApiError(e.status, message, e.type, field, e.code) from None
 
 
 # --- shared by both OpenAI routes ------------------------------------------------------------
 class OpenAIRoutes:
-    def __init__(self, tm: TokenizerManager, served_model_name: str) -> None:
+    """``sglang_model_id``: SGLang's id of the model (``--served-model-name``, else the
+    checkpoint's path, which SGLang's tools load a tokenizer from), shown to the admin;
+    ``served_model_name``: the name shown to tenants and in responses to requests that
+    name no model (``public_model_name``: never a path)."""
+
+    def __init__(self, tm: TokenizerManager, sglang_model_id: str) -> None:
         self.tm = tm
-        self.served_model_name = served_model_name
+        self.sglang_model_id = sglang_model_id
+        self.served_model_name = public_model_name(tm.args, tm.model_path)
         self.created = int(time.time())
         self._special: frozenset[str] | None = None  # the tokenizer's special tokens
         self.router = APIRouter()
@@ -74,16 +105,28 @@ class OpenAIRoutes:
         self.router.add_api_route("/v1/completions", self.completions, methods=["POST"])
         self.router.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
 
-    def check_model(self, model: str | None) -> None:
+    def model_id(self, tenant: str | None) -> str:
+        """The model's id as ``tenant`` may see it (None: not a tenant)."""
+        return self.served_model_name if tenant is not None else self.sglang_model_id
+
+    def check_model(self, model: str | None, tenant: str | None = None) -> None:
+        """404 unless ``model`` is None or one of the served model's names; its path
+        is one only for callers that may see it (no oracle for a tenant's guess)."""
         # "unknown": what sglang-router puts in a request that named no model
-        known = {self.served_model_name, self.tm.model_path, "default", "unknown"}
+        known = {self.served_model_name, self.model_id(tenant), "default", "unknown"}
+        if tenant is None:
+            known.add(self.tm.model_path)
         if model is not None and model not in known:
             raise ApiError(
                 404,
-                f"The model `{model}` does not exist. Served: `{self.served_model_name}`",
+                f"The model `{model}` does not exist. Served: `{self.model_id(tenant)}`",
                 param="model",
                 code="model_not_found",
             )
+
+    def response_model(self, asked: str | None) -> str:
+        """A response's ``model``: the name the request gave (SGLang's), else ours."""
+        return asked if asked is not None else self.served_model_name
 
     @staticmethod
     def sampling_params(body: OpenAISampling, max_tokens: int) -> dict[str, Any]:
@@ -103,27 +146,27 @@ class OpenAIRoutes:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    def _model_card(self) -> dict[str, Any]:
+    def _model_card(self, tenant: str | None) -> dict[str, Any]:
         return {
-            "id": self.served_model_name,
+            "id": self.model_id(tenant),
             "object": "model",
             "created": self.created,
             "owned_by": "radixlm",
-            "root": self.tm.model_path,
+            "root": self.served_model_name if tenant is not None else self.tm.model_path,
             "max_model_len": self.tm.server_info["context_length"],
         }
 
-    async def model(self, model_id: str) -> Response:
+    async def model(self, request: Request, model_id: str) -> Response:
         """OpenAI's ``GET /v1/models/{model}``: the served model's card, else 404."""
-        if model_id != self.served_model_name:
-            self.check_model(model_id)  # the served model's other names, else 404
-        return json_response(self._model_card())
+        tenant = request_tenant(request)
+        self.check_model(model_id, tenant)  # the served model's names, else 404
+        return json_response(self._model_card(tenant))
 
-    async def models(self) -> Response:
+    async def models(self, request: Request) -> Response:
         return json_response(
             {
                 "object": "list",
-                "data": [self._model_card()],
+                "data": [self._model_card(request_tenant(request))],
             }
         )
 
@@ -147,32 +190,34 @@ class OpenAIRoutes:
             request.headers.get(args.tokenizer_metrics_custom_labels_header),
             self.tm.metrics.custom_labels)
 
+    def _prepare_completion(self, request: Request, body: CompletionRequest, ids: list[int],
+                            sp: dict[str, Any]) -> Prepared:
+        logprobs = body.logprobs
+        return self.tm.prepare(
+            ids,
+            sp,
+            return_logprob=logprobs is not None,
+            logprob_start_len=0 if body.echo and logprobs is not None else -1,
+            top_logprobs_num=logprobs or 0,
+            text_in_logprobs=True,
+            namespace=self.tm.namespace(body.extra_key, body.cache_salt,
+                                        request_tenant(request)),
+            priority=body.priority,
+            custom_labels=self._custom_labels(request),
+            tenant=request_tenant(request),  # its rids are scoped (tenant_rids)
+        )
+
     async def completions(self, request: Request) -> Response:
         body = await read_model(request, CompletionRequest)
         _refuse_unsupported(body)
-        self.check_model(body.model)
+        self.check_model(body.model, request_tenant(request))
         prompts = await self._prompts(body.prompt)
         max_tokens = body.max_tokens
         sp = self.sampling_params(
             body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
         )
-        logprobs = body.logprobs
-        items = [
-            self.tm.prepare(
-                ids,
-                sp,
-                return_logprob=logprobs is not None,
-                logprob_start_len=0 if body.echo and logprobs is not None else -1,
-                top_logprobs_num=logprobs or 0,
-                text_in_logprobs=True,
-                namespace=self.tm.namespace(body.extra_key, body.cache_salt,
-                                            request_tenant(request)),
-                priority=body.priority,
-                custom_labels=self._custom_labels(request),
-                tenant=request_tenant(request),  # its rids are scoped (tenant_rids)
-            )
-            for ids in prompts
-        ]
+        with fields_named(_COMPLETION_FIELDS):
+            items = [self._prepare_completion(request, body, ids, sp) for ids in prompts]
         texts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         for item, text in zip(items, texts):
             item.origin = self.tm.log_origin("/v1/completions",
@@ -239,7 +284,11 @@ class OpenAIRoutes:
         """Check ``body``, render its conversation and submit it: the job that shapes its
         outputs and the request's state (``/v1/responses`` translates into this too)."""
         _refuse_unsupported(body)
-        self.check_model(body.model)
+        if body.top_logprobs and not body.logprobs:  # OpenAI's and vLLM's 400
+            raise ApiError(400, f"top_logprobs ({body.top_logprobs}) needs logprobs: true",
+                           param="top_logprobs")
+        tenant = request_tenant(request)
+        self.check_model(body.model, tenant)
         args = self.tm.args
         plan = chat_prompt.tool_plan(body, args.tool_call_parser)
         prompt, ids = await self._chat_prompt(body, plan.template_tools if plan else None)
@@ -254,17 +303,21 @@ class OpenAIRoutes:
             self._special = chat_prompt.special_token_texts(self.tm.tokenizer)
         chat_prompt.constrain(plan, sp, self._special)
         outputs = chat_prompt.choice_outputs(body, plan, args.reasoning_parser, prompt, sp)
-        item = self.tm.prepare(
-            ids, sp, return_logprob=body.logprobs, top_logprobs_num=body.top_logprobs or 0,
-            text_in_logprobs=True, priority=body.priority,
-            namespace=self.tm.namespace(body.extra_key, body.cache_salt, request_tenant(request)),
-            custom_labels=self._custom_labels(request), tenant=request_tenant(request),
-        )
+        names = {**_CHAT_FIELDS, "max_new_tokens": "max_completion_tokens"
+                 if body.max_completion_tokens is not None else "max_tokens"}
+        with fields_named(names):
+            item = self.tm.prepare(
+                ids, sp, return_logprob=body.logprobs,
+                top_logprobs_num=body.top_logprobs or 0, text_in_logprobs=True,
+                priority=body.priority,
+                namespace=self.tm.namespace(body.extra_key, body.cache_salt, tenant),
+                custom_labels=self._custom_labels(request), tenant=tenant,
+            )
         item.origin = self.tm.log_origin(
             route,
             [{"role": m["role"], "content": m["content"]}
              for m in chat_prompt.conversation(body.messages)],
-            request_tenant(request), bool(body.stream))
+            tenant, bool(body.stream))
         self.tm.attach_routing([item], body)
         job = ChatJob(self, item, body, outputs)
         return job, await self.tm.submit([item])

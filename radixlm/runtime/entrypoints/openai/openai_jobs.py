@@ -28,6 +28,7 @@ class Job(abc.ABC):
         self.items = items
         self.n = items[0].params.n
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        self.model = routes.response_model(body.model)
         self.include_usage = body.stream_options is not None and body.stream_options.include_usage
 
     def envelope(self, choices: list[dict[str, Any]], object_name: str) -> dict[str, Any]:
@@ -35,16 +36,23 @@ class Job(abc.ABC):
             "id": self.id,
             "object": object_name,
             "created": int(time.time()),
-            "model": self.routes.served_model_name,
+            "model": self.model,
             "choices": choices,
         }
 
     def usage(self, outs: list[TextOutput | None]) -> dict[str, Any]:
+        """Each prompt counted once, however many choices it has (OpenAI's and vLLM's
+        ``prompt_tokens``), and so its cached tokens: never more than its tokens."""
         done = [o for o in outs if o is not None]
-        prompt = sum(
-            len(self.items[i // self.n].msg.input_ids) for i in range(0, len(outs), self.n)
-        )
-        cached = sum(o.cached_tokens for o in done)
+        prompt = cached = 0
+        for i in range(0, len(outs), self.n):
+            item = self.items[i // self.n]
+            tokens = len(item.msg.input_ids)
+            hit = item.prompt_cached_tokens
+            if hit is None:  # no warm-up: the samples computed it alike
+                hit = min((o.cached_tokens for o in outs[i:i + self.n] if o is not None),
+                          default=0)
+            prompt, cached = prompt + tokens, cached + min(hit, tokens)
         return self.routes.usage(prompt, sum(o.completion_tokens for o in done), cached)
 
     async def stream(self, primed: PrimedOutputs) -> AsyncIterator[bytes]:

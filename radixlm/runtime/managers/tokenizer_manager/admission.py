@@ -41,6 +41,9 @@ class Prepared:
     labels: tuple[str, ...] | None = ()  # see ReqState.labels
     origin: RequestOrigin | None = None  # see ReqState.origin (TokenizerManager.log_origin)
     bootstrap: list[Bootstrap] | None = None  # --disaggregation-mode: each sample's room
+    # n > 1: the prompt's cached tokens before its samples (the warm-up's), which the
+    # samples, run after it, would each overstate; None: no warm-up ran
+    prompt_cached_tokens: int | None = None
 
 
 class Admission:

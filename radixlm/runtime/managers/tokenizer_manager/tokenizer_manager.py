@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.sampling_params import sampling_defaults
+from radixlm.runtime.executor.sampling_params import sample_sampling_params, sampling_defaults
 from radixlm.runtime.managers.api_error import ApiError
 from radixlm.runtime.managers.data_parallel.data_parallel_controller import DataParallelController
 from radixlm.runtime.managers.data_parallel.load_balancer import NoReplica
@@ -243,7 +243,8 @@ class TokenizerManager(Admission, ControlCalls):
         for p in items:
             n = p.params.n
             samples = [p.msg] if n == 1 else [
-                msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}") for j in range(n)]
+                msgspec.structs.replace(p.msg, rid=f"{p.msg.rid}-{j}", sampling_params=(
+                    sample_sampling_params(p.msg.sampling_params, j))) for j in range(n)]
             subs += with_rooms(samples, p.bootstrap)
             labels += [p.labels] * n
             origins += [p.origin] * n
@@ -261,8 +262,8 @@ class TokenizerManager(Admission, ControlCalls):
                         p.msg.rid + "-prefill", p.msg.input_ids, {"max_new_tokens": 0},
                         namespace=p.msg.namespace,
                     )
-                    async for _ in self.outputs(self._send_req(warm, self._encode(warm))):
-                        pass
+                    async for out in self.outputs(self._send_req(warm, self._encode(warm))):
+                        p.prompt_cached_tokens = out.cached_tokens
         states = [self._send_req(m, data, lab) for m, data, lab in zip(subs, wire, labels)]
         for state, origin in zip(states, origins):
             state.origin = origin
