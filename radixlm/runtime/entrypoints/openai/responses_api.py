@@ -125,8 +125,8 @@ class ResponsesRoutes:
         if not body.input and not history:
             raise ApiError(400, "input must not be empty (without previous_response_id)",
                            param="input")
-        items: list[dict[str, Any]] = []
-        new = input_messages(body.input, items)
+        items: list[dict[str, Any]] = []  # validating megabytes of items takes a while
+        new = await asyncio.to_thread(input_messages, body.input, items)
         system = [{"role": "system", "content": body.instructions}] if body.instructions \
             else []
         job, states = await self.chat.start_chat(
