@@ -9,7 +9,8 @@ token of a prompt whose prefix left the KV pool, computed again vs loaded from s
   directory) served, with and without the tier.
 
 Time to first token is the wall time of a one-token request on an otherwise idle Engine
-(the prefill). The tier runs ``write_through`` with ``wait_complete`` prefetch; the
+(the prefill). The tier runs ``write_through`` with ``--prefetch-policy`` (default: the
+server's, ``auto``); the
 storage directory is a fresh temporary one per run (in the page cache: what a local SSD
 with warm pages gives; a cold disk reads slower).
 
@@ -52,8 +53,9 @@ def _engine(model: str, pool: int, tier_dir: str | None, args: argparse.Namespac
                           "context_length": args.context_length}
     if tier_dir is not None:
         kw.update(enable_hierarchical_cache=True, hicache_storage_backend="file",
-                  hicache_storage_dir=tier_dir,
-                  hicache_storage_prefetch_policy="wait_complete")
+                  hicache_storage_dir=tier_dir)
+        if args.prefetch_policy:
+            kw["hicache_storage_prefetch_policy"] = args.prefetch_policy
     return radixlm.Engine(**kw)
 
 
@@ -119,6 +121,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--chunk", type=int, default=2048, help="--chunked-prefill-size")
     parser.add_argument("--skip-restart", action="store_true")
+    parser.add_argument("--prefetch-policy", default=None,
+                        help="--hicache-storage-prefetch-policy (default: the server's)")
     args = parser.parse_args()
     model = resolve_model(args.model_path, args.preset)
     vocab = ModelConfig.from_hf(model).vocab_size
