@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.openai.function_call.scan import (
+    Brackets,
     Nesting,
     Run,
     TrailingSpace,
@@ -90,8 +91,9 @@ class Region(abc.ABC):
     it again each time the text has grown, going on from where it stopped: a stream of n
     characters costs O(n) however it is cut into deltas."""
 
-    def __init__(self, text: str, start: int) -> None:
-        self.start = start
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        """``memo``: shared by the regions of one text."""
+        self.start, self.memo = start, memo
 
     @abc.abstractmethod
     def parse(self, text: str, final: bool) -> RegionParse:
@@ -109,7 +111,7 @@ class ToolCallFormat(abc.ABC):
     needs_special_tokens = False
 
     @abc.abstractmethod
-    def region(self, text: str, start: int) -> Region:
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
         """A reader of the call region at ``text[start]``, which starts with one of
         ``triggers``."""
 
@@ -134,8 +136,8 @@ class JsonValue:
     character once and decoding the value once, when it can be whole (its bracket or quote
     closes; a number or literal is followed by another character, or the output ends)."""
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, memo: Brackets) -> None:
+        self.start, self.memo = start, memo
         self.scan: Nesting | Run | None = None
         self.end: int | None = None
         self.dead = False  # decoded when it closed, and is not JSON: it never ends
@@ -144,7 +146,7 @@ class JsonValue:
         if self.end is not None or self.dead or self.start >= len(text):
             return self.end
         if self.scan is None:
-            self.scan = (Nesting(self.start) if text[self.start] in '{["'
+            self.scan = (Nesting(self.start, memo=self.memo) if text[self.start] in '{["'
                          else Run(self.start, _TOKEN))
         if isinstance(self.scan, Nesting):
             whole = self.scan.close(text) is not None
@@ -212,8 +214,8 @@ class CallObject:
     models and our grammars write it) the arguments stream as they come; other key orders
     give the call when the object is complete."""
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, memo: Brackets) -> None:
+        self.start, self.memo = start, memo
         self.header = _Header(start)
         self.name: str | None = None
         self.args_at: Run | None = None
@@ -251,7 +253,7 @@ class CallObject:
         if text[start] != "{":  # only an object can be the arguments
             return self._settle(None, None)
         if self.args is None:
-            self.args, self.tail = JsonValue(start), TrailingSpace(start)
+            self.args, self.tail = JsonValue(start, self.memo), TrailingSpace(start)
         end = self.args.end_of(text, final)
         if end is None:
             if final:
@@ -270,7 +272,7 @@ class CallObject:
     def _other_order(self, text: str, final: bool) -> tuple[PartialCall | None, int | None]:
         if text[self.start] != "{":
             return self._settle(None, None)
-        self.whole = self.whole or JsonValue(self.start)
+        self.whole = self.whole or JsonValue(self.start, self.memo)
         end = self.whole.end_of(text, final)
         if end is None:
             return (None, None) if final else (PartialCall(None), None)

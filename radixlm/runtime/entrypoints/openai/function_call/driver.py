@@ -24,6 +24,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     ToolCallFormat,
     new_call_id,
 )
+from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets
 
 
 @dataclass
@@ -71,6 +72,7 @@ class ToolCallParser:
         self.buffer = ""
         self.pos = 0
         self.region: Region | None = None
+        self.memo = Brackets()  # shared by the regions
         self.region_text = 0  # the open region's ordinary text was given up to here
         self.current = RegionParse()  # the open region's last reading
         self.calls: list[PartialCall] = []  # of the regions that ended
@@ -132,7 +134,7 @@ class ToolCallParser:
                     self.pos = keep
                     return out
                 out.append(text[self.pos:start])
-                self.region, self.region_text = self.fmt.region(text, start), start
+                self.region, self.region_text = self.fmt.region(text, start, self.memo), start
             start = self.region.start
             r = self.region.parse(text, final)
             if r.end == -1:  # not a call: its first character is text, look again after it

@@ -24,7 +24,12 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     ToolCallFormat,
     json_value_end,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Finder, Run, TrailingSpace
+from radixlm.runtime.entrypoints.openai.function_call.scan import (
+    Brackets,
+    Finder,
+    Run,
+    TrailingSpace,
+)
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -45,8 +50,8 @@ class HarmonyRegion(Region):
     """A header (at most ``_HEADER_MAX`` characters) up to ``<|message|>``, then a body
     whose end markers are looked for in the new text only."""
 
-    def __init__(self, text: str, start: int) -> None:
-        super().__init__(text, start)
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        super().__init__(text, start, memo)
         self.header = Finder(MESSAGE, start, stop=start + _HEADER_MAX + len(MESSAGE))
         self.body = -1  # where the body starts, once the header is whole
         self.name: str | None = None
@@ -93,5 +98,5 @@ class HarmonyFormat(ToolCallFormat):
     triggers = (START, CHANNEL)
     needs_special_tokens = True
 
-    def region(self, text: str, start: int) -> Region:
-        return HarmonyRegion(text, start)
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
+        return HarmonyRegion(text, start, memo)

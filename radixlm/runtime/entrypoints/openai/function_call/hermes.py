@@ -19,14 +19,14 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 
 
 class HermesRegion(Region):
-    def __init__(self, text: str, start: int) -> None:
-        super().__init__(text, start)
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        super().__init__(text, start, memo)
         self.lead = Run(start + len(BEGIN))
         self.obj: CallObject | None = None
         self.close: Run | None = None
@@ -35,7 +35,7 @@ class HermesRegion(Region):
         i = self.lead.skip(text)
         if i >= len(text):
             return NOT_A_CALL if final else RegionParse([PartialCall(None)])
-        self.obj = self.obj or CallObject(i)
+        self.obj = self.obj or CallObject(i, self.memo)
         call, end = self.obj.read(text, final)
         if call is None:
             return NOT_A_CALL
@@ -56,8 +56,8 @@ class HermesFormat(ToolCallFormat):
     name = "qwen25"
     triggers = (BEGIN,)
 
-    def region(self, text: str, start: int) -> Region:
-        return HermesRegion(text, start)
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
+        return HermesRegion(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:
         return f'{BEGIN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + END

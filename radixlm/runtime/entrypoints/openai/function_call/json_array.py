@@ -15,6 +15,7 @@ from typing import Any
 
 from radixlm.runtime.entrypoints.openai.function_call.core import ToolCallFormat
 from radixlm.runtime.entrypoints.openai.function_call.mistral import CallArray
+from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets
 
 _REF_KEYS = ("$defs", "definitions")
 
@@ -23,8 +24,8 @@ class JsonArrayFormat(ToolCallFormat):
     name = "json_array"
     triggers = ("[",)
 
-    def region(self, text: str, start: int) -> CallArray:
-        return CallArray(start)
+    def region(self, text: str, start: int, memo: Brackets) -> CallArray:
+        return CallArray(start, memo)
 
 
 def _rewrite_refs(node: Any, prefix: str) -> Any:

@@ -19,7 +19,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -27,8 +27,8 @@ PYTHON_TAG = "<|python_tag|>"
 class Llama3Region(Region):
     """Calls separated by ``;``, each maybe after a tag; read on from the last whole one."""
 
-    def __init__(self, text: str, start: int) -> None:
-        super().__init__(text, start)
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        super().__init__(text, start, memo)
         tagged = text.startswith(PYTHON_TAG, start)
         self.calls: list[PartialCall] = []
         self._next(start + len(PYTHON_TAG) if tagged else start)
@@ -50,7 +50,7 @@ class Llama3Region(Region):
                     if not final:
                         return RegionParse(self.calls)
                     return RegionParse(self.calls, end=i) if self.calls else NOT_A_CALL
-                self.obj = CallObject(i)
+                self.obj = CallObject(i, self.memo)
             call, end = self.obj.read(text, final)
             if call is None:
                 return RegionParse(self.calls, end=self.obj.start) if self.calls else NOT_A_CALL
@@ -72,8 +72,8 @@ class Llama3Format(ToolCallFormat):
     triggers = (PYTHON_TAG, '{"name"')
     needs_special_tokens = True
 
-    def region(self, text: str, start: int) -> Region:
-        return Llama3Region(text, start)
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
+        return Llama3Region(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:
         return f'{{"name": {json.dumps(name)}, "parameters": ', "}"

@@ -20,7 +20,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Run, TrailingSpace
+from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run, TrailingSpace
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
@@ -30,8 +30,8 @@ class CallArray:
     """``[{call}, {call}]`` at ``start`` of a growing text, read on from the last whole
     call; ``end`` an index of the text."""
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, memo: Brackets) -> None:
+        self.start, self.memo = start, memo
         self.calls: list[PartialCall] = []
         self.lead: Run | None = None
         self.obj: CallObject | None = None
@@ -50,7 +50,7 @@ class CallArray:
                     return NOT_A_CALL if final else RegionParse(self.calls)
                 if text[i] == "]" and not self.calls:
                     return NOT_A_CALL
-                self.obj = CallObject(i)
+                self.obj = CallObject(i, self.memo)
             call, end = self.obj.read(text, final)
             if call is None:
                 return NOT_A_CALL
@@ -72,8 +72,8 @@ class CallArray:
 class MistralRegion(Region):
     """The array form, or the compact ``[TOOL_CALLS]name[ARGS]{...}``."""
 
-    def __init__(self, text: str, start: int) -> None:
-        super().__init__(text, start)
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        super().__init__(text, start, memo)
         self.lead = Run(start + len(BOT))
         self.array: CallArray | None = None
         self.name_run: Run | None = None
@@ -87,7 +87,7 @@ class MistralRegion(Region):
             return NOT_A_CALL if final else RegionParse()
         if text[i] != "[":
             return self._compact(text, i, final)
-        self.array = self.array or CallArray(i)
+        self.array = self.array or CallArray(i, self.memo)
         return self.array.parse(text, final)
 
     def _compact(self, text: str, i: int, final: bool) -> RegionParse:
@@ -102,7 +102,7 @@ class MistralRegion(Region):
             return RegionParse() if more and not final else NOT_A_CALL
         start = name_end + len(ARGS)
         if self.args is None:
-            self.args, self.tail = JsonValue(start), TrailingSpace(start)
+            self.args, self.tail = JsonValue(start, self.memo), TrailingSpace(start)
             self.name = text[i:name_end]
         end = self.args.end_of(text, final)
         name = self.name
@@ -119,8 +119,8 @@ class MistralFormat(ToolCallFormat):
     triggers = (BOT,)
     needs_special_tokens = True
 
-    def region(self, text: str, start: int) -> Region:
-        return MistralRegion(text, start)
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
+        return MistralRegion(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:
         return f'{BOT} [{{"name": {json.dumps(name)}, "arguments": ', "}]"

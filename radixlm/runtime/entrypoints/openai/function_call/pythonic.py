@@ -20,7 +20,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Nesting, Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import PYTHON, Brackets, Nesting, Run
 
 START, END = "<|python_start|>", "<|python_end|>"
 _NAME_START = re.compile(r"[A-Za-z_]")
@@ -58,8 +58,8 @@ def _calls(source: str) -> list[PartialCall] | None:
 class PythonicRegion(Region):
     """``[name(`` checked as it comes, then the list read when its brackets balance."""
 
-    def __init__(self, text: str, start: int) -> None:
-        super().__init__(text, start)
+    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+        super().__init__(text, start, memo)
         self.tagged = text.startswith(START, start)
         self.lead = Run(start + len(START) if self.tagged else start)
         self.head: list[Run] = []  # after "[": spaces, the name, spaces before "("
@@ -77,7 +77,7 @@ class PythonicRegion(Region):
                 return NOT_A_CALL if final else RegionParse()
             if not opened:
                 return NOT_A_CALL
-            self.list = Nesting(b, quotes="'\"", brackets="[](){}")
+            self.list = Nesting(b, PYTHON, self.memo)
         end = self.list.close(text)
         if end is None:
             return NOT_A_CALL if final else RegionParse()
@@ -120,5 +120,5 @@ class PythonicFormat(ToolCallFormat):
     triggers = (START, "[")
     needs_special_tokens = True
 
-    def region(self, text: str, start: int) -> Region:
-        return PythonicRegion(text, start)
+    def region(self, text: str, start: int, memo: Brackets) -> Region:
+        return PythonicRegion(text, start, memo)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 
 _SPACES = re.compile(r"\s*")
+JSON, PYTHON = ('"', "[]{}"), ("'\"", "[](){}")  # (quotes, bracket pairs) of a Nesting
+_CODE = {q + b: re.compile("[" + re.escape(q + b) + "]") for q, b in (JSON, PYTHON)}
+_QUOTED = {q: re.compile(r"[\\" + q + "]") for q in "'\""}
 
 
 class Finder:
@@ -38,8 +41,8 @@ class Run:
 
     __slots__ = ("chars", "end", "settled")
 
-    def __init__(self, start: int, chars: re.Pattern[str] = _SPACES) -> None:
-        self.chars, self.end, self.settled = chars, start, False
+    def __init__(self, start: int, chars: re.Pattern[str] | None = None) -> None:
+        self.chars, self.end, self.settled = chars or _SPACES, start, False
 
     def skip(self, text: str) -> int:
         if not self.settled:
@@ -71,24 +74,58 @@ class TrailingSpace:
         return self.end
 
 
+class Brackets:
+    """Where the brackets that the Nestings over one text saw outside strings close.
+
+    A Nesting from a bracket an earlier one saw that way reads the answer here instead of
+    scanning again: when a call region is still open at the end of the output, each
+    trigger inside it is tried in turn, and each would otherwise scan to the end. Triggers
+    inside the strings of such a region still need scans of their own, so all the Nestings
+    of a text scan at most ``SCAN_BUDGET`` times its length: past that, a value not closed
+    yet stays open (a call the output never finished), where re-scanning would make the
+    cost quadratic."""
+
+    SCAN_BUDGET = 2
+
+    def __init__(self) -> None:
+        self.closes: dict[tuple[str, int], int] = {}  # -> the index after its closer
+        self.open_in: dict[tuple[str, int], Nesting] = {}  # not closed yet, seen by it
+        self.scanned = 0
+
+    def may_scan(self, text: str) -> bool:
+        return self.scanned <= self.SCAN_BUDGET * len(text) + 4096
+
+
 class Nesting:
     """Where the bracketed (or quoted) value opening at ``start`` closes: brackets counted
     outside quoted strings, in which a backslash escapes the next character. Any closer
     closes any opener (the caller checks the value itself once it closes)."""
 
-    __slots__ = ("code", "quoted", "opens", "quotes", "pos", "depth", "quote", "end")
+    __slots__ = ("code", "quoted", "opens", "quotes", "key", "memo", "start", "follow",
+                 "pos", "stack", "quote", "end")
 
-    def __init__(self, start: int, quotes: str = '"', brackets: str = "[]{}") -> None:
-        self.code = re.compile("[" + re.escape(quotes + brackets) + "]")
-        self.quoted = {q: re.compile(r"[\\" + q + "]") for q in quotes}
+    def __init__(self, start: int, syntax: tuple[str, str] = JSON,
+                 memo: Brackets | None = None) -> None:
+        quotes, brackets = syntax
+        self.code = _CODE[quotes + brackets]
+        self.quoted = _QUOTED
         self.opens = brackets[0::2]
         self.quotes = quotes
-        self.pos, self.depth, self.quote = start, 0, ""
-        self.end: int | None = None
+        self.key, self.memo, self.start = quotes + brackets, memo or Brackets(), start
+        self.follow = self.memo.open_in.get((self.key, start))  # it scans for us
+        self.pos, self.quote = start, ""
+        self.stack: list[int] = []  # the openers not closed yet
+        self.end = self.memo.closes.get((self.key, start))
 
     def close(self, text: str) -> int | None:
         """The index after the closing bracket, None while the value is open."""
+        if self.end is None and self.follow is not None:
+            self.follow.close(text)
+            self.end = self.memo.closes.get((self.key, self.start))
+            return self.end
         i, n = self.pos, len(text)
+        if not self.memo.may_scan(text):
+            return None
         while self.end is None and i < n:
             if self.quote:
                 m = self.quoted[self.quote].search(text, i)
@@ -98,7 +135,7 @@ class Nesting:
                     i = m.start() + 2
                 else:
                     self.quote, i = "", m.end()
-                    if self.depth == 0:  # the value was this string
+                    if not self.stack:  # the value was this string
                         self.end = i
                 continue
             m = self.code.search(text, i)
@@ -109,10 +146,13 @@ class Nesting:
             if c in self.quotes:
                 self.quote = c
             elif c in self.opens:
-                self.depth += 1
+                self.stack.append(i - 1)
+                self.memo.open_in[self.key, i - 1] = self
             else:
-                self.depth -= 1
-                if self.depth == 0:
+                opener = self.stack.pop()
+                self.memo.closes[self.key, opener] = i
+                if not self.stack:
                     self.end = i
+        self.memo.scanned += i - self.pos
         self.pos = i  # may pass n by one: the character after a final backslash is skipped
         return self.end
