@@ -24,6 +24,7 @@ from typing import Any
 from radixlm.runtime.constrained.base import Grammar, GrammarBackend, canonical_spec
 from radixlm.runtime.constrained.compile_worker import CompileWorker, WorkerConfig
 from radixlm.runtime.constrained.probe import check_matches_something
+from radixlm.runtime.constrained.regex_size import check_min_match
 from radixlm.runtime.constrained.step_budget import probe_steps
 from radixlm.runtime.metrics import GRAMMAR_COMPILE_BUCKETS, CumulativeHistogram
 
@@ -38,7 +39,9 @@ class GrammarCompiler:
     cannot enforce, or one over a limit fails the future with a ValueError naming the
     problem; so does a compile running longer than ``timeout_s``, (``memory_mb`` set:
     probes in a child process) one whose probe needs more than ``memory_mb`` MB, and one
-    whose first decode steps cost more than ``step_budget_ms`` each (0: no budget).
+    whose first decode steps cost more than ``step_budget_ms`` each (0: no budget); a
+    regex whose shortest match has more than ``max_match_chars`` characters (0: no limit)
+    is refused before it is probed.
     ``compile_delay_s`` slows every compile down on purpose (tests of the time limit, never
     a slow machine); ``worker_hooks`` (WorkerConfig's delay_s / alloc_mb) do so in the child.
     """
@@ -47,11 +50,12 @@ class GrammarCompiler:
                  timeout_s: float = 10.0, num_workers: int = 1,
                  compile_delay_s: float = 0.0, memory_mb: int = 0,
                  worker_hooks: dict[str, Any] | None = None,
-                 step_budget_ms: float = 0.0) -> None:
+                 step_budget_ms: float = 0.0, max_match_chars: int = 0) -> None:
         assert max_cache_entries >= 1 and timeout_s > 0, (max_cache_entries, timeout_s)
         self.backend = backend
         self.timeout_s = timeout_s
         self.step_budget_ms = step_budget_ms
+        self.max_match_chars = max_match_chars  # regex_size.check_min_match (0: none)
         self.worker = _make_worker(backend, memory_mb, timeout_s,
                                    {"step_budget_ms": step_budget_ms, **(worker_hooks or {})})
         self._worker_lock = threading.Lock()
@@ -145,6 +149,8 @@ class GrammarCompiler:
                 time.sleep(self.compile_delay_s)
             start = time.perf_counter()
             payload = None
+            if kind == "regex":
+                check_min_match(canonical, self.max_match_chars)
             if self.worker is not None:
                 with self._worker_lock:
                     refusal, payload = self.worker.probe(kind, canonical)

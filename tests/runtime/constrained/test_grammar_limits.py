@@ -93,10 +93,10 @@ def test_a_row_whose_mask_allows_nothing_is_detected(compiler, tokenizer):
 
 # --- the compile worker -----------------------------------------------------------------
 def _isolated(tokenizer, name: str = "xgrammar", memory_mb: int = 256, timeout_s: float = 120,
-              **hooks) -> GrammarCompiler:
+              step_budget_ms: float = 0.0, **hooks) -> GrammarCompiler:
     backend = create_grammar_backend(name, tokenizer, VOCAB, [tokenizer.eos_token_id])
     return GrammarCompiler(backend, timeout_s=timeout_s, memory_mb=memory_mb,
-                           worker_hooks=hooks or None)
+                           worker_hooks=hooks or None, step_budget_ms=step_budget_ms)
 
 
 def test_worker_kills_a_grammar_that_blows_up_and_serves_the_next(tokenizer):
@@ -175,6 +175,22 @@ def test_costly_forced_text_is_refused_without_a_worker(tokenizer):
         with pytest.raises(ValueError, match="--grammar-step-budget-ms"):
             compiler.compile("regex", "x(a{600}){600}")
         assert compiler.compile("regex", "x(a{6}){6}").new_matcher() is not None
+    finally:
+        compiler.shutdown()
+
+
+def test_a_regex_longer_than_any_output_is_refused_before_the_probe(tokenizer):
+    """(a{2600}){2600}'s shortest match has 6.76M characters: refused by its parse, in
+    microseconds, not by the seconds its forced text would take the worker to find."""
+    backend = create_grammar_backend("xgrammar", tokenizer, VOCAB, [tokenizer.eos_token_id])
+    compiler = GrammarCompiler(backend, timeout_s=120, memory_mb=256,
+                               max_match_chars=4096 * 16)
+    try:
+        with pytest.raises(ValueError, match="shortest match has 6760003 characters, more "
+                                             "than an output can hold \\(65536"):
+            compiler.compile("regex", "x7q(a{2600}){2600}")
+        assert compiler.worker._proc is None  # never probed: the worker did not even start
+        assert compiler.compile("regex", "x7q((a{2600}){2600}|b)") is not None  # short one
     finally:
         compiler.shutdown()
 

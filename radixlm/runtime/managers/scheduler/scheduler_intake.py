@@ -13,6 +13,7 @@ from radixlm.runtime.disaggregation.rooms import Bootstrap
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.messages import GenerateReqInput
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
+from radixlm.runtime.managers.tokenizer_manager.tokenize_pool import chars_per_token
 from radixlm.runtime.managers.validation import validate_request
 from radixlm.runtime.model_config import ModelConfig
 
@@ -25,15 +26,16 @@ ABORT_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
 
 
 def make_grammar_compiler(args: ServerArgs, model_path: str, tokenizer: Any) -> GrammarCompiler:
-    """The scheduler's grammar compiler: from config.json's vocabulary and stop tokens
-    alone, so it (and its compile worker) can start before the model loads."""
+    """The scheduler's grammar compiler: from config.json's vocabulary, stop tokens and
+    context alone, so it (and its compile worker) can start before the model loads."""
     config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                  context_length=args.context_length)
     return GrammarCompiler(
         create_grammar_backend(args.grammar_backend, tokenizer, config.vocab_size,
                                config.eos_token_ids),
         max_cache_entries=args.grammar_cache_size, timeout_s=args.grammar_compile_timeout,
-        memory_mb=args.grammar_compile_memory_mb, step_budget_ms=args.grammar_step_budget_ms)
+        memory_mb=args.grammar_compile_memory_mb, step_budget_ms=args.grammar_step_budget_ms,
+        max_match_chars=config.context_length * chars_per_token(tokenizer))
 
 
 class SchedulerIntake:
