@@ -20,6 +20,7 @@ from radixlm.runtime.entrypoints.openai import responses_api
 from radixlm.runtime.entrypoints.openai.responses_api import ResponsesRoutes, Turn
 from radixlm.runtime.entrypoints.openai.responses_protocol import ResponsesRequest
 from radixlm.runtime.entrypoints.openai.responses_store import ResponseStore
+from radixlm.runtime.entrypoints.openai.responses_stream import ResponseEvents
 
 BIG = {"object": "list", "data": [
     {"id": f"msg_{i}", "type": "message", "role": "user",
@@ -118,3 +119,15 @@ def test_responses_are_stored_and_listed_off_the_loop(encoders, monkeypatch):
     assert msgspec.json.decode(kept)["id"] == "resp_1" and got.body == kept
     page = msgspec.json.decode(listed.body)
     assert page["data"] == items and page["first_id"] == "msg_0" and not page["has_more"]
+
+
+def test_a_streams_closing_events_are_encoded_in_pieces(encoders):
+    """The terminal event carries the whole response: ``finish`` encodes it in pieces (and
+    ``Turn.stream`` runs it on the JSON thread), so the thread gives the GIL back."""
+    events = ResponseEvents({"id": "resp_1", "output": []}, want_logprobs=False)
+    events.delta({"content": "x" * 1000}, None)
+    assert not encoders  # deltas: one small encode each, on the loop
+    chunks = events.finish("completed", {"output_tokens": 1}, None)
+    assert len(encoders) > len(chunks)
+    final = msgspec.json.decode(chunks[-1].split(b"\ndata: ", 1)[1])
+    assert final["response"]["output"][0]["content"][0]["text"] == "x" * 1000

@@ -237,18 +237,18 @@ class Turn:
                     for chunk in events.delta(choice["delta"], lps):
                         yield chunk
         except ApiError as e:
-            for chunk in events.fail(e.code, e.message, e.param):
+            for chunk in await off_loop(events.fail, e.code, e.message, e.param):
                 yield chunk
             return
         assert last is not None
         status, incomplete, error = _outcome(last)
         if error is not None:
-            for chunk in events.fail(error["code"], error["message"], None):
+            for chunk in await off_loop(events.fail, error["code"], error["message"], None):
                 yield chunk
             return
         usage = responses_usage(job.usage([last]),
                                 await self.routes.reasoning_tokens(events.reasoning_text))
-        for chunk in events.finish(status, usage, incomplete):
+        for chunk in await off_loop(events.finish, status, usage, incomplete):
             yield chunk
         await self.keep()
 

@@ -13,7 +13,9 @@ The order is OpenAI's (and vLLM's):
     response.completed | response.incomplete | response.failed (after an ``error`` event)
 
 Each event is ``event: <type>`` plus ``data: <json>`` with a ``sequence_number`` counting
-from 0; there is no ``[DONE]`` (the terminal response event ends the stream).
+from 0; there is no ``[DONE]`` (the terminal response event ends the stream). The closing
+events carry the whole response (every item, logprobs included): ``finish`` and ``fail``
+encode in pieces (``http_utils.encode_json``), and ``Turn`` runs them on the JSON thread.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from radixlm.runtime.entrypoints.http_utils import encode_json
 from radixlm.runtime.entrypoints.openai.responses_items import (
     call_item,
     message_item,
@@ -41,9 +44,11 @@ class ResponseEvents:
         self.message: dict[str, Any] | None = None  # the open message item
         self.reasoning: dict[str, Any] | None = None  # the open reasoning item
         self.calls: dict[int, dict[str, Any]] = {}  # chat call index -> its open item
+        self.closing = False  # finish / fail: the events carry the whole response
 
     def event(self, kind: str, **fields: Any) -> bytes:
-        data = msgspec.json.encode({"type": kind, "sequence_number": self.seq, **fields})
+        encode = encode_json if self.closing else msgspec.json.encode
+        data = encode({"type": kind, "sequence_number": self.seq, **fields})
         self.seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
@@ -184,6 +189,7 @@ class ResponseEvents:
                incomplete: dict[str, Any] | None) -> list[bytes]:
         """Close the open items; the terminal event (``response.completed`` or
         ``response.incomplete``) carries the whole response."""
+        self.closing = True
         item_status = "completed" if status == "completed" else "incomplete"
         events = self._close_reasoning(item_status) + self._close_message(item_status) \
             + self._close_calls(item_status)
@@ -206,6 +212,7 @@ class ResponseEvents:
 
     def fail(self, code: str, message: str, param: str | None) -> list[bytes]:
         """An ``error`` event, then ``response.failed`` with what was produced so far."""
+        self.closing = True
         self.response.update(status="failed", output=self.items,
                              error={"code": code, "message": message})
         return [self.event("error", code=code, message=message, param=param),
