@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.disaggregation.rooms import Bootstrap, assign_rooms
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.api_error import ApiError
@@ -23,10 +24,12 @@ from radixlm.runtime.managers.tokenizer_manager.request_log import RequestOrigin
 from radixlm.runtime.managers.tokenizer_manager.tenant_rids import check_client_rid, scoped_rid
 from radixlm.runtime.managers.validation import (
     PriorityRefused,
+    RequestLimits,
     cache_namespace,
     request_priority,
     validate_request,
 )
+from radixlm.runtime.metrics import ServerMetrics
 
 GENERATION_REFUSED = ("The model does not support text generation: this server serves "
                       "an embedding model (--is-embedding); use /v1/embeddings or /encode")
@@ -47,8 +50,17 @@ class Prepared:
 
 
 class Admission:
-    """The checks of ``TokenizerManager`` (a mixin: it reads the manager's ``args``,
-    ``limits``, ``metrics``, ``states``, ``server_info`` and ``draining``)."""
+    """The checks of ``TokenizerManager``, which sets the state below in its ``__init__``
+    (and ``limits`` / ``server_info`` once the scheduler is ready); these methods only
+    read it."""
+
+    args: ServerArgs
+    limits: RequestLimits | None
+    metrics: ServerMetrics
+    states: dict[str, Any]  # rid -> the manager's ReqState
+    server_info: dict[str, Any]
+    sampling_defaults: dict[str, Any]
+    draining: bool
 
     def prepare(
         self,

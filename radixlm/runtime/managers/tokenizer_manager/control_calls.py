@@ -8,10 +8,14 @@ dies meanwhile is left out (``TokenizerManager.retire_replica``).
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 from radixlm.runtime.managers.api_error import ApiError
-from radixlm.runtime.managers.data_parallel.data_parallel_controller import aggregate_infos
+from radixlm.runtime.managers.data_parallel.data_parallel_controller import (
+    DataParallelController,
+    aggregate_infos,
+)
 from radixlm.runtime.managers.messages import (
     FlushCacheOutput,
     FlushCacheReq,
@@ -28,8 +32,13 @@ CONTROL_REPLIES = (InfoOutput, FlushCacheOutput, UpdateWeightFromDiskOutput)
 
 
 class ControlCalls:
-    """The control calls of ``TokenizerManager`` (a mixin: it uses the manager's ``dp``,
-    ``_waiters``, ``_update_lock`` and ``model_path``)."""
+    """The control calls of ``TokenizerManager``, which sets the state below in its
+    ``__init__``; ``update_weights_from_disk`` writes ``model_path``."""
+
+    dp: DataParallelController
+    _waiters: dict[tuple[type, int], collections.deque]  # (reply type, rank) -> futures
+    _update_lock: asyncio.Lock  # one weight update at a time
+    model_path: str
 
     async def _call(self, msg: Any, reply_type: type,
                     timeout: float | None = CONTROL_TIMEOUT_S) -> list[Any]:
