@@ -262,6 +262,7 @@ def test_the_default_policy_waits_for_pages_that_load_faster_than_they_compute(
     for doc in DOCS:
         _run(eng, doc)
     _written(eng)
+    assert hicache.compute.seconds_per_token > 0  # the scheduler times its prefills
     backend = hicache.tier.backend
     read = backend.get
 
@@ -285,4 +286,5 @@ def test_the_default_policy_waits_for_pages_that_load_faster_than_they_compute(
         assert out == want[0]
         storage[policy] = meta["cached_tokens_details"]["storage"]
     assert storage[default] == WHOLE_PAGES
+    assert hicache.tier.page_seconds >= 0.2  # and the prefetch thread its reads
     assert storage == {"auto": WHOLE_PAGES, "best_effort": 0}
