@@ -148,15 +148,19 @@ def _count_scanned(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object],
     return counter.count
 
 
-def _peak_bytes(feed: Callable[[str], object], deltas: list[str], budget: int) -> int:
-    """The most memory each ``feed(delta)`` holds at once, summed; stops past ``budget``."""
+def _peak_bytes(parser, deltas: list[str], budget: int) -> int:
+    """The most memory each ``parser.feed(delta)`` (and ``finish()``) holds at once, summed;
+    stops past ``budget``."""
     total = 0
     tracemalloc.start()
     try:
-        for delta in deltas:
+        for delta in [*deltas, None]:
             tracemalloc.reset_peak()
             before = tracemalloc.get_traced_memory()[0]
-            feed(delta)
+            if delta is None:
+                parser.finish()
+            else:
+                parser.feed(delta)
             total += tracemalloc.get_traced_memory()[1] - before
             if total > budget:
                 break
@@ -213,6 +217,8 @@ TOOL_CASES = {
     "json_array": ("json_array", _fill('[{"name": "f", "parameters": ' + ARGS, "w ", '"}}]')),
     "gpt-oss-call": ("gpt-oss", _fill("<|channel|>commentary to=functions.f <|constrain|>json"
                                       "<|message|>" + ARGS, "<| ", '"}<|call|>')),
+    "gpt-oss-nested": ("gpt-oss", _fill("", "<|channel|>commentary to=functions.f <|message|>"
+                                        '{"a": [')),
     "gpt-oss-text": ("gpt-oss", _fill("<|start|>assistant<|channel|>final<|message|>", "Hi <|",
                                       "<|return|>")),
     "plain-text": ("qwen25", _fill("", "Just text, no call <tool_ ")),
@@ -248,9 +254,8 @@ def _check_linear(new_parser: Callable, text: str, monkeypatch: pytest.MonkeyPat
         assert lines <= LINES_PER_CHAR * N, f"{label}: more than {lines / N:.0f} lines a char"
         scanned = _count_scanned(monkeypatch, run, SCANNED_PER_CHAR * N)
         assert scanned <= SCANNED_PER_CHAR * N, f"{label}: {scanned / N:.0f} scans a char"
-    parser = new_parser()
     deltas = [text[i:i + STEP] for i in range(0, len(text), STEP)]
-    held = _peak_bytes(parser.feed, deltas, BYTES_PER_CHAR * N)
+    held = _peak_bytes(new_parser(), deltas, BYTES_PER_CHAR * N)
     assert held <= BYTES_PER_CHAR * N, f"{held / N:.0f} bytes allocated a char"
 
 
@@ -273,6 +278,7 @@ def test_cases_parse_as_intended():
              for case, (name, text) in TOOL_CASES.items()}
     assert {case for case, got in calls.items() if not got} == {
         "pythonic-unclosed", "qwen25-unclosed-name", "plain-text", "gpt-oss-text",
+        "gpt-oss-nested",
         "pythonic-nested",
         "pythonic-nested-strings", "qwen25-nested", "llama3-nested", "mistral-nested"}
     assert len(calls["qwen25-many-calls"]) > 1000 and len(calls["llama3-many-calls"]) > 1000

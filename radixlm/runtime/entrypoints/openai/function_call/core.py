@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.openai.function_call.scan import (
-    Brackets,
     Nesting,
     Run,
+    TextMemo,
     TrailingSpace,
 )
 
@@ -91,7 +91,7 @@ class Region(abc.ABC):
     it again each time the text has grown, going on from where it stopped: a stream of n
     characters costs O(n) however it is cut into deltas."""
 
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         """``memo``: shared by the regions of one text."""
         self.start, self.memo = start, memo
 
@@ -111,7 +111,7 @@ class ToolCallFormat(abc.ABC):
     needs_special_tokens = False
 
     @abc.abstractmethod
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         """A reader of the call region at ``text[start]``, which starts with one of
         ``triggers``."""
 
@@ -123,10 +123,12 @@ class ToolCallFormat(abc.ABC):
 
 
 # --- JSON helpers -------------------------------------------------------------------------------
-def json_value_end(text: str, i: int) -> int | None:
-    """End of the JSON value at ``text[i:]``, or None if it is not (yet) a whole value."""
+def json_value_end(text: str, i: int, stop: int) -> int | None:
+    """End of the JSON value at ``text[i:stop]``, or None if it is not a whole value there.
+    (Decoded from a copy of that span: a decoding error counts the lines of all the text it
+    is given, which at each of many values would be quadratic.)"""
     try:
-        return _DECODER.raw_decode(text, i)[1]
+        return i + _DECODER.raw_decode(text[i:stop])[1]
     except (ValueError, RecursionError):  # ValueError: also an integer of 4,300+ digits
         return None
 
@@ -136,7 +138,7 @@ class JsonValue:
     character once and decoding the value once, when it can be whole (its bracket or quote
     closes; a number or literal is followed by another character, or the output ends)."""
 
-    def __init__(self, start: int, memo: Brackets) -> None:
+    def __init__(self, start: int, memo: TextMemo) -> None:
         self.start, self.memo = start, memo
         self.scan: Nesting | Run | None = None
         self.end: int | None = None
@@ -149,11 +151,12 @@ class JsonValue:
             self.scan = (Nesting(self.start, memo=self.memo) if text[self.start] in '{["'
                          else Run(self.start, _TOKEN))
         if isinstance(self.scan, Nesting):
-            whole = self.scan.close(text) is not None
+            stop = self.scan.close(text)
         else:
-            whole = self.scan.skip(text) < len(text) or final
-        if whole:
-            self.end = json_value_end(text, self.start)
+            stop = self.scan.skip(text)
+            stop = stop if stop < len(text) or final else None
+        if stop is not None:  # the value can only be text[start:stop], or a prefix of it
+            self.end = json_value_end(text, self.start, stop)
             self.dead = self.end is None
         return self.end
 
@@ -214,7 +217,7 @@ class CallObject:
     models and our grammars write it) the arguments stream as they come; other key orders
     give the call when the object is complete."""
 
-    def __init__(self, start: int, memo: Brackets) -> None:
+    def __init__(self, start: int, memo: TextMemo) -> None:
         self.start, self.memo = start, memo
         self.header = _Header(start)
         self.name: str | None = None

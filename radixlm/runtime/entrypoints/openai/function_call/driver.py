@@ -24,7 +24,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     ToolCallFormat,
     new_call_id,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets
+from radixlm.runtime.entrypoints.openai.function_call.scan import TextMemo
 
 
 @dataclass
@@ -72,7 +72,7 @@ class ToolCallParser:
         self.buffer = ""
         self.pos = 0
         self.region: Region | None = None
-        self.memo = Brackets()  # shared by the regions
+        self.memo = TextMemo()  # shared by the regions
         self.region_text = 0  # the open region's ordinary text was given up to here
         self.current = RegionParse()  # the open region's last reading
         self.calls: list[PartialCall] = []  # of the regions that ended

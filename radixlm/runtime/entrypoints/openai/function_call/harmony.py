@@ -18,16 +18,16 @@ import re
 
 from radixlm.runtime.entrypoints.openai.function_call.core import (
     NOT_A_CALL,
+    JsonValue,
     PartialCall,
     Region,
     RegionParse,
     ToolCallFormat,
-    json_value_end,
 )
 from radixlm.runtime.entrypoints.openai.function_call.scan import (
-    Brackets,
     Finder,
     Run,
+    TextMemo,
     TrailingSpace,
 )
 
@@ -50,12 +50,11 @@ class HarmonyRegion(Region):
     """A header (at most ``_HEADER_MAX`` characters) up to ``<|message|>``, then a body
     whose end markers are looked for in the new text only."""
 
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         super().__init__(text, start, memo)
         self.header = Finder(MESSAGE, start, stop=start + _HEADER_MAX + len(MESSAGE))
         self.body = -1  # where the body starts, once the header is whole
         self.name: str | None = None
-        self.ends: list[Finder] = []
         self.lead: Run | None = None
         self.tail: TrailingSpace | None = None
         self.valid: bool | None = None  # the arguments, once the body ended
@@ -70,10 +69,9 @@ class HarmonyRegion(Region):
             self.body = head_end + len(MESSAGE)
             m = _RECIPIENT.search(text, self.start, head_end)
             self.name = None if m is None else m.group(1)
-            self.ends = [Finder(e, self.body) for e in ENDS]
             self.lead, self.tail = Run(self.body), TrailingSpace(self.body)
-        done = min(((f.at, f.at + len(f.sub)) for f in self.ends if f.find(text) >= 0),
-                   default=None)
+        found = [(j, j + len(e)) for e in ENDS if (j := self.memo.find(text, e, self.body)) >= 0]
+        done = min(found, default=None)
         if self.name is None:  # ordinary text: stream it as it comes
             if done is not None:
                 return RegionParse(text=(self.body, done[0]), end=done[1])
@@ -81,11 +79,16 @@ class HarmonyRegion(Region):
             return RegionParse(text=(self.body, stop))
         if done is None and final:
             done = (len(text), len(text))
-        stop = done[0] if done else len(text) - held(text, self.body, ENDS)
+        if done is None:
+            stop = len(text) - held(text, self.body, ENDS)
+            end = self.tail.rstrip_end(text, stop)
+        else:  # read once for all the regions that end there (each tried at the end)
+            stop = done[0]
+            end = max(self.body, self.memo.rstrip_end(text, stop))
         lead = min(self.lead.skip(text), stop)
-        args = (lead, max(lead, self.tail.rstrip_end(text, stop)))
-        if done is not None and self.valid is None:
-            self.valid = json_value_end(text, args[0]) == args[1]
+        args = (lead, max(lead, end))
+        if done is not None and self.valid is None:  # (regions ending here share the scan)
+            self.valid = JsonValue(args[0], self.memo).end_of(text, True) == args[1]
         if self.valid:
             call = PartialCall(self.name, text[args[0]:args[1]], done=True)
             return RegionParse([call], end=done[1])
@@ -93,10 +96,11 @@ class HarmonyRegion(Region):
             return NOT_A_CALL
         return RegionParse(open_call=PartialCall(self.name, span=args))
 
+
 class HarmonyFormat(ToolCallFormat):
     name = "gpt-oss"
     triggers = (START, CHANNEL)
     needs_special_tokens = True
 
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         return HarmonyRegion(text, start, memo)

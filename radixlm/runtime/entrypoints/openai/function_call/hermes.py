@@ -19,13 +19,13 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import Run, TextMemo
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 
 
 class HermesRegion(Region):
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         super().__init__(text, start, memo)
         self.lead = Run(start + len(BEGIN))
         self.obj: CallObject | None = None
@@ -56,7 +56,7 @@ class HermesFormat(ToolCallFormat):
     name = "qwen25"
     triggers = (BEGIN,)
 
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         return HermesRegion(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from radixlm.runtime.entrypoints.openai.function_call.core import ToolCallFormat
 from radixlm.runtime.entrypoints.openai.function_call.mistral import CallArray
-from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets
+from radixlm.runtime.entrypoints.openai.function_call.scan import TextMemo
 
 _REF_KEYS = ("$defs", "definitions")
 
@@ -24,7 +24,7 @@ class JsonArrayFormat(ToolCallFormat):
     name = "json_array"
     triggers = ("[",)
 
-    def region(self, text: str, start: int, memo: Brackets) -> CallArray:
+    def region(self, text: str, start: int, memo: TextMemo) -> CallArray:
         return CallArray(start, memo)
 
 

@@ -19,7 +19,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import Run, TextMemo
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -27,7 +27,7 @@ PYTHON_TAG = "<|python_tag|>"
 class Llama3Region(Region):
     """Calls separated by ``;``, each maybe after a tag; read on from the last whole one."""
 
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         super().__init__(text, start, memo)
         tagged = text.startswith(PYTHON_TAG, start)
         self.calls: list[PartialCall] = []
@@ -72,7 +72,7 @@ class Llama3Format(ToolCallFormat):
     triggers = (PYTHON_TAG, '{"name"')
     needs_special_tokens = True
 
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         return Llama3Region(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import Brackets, Run, TrailingSpace
+from radixlm.runtime.entrypoints.openai.function_call.scan import Run, TextMemo, TrailingSpace
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
@@ -30,7 +30,7 @@ class CallArray:
     """``[{call}, {call}]`` at ``start`` of a growing text, read on from the last whole
     call; ``end`` an index of the text."""
 
-    def __init__(self, start: int, memo: Brackets) -> None:
+    def __init__(self, start: int, memo: TextMemo) -> None:
         self.start, self.memo = start, memo
         self.calls: list[PartialCall] = []
         self.lead: Run | None = None
@@ -72,7 +72,7 @@ class CallArray:
 class MistralRegion(Region):
     """The array form, or the compact ``[TOOL_CALLS]name[ARGS]{...}``."""
 
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         super().__init__(text, start, memo)
         self.lead = Run(start + len(BOT))
         self.array: CallArray | None = None
@@ -119,7 +119,7 @@ class MistralFormat(ToolCallFormat):
     triggers = (BOT,)
     needs_special_tokens = True
 
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         return MistralRegion(text, start, memo)
 
     def structure(self, name: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from radixlm.runtime.entrypoints.openai.function_call.core import (
     RegionParse,
     ToolCallFormat,
 )
-from radixlm.runtime.entrypoints.openai.function_call.scan import PYTHON, Brackets, Nesting, Run
+from radixlm.runtime.entrypoints.openai.function_call.scan import PYTHON, Nesting, Run, TextMemo
 
 START, END = "<|python_start|>", "<|python_end|>"
 _NAME_START = re.compile(r"[A-Za-z_]")
@@ -58,7 +58,7 @@ def _calls(source: str) -> list[PartialCall] | None:
 class PythonicRegion(Region):
     """``[name(`` checked as it comes, then the list read when its brackets balance."""
 
-    def __init__(self, text: str, start: int, memo: Brackets) -> None:
+    def __init__(self, text: str, start: int, memo: TextMemo) -> None:
         super().__init__(text, start, memo)
         self.tagged = text.startswith(START, start)
         self.lead = Run(start + len(START) if self.tagged else start)
@@ -120,5 +120,5 @@ class PythonicFormat(ToolCallFormat):
     triggers = (START, "[")
     needs_special_tokens = True
 
-    def region(self, text: str, start: int, memo: Brackets) -> Region:
+    def region(self, text: str, start: int, memo: TextMemo) -> Region:
         return PythonicRegion(text, start, memo)

@@ -9,6 +9,7 @@ long unclosed call (``tests/runtime/entrypoints/function_call/test_parser_cost.p
 
 from __future__ import annotations
 
+import bisect
 import re
 
 _SPACES = re.compile(r"\s*")
@@ -74,16 +75,17 @@ class TrailingSpace:
         return self.end
 
 
-class Brackets:
-    """Where the brackets that the Nestings over one text saw outside strings close.
+class TextMemo:
+    """What the scans over one text found, shared by its regions: where the brackets that
+    Nestings saw outside strings close, where markers are, where a span's trailing spaces
+    start.
 
-    A Nesting from a bracket an earlier one saw that way reads the answer here instead of
-    scanning again: when a call region is still open at the end of the output, each
-    trigger inside it is tried in turn, and each would otherwise scan to the end. Triggers
-    inside the strings of such a region still need scans of their own, so all the Nestings
-    of a text scan at most ``SCAN_BUDGET`` times its length: past that, a value not closed
-    yet stays open (a call the output never finished), where re-scanning would make the
-    cost quadratic."""
+    When a call region is still open at the end of the output, each trigger inside it is
+    tried in turn; each would otherwise scan to the end again (quadratic). A Nesting from a
+    bracket an earlier one saw reads its answer here. Triggers inside the strings of such a
+    region still need scans of their own, so all the Nestings of a text scan at most
+    ``SCAN_BUDGET`` times its length: past that, a value not closed yet stays open (a call
+    the output never finished)."""
 
     SCAN_BUDGET = 2
 
@@ -91,9 +93,37 @@ class Brackets:
         self.closes: dict[tuple[str, int], int] = {}  # -> the index after its closer
         self.open_in: dict[tuple[str, int], Nesting] = {}  # not closed yet, seen by it
         self.scanned = 0
+        self.markers: dict[str, list[int]] = {}  # sub -> [from, places found..., next]
+        self.stripped: dict[int, int] = {}  # stop -> len(text[:stop].rstrip())
 
     def may_scan(self, text: str) -> bool:
         return self.scanned <= self.SCAN_BUDGET * len(text) + 4096
+
+    def find(self, text: str, sub: str, start: int) -> int:
+        """The first ``sub`` at or after ``start`` (-1: none yet); the places found are
+        kept, so that asking again from a later start (never an earlier one) reads only
+        new text."""
+        seen = self.markers.get(sub)
+        if seen is None or not seen[0] <= start <= seen[-1]:  # what is kept may have gaps
+            seen = self.markers[sub] = [start, start]
+        k = bisect.bisect_left(seen, start, 1, len(seen) - 1)
+        if k < len(seen) - 1:
+            return seen[k]
+        j = text.find(sub, max(start, seen[-1]))
+        if j < 0:
+            seen[-1] = max(seen[-1], len(text) - len(sub) + 1)
+            return -1
+        seen[-1:] = [j, j + 1]
+        return j
+
+    def rstrip_end(self, text: str, stop: int) -> int:
+        """``len(text[:stop].rstrip())``, each stop's trailing spaces read once."""
+        if stop not in self.stripped:
+            k = stop
+            while k > 0 and text[k - 1].isspace():
+                k -= 1
+            self.stripped[stop] = k
+        return self.stripped[stop]
 
 
 class Nesting:
@@ -105,13 +135,13 @@ class Nesting:
                  "pos", "stack", "quote", "end")
 
     def __init__(self, start: int, syntax: tuple[str, str] = JSON,
-                 memo: Brackets | None = None) -> None:
+                 memo: TextMemo | None = None) -> None:
         quotes, brackets = syntax
         self.code = _CODE[quotes + brackets]
         self.quoted = _QUOTED
         self.opens = brackets[0::2]
         self.quotes = quotes
-        self.key, self.memo, self.start = quotes + brackets, memo or Brackets(), start
+        self.key, self.memo, self.start = quotes + brackets, memo or TextMemo(), start
         self.follow = self.memo.open_in.get((self.key, start))  # it scans for us
         self.pos, self.quote = start, ""
         self.stack: list[int] = []  # the openers not closed yet
