@@ -44,9 +44,10 @@ def split_reasoning(text: str, model_type: str | None) -> tuple[str, str]:
     fmt = reasoning_format(model_type)
     if not fmt.forced and fmt.start not in text:
         return "", text
-    body = text.lstrip()
-    while body.startswith(fmt.start):
-        body = body[len(fmt.start) :]
+    i = len(text) - len(text.lstrip())
+    while text.startswith(fmt.start, i):  # (not a copy per marker: linear in the text)
+        i += len(fmt.start)
+    body = text[i:]
     if fmt.end not in body:
         return body, ""
     reasoning, answer = body.split(fmt.end, 1)
