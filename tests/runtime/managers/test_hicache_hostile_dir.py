@@ -118,7 +118,7 @@ def _mutate(path: Path, data: bytes, kind: str, rng: random.Random,
             path.write_bytes(other[1])
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=st.integers(0, len(DOCS) - 1),
        kinds=st.lists(st.sampled_from(KINDS), min_size=4, max_size=4),
