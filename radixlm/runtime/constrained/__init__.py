@@ -16,7 +16,8 @@ Layout: base.py (the interface, bitmasks, spec checks), one module per backend
 matcher.py and vocabulary.py), compiler.py (worker thread, LRU cache, time limit),
 compile_worker.py (the child process that probes each spec within memory and time limits),
 probe.py and productivity.py (grammars that match nothing), regex_size.py,
-jump_forward.py (canonical jump-forward over any matcher).
+step_budget.py (what a grammar costs per decode step, --grammar-step-budget-ms),
+jump_forward.py (canonical jump-forward over any matcher, capped per step).
 """
 
 from __future__ import annotations
