@@ -100,3 +100,28 @@ def test_harmony_text_and_analysis_are_text():
     assert calls == [] and content == "thinkHello!"
     for cut in range(1, len(text)):
         assert _stream(tool_call_format("gpt-oss"), text, [cut])[0] == "thinkHello!"
+
+
+@pytest.mark.parametrize("name, text", [
+    ("qwen25", '<tool_call>{"name": "f", "arguments": {"a": ' + "1" * 5000 + "}}</tool_call>"),
+    ("qwen25", '<tool_call>{"name": "f\nx", "arguments": {}}</tool_call>'),
+    ("mistral", "[TOOL_CALLS]f[ARGS]" + "9" * 5000),
+])
+def test_json_that_python_cannot_read_is_text(name, text):
+    """An integer past Python's 4,300 digits, a raw newline in a name: json raised through
+    the parser (a 500, or a stream cut off); they are text."""
+    assert ToolCallParser(tool_call_format(name)).parse(text) == (text, [])
+    assert _stream(tool_call_format(name), text, list(range(1, len(text), 7)))[0] == text
+
+
+@pytest.mark.parametrize("name, text, calls", [
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"a": 1}', [("get_weather", '{"a": 1}')]),
+    ("pythonic", "[f (a=1)]", [("f", '{"a": 1}')]),
+])
+def test_a_stream_cut_inside_a_marker_is_what_the_whole_text_is(name, text, calls):
+    """Cut inside ``[ARGS]`` or before ``(``, a stream gave out the text as content, then
+    the call: now it waits, as the whole-text parse reads it."""
+    got = ToolCallParser(tool_call_format(name)).parse(text)[1]
+    assert [(c.name, c.arguments) for c in got] == calls
+    for cut in range(1, len(text)):
+        assert _stream(tool_call_format(name), text, [cut]) == ("", calls), cut
