@@ -174,7 +174,8 @@ class ToolCallParser:
         if not self.ids:
             return new
         if not final and (not new or new.isspace()):
-            self.waiting.append(new)
+            if new:
+                self.waiting.append(new)
             return ""
         text = "".join(self.waiting) + new
         if final:

@@ -37,8 +37,8 @@ class Finder:
 
 
 class Run:
-    """The end of the run of ``chars`` (a regex ``[...]*``) from ``start``: settled once
-    another character follows it."""
+    """The end of the run of ``chars`` (a regex ``[...]*``; whitespace by default) from
+    ``start``: settled once another character follows it."""
 
     __slots__ = ("chars", "end", "settled")
 
@@ -50,11 +50,6 @@ class Run:
             self.end = self.chars.match(text, self.end).end()
             self.settled = self.end < len(text)
         return self.end
-
-
-def spaces(start: int) -> Run:
-    """The whitespace run from ``start``."""
-    return Run(start)
 
 
 class TrailingSpace:
