@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +42,9 @@ class GrammarCompiler:
     whose first decode steps cost more than ``step_budget_ms`` each (0: no budget); a
     regex whose shortest match has more than ``max_match_chars`` characters (0: no limit)
     is refused before it is probed.
+    New specs wait for the worker in one queue per owner (a tenant; None: everyone
+    untenanted), taken in turn (``FairQueue``), so a tenant's burst of costly specs, each
+    running to the limits, delays its own next spec, not another tenant's.
     ``compile_delay_s`` slows every compile down on purpose (tests of the time limit, never
     a slow machine); ``worker_hooks`` (WorkerConfig's delay_s / alloc_mb) do so in the child.
     """
@@ -64,6 +67,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[tuple[str, str], Future[Grammar]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="grammar-compiler")
+        self._queue = FairQueue()  # each pool task runs the next job taken from it
         self.cache_hits = 0
         self.cache_misses = 0
         self.compile_time = CumulativeHistogram(GRAMMAR_COMPILE_BUCKETS)  # successful ones
@@ -106,8 +110,9 @@ class GrammarCompiler:
                 return
             logger.exception("the grammar compile worker did not start")
 
-    def submit(self, kind: str, spec: Any) -> Future[Grammar]:
-        """Start compiling (or reuse a cached compile) and return its future. Never blocks."""
+    def submit(self, kind: str, spec: Any, owner: str | None = None) -> Future[Grammar]:
+        """Start compiling (or reuse a cached compile) and return its future; a new spec
+        waits in ``owner``'s queue. Never blocks."""
         try:
             canonical = canonical_spec(kind, spec)
         except Exception as e:  # noqa: BLE001 - any malformed spec fails its request only
@@ -134,12 +139,17 @@ class GrammarCompiler:
             timer.daemon = True
             timer.start()
         fut.add_done_callback(lambda f: self._forget_failed(key, f))
-        self._pool.submit(self._run, kind, canonical, fut, timer)
+        self._queue.put(owner, (kind, canonical, fut, timer))
+        self._pool.submit(self._run_next)
         return fut
 
     def compile(self, kind: str, spec: Any) -> Grammar:
         """submit + wait; for offline use and tests (raises the future's ValueError)."""
         return self.submit(kind, spec).result()
+
+    def _run_next(self) -> None:
+        """One pool task: the next job in turn (one task is submitted per job)."""
+        self._run(*self._queue.take())
 
     def _run(self, kind: str, canonical: str, fut: Future[Grammar], timer: Any) -> None:
         try:
@@ -199,6 +209,32 @@ class GrammarCompiler:
             pending = [f for f in self._cache.values() if not f.done()]
         for fut in pending:
             _settle(fut, None, ValueError("the grammar compiler was shut down"))
+
+
+class FairQueue:
+    """Jobs in one FIFO per owner, taken from the owners in turn (round robin)."""
+
+    def __init__(self) -> None:
+        self._queues: OrderedDict[str | None, deque[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, owner: str | None, job: Any) -> None:
+        with self._lock:
+            self._queues.setdefault(owner, deque()).append(job)
+
+    def take(self) -> Any:
+        """The oldest job of the owner next in turn; that owner goes to the back."""
+        with self._lock:
+            owner, queue = next(iter(self._queues.items()))
+            job = queue.popleft()
+            del self._queues[owner]
+            if queue:
+                self._queues[owner] = queue
+            return job
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(q) for q in self._queues.values())
 
 
 def _make_worker(backend: GrammarBackend, memory_mb: int, timeout_s: float,

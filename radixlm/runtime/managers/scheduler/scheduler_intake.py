@@ -13,6 +13,7 @@ from radixlm.runtime.disaggregation.rooms import Bootstrap
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.messages import GenerateReqInput
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
+from radixlm.runtime.managers.tokenizer_manager.tenant_rids import rid_tenant
 from radixlm.runtime.managers.tokenizer_manager.tokenize_pool import chars_per_token
 from radixlm.runtime.managers.validation import validate_request
 from radixlm.runtime.model_config import ModelConfig
@@ -66,7 +67,8 @@ class SchedulerIntake:
             return
         grammar = params.grammar
         if grammar is not None:
-            req.grammar_future = self.grammar_compiler.submit(*grammar)
+            req.grammar_future = self.grammar_compiler.submit(*grammar,
+                                                              owner=rid_tenant(req.rid))
             self.grammar_waiting.append(req)
         else:
             self.waiting.append(req)
@@ -77,7 +79,8 @@ class SchedulerIntake:
         meanwhile: both servers build it, the prefill to constrain the first token, the
         decode to go on from it)."""
         if req.sampling_params.grammar is not None:
-            req.grammar_future = self.grammar_compiler.submit(*req.sampling_params.grammar)
+            req.grammar_future = self.grammar_compiler.submit(*req.sampling_params.grammar,
+                                                              owner=rid_tenant(req.rid))
         req.bootstrap = Bootstrap(msg.bootstrap_host or "", msg.bootstrap_port or 0,
                                   msg.bootstrap_room, msg.prefill_dp_rank)
         self.pd.add(req)
