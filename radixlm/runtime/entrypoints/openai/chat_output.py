@@ -22,7 +22,7 @@ class ChoiceOutput:
         self.tools = tools
         self.drop_calls = drop_calls
         self.stream_reasoning = stream_reasoning
-        self.held_reasoning = ""
+        self.held_reasoning: list[str] = []  # joined once: a string grown per delta is quadratic
 
     @property
     def called(self) -> bool:
@@ -68,10 +68,10 @@ class ChoiceOutput:
                 more_r, more_c = self.reasoning.finish()
                 reasoning, content = reasoning + more_r, content + more_c
             if not self.stream_reasoning:
-                self.held_reasoning += reasoning
+                self.held_reasoning.append(reasoning)
                 reasoning = ""
                 if content or final:  # the thinking is over
-                    reasoning, self.held_reasoning = self.held_reasoning, ""
+                    reasoning, self.held_reasoning = "".join(self.held_reasoning), []
         if self.tools is not None:
             content, calls = self.tools.feed(content)
             if final:

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+import radixlm.runtime.entrypoints.openai.chat_output as chat_output_module
 import radixlm.runtime.entrypoints.openai.reasoning_parser as reasoning_module
 from radixlm.runtime.entrypoints.openai import function_call
+from radixlm.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from radixlm.runtime.entrypoints.openai.function_call import ToolCallParser, tool_call_format
 from radixlm.runtime.entrypoints.openai.function_call.json_array import JsonArrayFormat
 from radixlm.runtime.entrypoints.openai.reasoning_parser import ReasoningParser
@@ -33,7 +35,8 @@ LINES_PER_CHAR = 60  # Python lines run in the parsers
 SCANNED_PER_CHAR = 12  # characters examined by regexes, the JSON decoder and ast.parse
 BYTES_PER_CHAR = 400  # the most each delta allocates at once, summed over the deltas
 
-PARSER_FILES = (str(Path(function_call.__file__).parent), reasoning_module.__file__)
+PARSER_FILES = (str(Path(function_call.__file__).parent), reasoning_module.__file__,
+                chat_output_module.__file__)
 PARSER_MODULES = [m for name, m in sorted(sys.modules.items())
                   if name.startswith(function_call.__name__) or m is reasoning_module]
 
@@ -245,6 +248,22 @@ def _reasoning_parser(name: str, opens: bool) -> Callable[[], ReasoningParser]:
     return lambda: ReasoningParser(name, opens)
 
 
+class _HeldThinking:
+    """A chat choice whose thinking is held until it ends (``stream_reasoning: false``)."""
+
+    def __init__(self) -> None:
+        self.out = ChoiceOutput(ReasoningParser("qwen3"), None, stream_reasoning=False)
+
+    def parse(self, text: str) -> dict:
+        return self.out.message(text)
+
+    def feed(self, delta: str) -> dict:
+        return self.out.delta(delta)
+
+    def finish(self) -> dict:
+        return self.out.delta("", final=True)
+
+
 def _check_linear(new_parser: Callable, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(text) == N
     whole = lambda: new_parser().parse(text)  # noqa: E731
@@ -270,6 +289,10 @@ def test_tool_call_parser_is_linear(case, monkeypatch):
 def test_reasoning_parser_is_linear(case, monkeypatch):
     name, opens, text = REASONING_CASES[case]
     _check_linear(_reasoning_parser(name, opens), text, monkeypatch)
+
+
+def test_thinking_held_until_it_ends_is_linear(monkeypatch):
+    _check_linear(_HeldThinking, REASONING_CASES["qwen3"][2], monkeypatch)
 
 
 def test_cases_parse_as_intended():
