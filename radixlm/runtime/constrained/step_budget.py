@@ -30,7 +30,16 @@ from radixlm.runtime.constrained.jump_forward import canonical_jump
 
 PROBE_STEPS = 8  # steps of a new grammar walked in the compile worker
 BUDGET_FLAG = "--grammar-step-budget-ms"
+# how many budgets of wall time the scheduler waits for a step's jump-forward searches
+# (jump_search.py): CPU time decides the budget; the deadline only stops a search that
+# would hold the batch for seconds, with room for a busy machine's descheduling
+JUMP_DEADLINE_BUDGETS = 10
 T = TypeVar("T")
+
+
+def jump_deadline_s(budget_ms: float) -> float:
+    """The wall seconds a step waits for its jump-forward searches."""
+    return budget_ms * JUMP_DEADLINE_BUDGETS / 1e3
 
 
 def spin(seconds: float) -> None:

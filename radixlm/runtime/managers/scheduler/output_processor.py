@@ -12,8 +12,9 @@ import torch
 
 from radixlm.runtime.constrained import allocate_token_bitmask
 from radixlm.runtime.constrained.jump_forward import canonical_jump
+from radixlm.runtime.constrained.jump_search import JumpSearch
 from radixlm.runtime.constrained.probe import allows_nothing
-from radixlm.runtime.constrained.step_budget import StepCost
+from radixlm.runtime.constrained.step_budget import BUDGET_FLAG, StepCost, jump_deadline_s
 from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
@@ -44,6 +45,9 @@ class OutputProcessor:
         self._bitmask_job: tuple[list[int], Future[tuple[torch.Tensor, list[float]]]] | None
         self._bitmask_job = None
         self.step_budget_ms = scheduler.args.grammar_step_budget_ms
+        # a step's jump-forward searches, off this thread with a deadline (no budget: here)
+        self._searches = JumpSearch(jump_deadline_s(self.step_budget_ms)) \
+            if self.step_budget_ms else None
         self._mask_s: dict[int, float] = {}  # id(req) -> seconds its mask row took this step
         # the last step's sampling state, keyed by (request, output length) per row
         self._kept_info: tuple[list[tuple[str, int]], SamplingBatchInfo] | None = None
@@ -153,14 +157,15 @@ class OutputProcessor:
         out = sample(logits[:, : self.vocab_size], info)
         ids = out.next_token_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
-        outs, grew = [], []
-        for i, (req, tok) in enumerate(zip(reqs, ids)):
-            start = len(req.output_ids)
+        starts = [len(req.output_ids) for req in reqs]
+        for req, tok in zip(reqs, ids):
             req.output_ids.append(tok)
             self.s.stats["generation_tokens"] += 1
             req.finish_reason = self._check_finish(req, tok)
-            self._advance_grammar(req, tok)
-            new_ids = req.output_ids[start:]
+        self._advance_grammars(reqs, ids)
+        outs, grew = [], []
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            new_ids = req.output_ids[starts[i]:]
             grew.append(len(new_ids))
             top = None
             if out.top_logprobs is not None and req.top_logprobs_num:
@@ -230,34 +235,68 @@ class OutputProcessor:
                 "message": f"the grammar backend rejected token {tok} that its own mask "
                            "allowed"}
 
-    def _advance_grammar(self, req: Req, tok: int) -> None:
-        """Move the request's matcher over ``tok`` and jump forward (``_step_grammar``);
-        a row whose grammar took more than ``--grammar-step-budget-ms`` in this step (its
-        mask, advance and jump together) ends with status 400, alone."""
-        g = req.grammar
-        if g is None or req.finished or self._prefill_side(req):
-            return  # a prefill server's request: the decode server advances its own
-        cost = StepCost()
-        cost.add("mask", self._mask_s.pop(id(req), 0.0))
-        self._step_grammar(req, g, tok, cost)
-        message = cost.over(self.step_budget_ms)
-        if message is not None and not req.finished:
-            logger.warning("request %s: %s", req.rid, message)
-            req.finish_reason = {"type": "abort", "status_code": 400, "message": message}
+    def _advance_grammars(self, reqs: list[Req], ids: list[int]) -> None:
+        """Move each constrained row's matcher over its token, then jump forward over the
+        text its grammar forces (the searches off this thread, ``_jump``); a row whose
+        grammar took more than ``--grammar-step-budget-ms`` in this step (its mask, advance
+        and jump together) ends with status 400, alone."""
+        rows: list[tuple[Req, int, StepCost]] = []
+        for req, tok in zip(reqs, ids):
+            g = req.grammar
+            if g is None or req.finished or self._prefill_side(req):
+                continue  # a prefill server's request: the decode server advances its own
+            cost = StepCost()
+            cost.add("mask", self._mask_s.pop(id(req), 0.0))
+            self._accept(req, g, tok, cost)
+            rows.append((req, tok, cost))
+        if self.jump_forward:
+            self._jump([(r, t, c) for r, t, c in rows
+                        if not r.finished and not r.return_logprob])
+        for req, _, cost in rows:
+            message = cost.over(self.step_budget_ms)
+            if message is not None and not req.finished:
+                logger.warning("request %s: %s", req.rid, message)
+                req.finish_reason = {"type": "abort", "status_code": 400, "message": message}
 
-    def _step_grammar(self, req: Req, g: Any, tok: int, cost: StepCost) -> None:
-        """Move the matcher over ``tok``; finish the request when only EOS is left; append
-        the text the grammar forces (canonical jump-forward), each forced token checked
-        for stops like a sampled one. Each operation's time goes to ``cost``."""
+    def _accept(self, req: Req, g: Any, tok: int, cost: StepCost) -> None:
+        """Move the matcher over ``tok``; finish the request when only EOS is left."""
         if not cost.timed("advance", g.accept_token, tok):
             req.finish_reason = self._rejected(g, tok)
-            return
-        if cost.timed("advance", g.is_terminated):
+        elif cost.timed("advance", g.is_terminated):
             req.finish_reason = {"type": "stop", "matched": None}
+
+    def _jump(self, rows: list[tuple[Req, int, StepCost]]) -> None:
+        """Each row's forced text (``JumpSearch``: on a worker thread, at most its deadline;
+        without a budget, here), then the jumps. A row still searching at the deadline ends
+        with 400 and its matcher is left to the search; the rows after it, or every row
+        when all search threads are held, skip their jump this step."""
+        if not rows:
             return
-        if not self.jump_forward or req.return_logprob:
-            return
-        forced = cost.timed("jump-forward", g.forced_string)
+        if self._searches is None:
+            texts = [c.timed("jump-forward", r.grammar.forced_string) for r, _, c in rows]
+            stuck = None
+        else:
+            found = self._searches.run([r.grammar for r, _, _ in rows])
+            if found is None:
+                return
+            texts, stuck = found.texts, found.stuck
+            for (_, _, cost), seconds in zip(rows, found.cpu_s):
+                cost.add("jump-forward", seconds)
+        for k, (req, tok, cost) in enumerate(rows):
+            if k == stuck:
+                message = (f"the grammar's jump-forward search ran past "
+                           f"{self._searches.deadline_s * 1e3:.0f} ms in one decode step, "
+                           f"over the per-step budget of {self.step_budget_ms:g} ms "
+                           f"({BUDGET_FLAG})")
+                logger.warning("request %s: %s", req.rid, message)
+                req.grammar = None  # the search thread holds it until it returns
+                req.finish_reason = {"type": "abort", "status_code": 400, "message": message}
+            elif texts[k] is not None:
+                self._apply_jump(req, req.grammar, tok, texts[k], cost)
+
+    def _apply_jump(self, req: Req, g: Any, tok: int, forced: str, cost: StepCost) -> None:
+        """Append the text the grammar forces (canonical jump-forward), each forced token
+        checked for stops like a sampled one."""
         jump = cost.timed("jump-forward", canonical_jump, g, self.tokenizer, [tok], forced)
         if jump is None:
             return

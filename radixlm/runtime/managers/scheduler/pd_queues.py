@@ -273,7 +273,7 @@ class DecodeQueues(_Queues):
         s.stats["generation_tokens"] += 1
         s.cache.cache_unfinished(req)
         req.finish_reason = s.outputs._check_finish(req, token)
-        s.outputs._advance_grammar(req, token)  # the prefill's mask chose it; go on from it
+        s.outputs._advance_grammars([req], [token])  # the prefill's mask chose it; go on
         s.outputs.emit_later(s.outputs._output(  # the prompt's logprobs stay on the prefill
             req, req.output_ids[start:], [(lp, token)], [top], [asked]))
         if req.finished:
