@@ -50,7 +50,7 @@ class Found:
 class JumpSearch:
     """Runs a step's forced-text searches on worker threads, waiting ``deadline_s``."""
 
-    def __init__(self, deadline_s: float, threads: int = 4) -> None:
+    def __init__(self, deadline_s: float, threads: int = 2) -> None:
         assert deadline_s > 0 and threads >= 1, (deadline_s, threads)
         self.deadline_s = deadline_s
         self.threads = threads
