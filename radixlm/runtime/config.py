@@ -210,8 +210,8 @@ class ServerArgs:
         "help": "/update_weights_from_disk loads only directories under this one (symlinks "
                 "and '..' resolved first); unset: any directory"})
     served_model_name: str | None = field(default=None, metadata={
-        "help": "the model's name in /v1/models and responses (default: the directory's "
-                "name)"})
+        "help": "the model's name in /v1/models and answers (default: the checkpoint's "
+                "path; tenants see the directory's name)"})
     shutdown_timeout: float = field(default=30.0, metadata={"help": "seconds running requests "
                                     "get to finish after SIGTERM"})
     # limits a request may not pass (HTTP 400 / 413 beyond them)
