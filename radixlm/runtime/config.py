@@ -35,28 +35,22 @@ class ServerArgs:
                                    "(default: the built-in tiny model)"})
     tokenizer_path: str | None = field(default=None, metadata={"help": "default: model_path"})
     dtype: str = field(default="auto", metadata={
-        "help": "auto|float32|float16|bfloat16; auto: the checkpoint's dtype on a GPU; on a CPU "
-                "bfloat16 for a bfloat16 checkpoint where the CPU has bf16 instructions "
-                "(AVX512-BF16 / AMX), else float32"})
+        "help": "auto|float32|float16|bfloat16; auto: the checkpoint's on a GPU, on a CPU bf16 "
+                "where it has bf16 instructions, else float32"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     context_length: int | None = field(default=None, metadata={"help": "override the model's"})
     kv_cache_dtype: str = field(default="auto", metadata={
-        "help": "|".join(KV_CACHE_DTYPES) + " (SGLang's flag): the KV pool's dtype; auto: the "
-                "model's. A narrower cache holds more tokens and is read faster; fp8 rows are "
-                "plain casts with no scale (SGLang's default scale 1.0, without "
-                "--quantization-param-path), e4m3 saturating at +-448"})
+        "help": "|".join(KV_CACHE_DTYPES) + ": the KV pool's dtype (auto: the model's); fp8 "
+                "is a plain cast, no scale"})
     torchao_config: str = field(default="", metadata={
-        "help": "int8wo (SGLang's flag and name): weight-only int8 of every projection "
-                "(q/k/v, o, gate/up, down; one scale per output channel), made at load; "
-                "activations stay in --dtype. Decode multiplies by torch's packed int8 "
-                "kernel; the dense weights are dropped. Empty: off"})
+        "help": "int8wo: weight-only int8 projections, quantized at load (SGLang's flag); "
+                "empty: off"})
     quantization: str | None = field(default=None, metadata={
         "help": "SGLang's / vLLM's checkpoint quantization methods: none is supported "
                 "(refused at start-up); see --torchao-config int8wo"})
     is_embedding: bool = field(default=False, metadata={
-        "help": "serve an embedding model (SGLang's flag): /v1/embeddings and /encode return "
-                "the pooled final hidden states of a decoder checkpoint (its modules.json / "
-                "1_Pooling config, else last token, normalized); generation routes answer 400"})
+        "help": "serve an embedding model: /v1/embeddings and /encode return pooled hidden "
+                "states; generation routes answer 400"})
     # memory and cache
     page_size: int = field(default=1, metadata={"help": "tokens per KV page"})
     max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens"})
@@ -67,10 +61,8 @@ class ServerArgs:
     disable_radix_cache: bool = field(default=False, metadata={
         "help": "no prefix reuse: every prompt computed in full"})
     enable_hybrid_swa_memory: bool = field(default=False, metadata={
-        "help": "models with sliding-window layers (Mistral, Gemma 2/3, ...): their K/V in "
-                "a second, smaller pool from which each request's tokens older than its "
-                "window are freed as it runs (SGLang's SWA memory pool, on by default "
-                "there; opt-in here). Off: one pool for every layer"})
+        "help": "sliding-window layers' K/V in a second, smaller pool, freed past each "
+                "request's window (SGLang's SWA pool)"})
     disable_hybrid_swa_memory: bool = field(default=False, metadata={
         "help": "SGLang's flag: one pool for every layer (radixlm's default)"})
     swa_full_tokens_ratio: float = field(default=0.8, metadata={
@@ -81,10 +73,8 @@ class ServerArgs:
                 "or fewest hits (ties: least recently used)"})
     # hierarchical cache (SGLang's flags; radix_cache/storage, managers/hicache.py)
     enable_hierarchical_cache: bool = field(default=False, metadata={
-        "help": "keep KV pages below the pool in a storage tier (--hicache-storage-backend): "
-                "pages the pool evicts (or, write_through, every page cached) are written "
-                "there, and a prompt whose prefix is there loads it instead of recomputing "
-                "it; shared by servers on one directory and kept across restarts"})
+        "help": "a storage tier under the KV pool (--hicache-storage-*): evicted or cached "
+                "pages written there and loaded instead of recomputed"})
     hicache_storage_backend: str | None = field(default=None, metadata={
         "help": "file (the one built in; SGLang's mooncake, hf3fs, nixl, aibrix, eic, "
                 "lmcache are refused)"})
@@ -98,11 +88,8 @@ class ServerArgs:
         "help": "write_through (every cached page, as it is cached) | write_back (pages as "
                 "the pool evicts them)"})
     hicache_storage_prefetch_policy: str = field(default="auto", metadata={
-        "help": "how long a queued request waits for its pages from storage: auto (while "
-                "loading them is measured faster than computing them, at most the time "
-                "computing would take) | best_effort (no wait: the pages read by the time "
-                "it is scheduled) | wait_complete (all of them) | timeout (SGLang's: up to "
-                "2 s + 0.1 s per 1k tokens, at most 30 s); a page read past 5 s is a miss"})
+        "help": "how long a queued request waits for its stored pages: auto (while loading "
+                "beats computing) | best_effort | wait_complete | timeout"})
     hicache_ratio: float | None = field(default=None, metadata={
         "help": "SGLang's host-memory tier (host pool / device pool): radixlm has none (on a "
                 "CPU the pool is host memory); refused"})
@@ -144,23 +131,16 @@ class ServerArgs:
     disable_cuda_graph: bool = field(default=False, metadata={
         "help": "run every decode forward eagerly (no CUDA graph capture at startup)"})
     disable_cpu_weight_prepack: bool = field(default=False, metadata={
-        "help": "on a CPU in float32, multiply by the dense weights (torch's matmul repacks "
-                "them on every call) instead of oneDNN-prepacked copies made at startup; "
-                "the copies hold the linear and LM-head weights a second time"})
+        "help": "on a CPU, multiply by the dense weights instead of oneDNN-prepacked copies "
+                "(which hold the weights a second time)"})
     disable_cpu_malloc_cache: bool = field(default=False, metadata={
-        "help": "on a CPU (Linux, glibc), keep glibc's defaults during forwards: by default "
-                "a forward's activations come from the heap, which keeps them for the next "
-                "forward (the process holds its largest forward's activations) instead of "
-                "mapping and faulting in fresh pages for every large one"})
+        "help": "on a CPU (glibc), keep malloc's defaults: no reuse of a forward's activations "
+                "by the next"})
     random_seed: int | None = field(default=None, metadata={
         "help": "seed of unseeded sampling (default: random)"})
     cpu_threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads, fixed (split evenly between --dp-size replicas and "
-                "tensor-parallel ranks). Default: the cores other processes leave free, "
-                "measured every 2 s (CPU affinity and cgroup quota, less other processes' "
-                "load in /proc/stat), in a server less one core for HTTP and "
-                "detokenisation: OpenMP threads that compete with other processes for a "
-                "core slow every step down"})
+        "help": "torch CPU threads, fixed (default: the cores other processes leave free, "
+                "measured every 2 s)"})
     # constrained decoding
     grammar_backend: str = field(default="xgrammar", metadata={
         "help": "xgrammar|llguidance|outlines: compiles regex / json_schema / ebnf grammars"})
@@ -173,28 +153,20 @@ class ServerArgs:
         "help": "MB of memory a grammar's first compile may take, in a child process killed "
                 "past it (the request is then a 400); 0 compiles in the scheduler unbounded"})
     grammar_step_budget_ms: float = field(default=50.0, metadata={
-        "help": "ms a request's grammar may take in one decode step (mask, advance, "
-                "jump-forward): its first steps are timed when it first compiles (over it: a "
-                "400) and every step after (over it: the request ends with a 400); 0: none"})
+        "help": "CPU ms a request's grammar may take in one decode step (mask, advance, "
+                "jump-forward); over it: 400; 0: none"})
     grammar_cache_size: int = field(default=256, metadata={
         "help": "compiled grammars kept (LRU)"})
     sampling_defaults: str = field(default="model", metadata={
-        "help": "model|openai (SGLang's flag): model: a request's unset temperature, top_p, "
-                "top_k, min_p and repetition_penalty take the checkpoint's "
-                "generation_config.json values (as SGLang and vLLM do); openai: the API's "
-                "defaults (temperature 1, top_p 1, ...)"})
+        "help": "model|openai: unset sampling fields from the checkpoint's "
+                "generation_config.json (model) or the API's defaults"})
     # chat: tool calls and reasoning (entrypoints/openai/)
     tool_call_parser: str | None = field(default=None, metadata={
-        "help": "how the model writes tool calls (SGLang's names): qwen25 (also qwen, "
-                "hermes: <tool_call>{json}</tool_call>), llama3, mistral, pythonic, gpt-oss. "
-                "Needed for tool_choice 'auto' (the default with tools): text is free and "
-                "each call after the format's trigger is held to its tool's schema "
-                "(qwen25, llama3, mistral; pythonic and gpt-oss calls are parsed, not "
-                "grammar-held). 'required' and named choices work without it"})
+        "help": "how the model writes tool calls: qwen25 (qwen, hermes), llama3, mistral, "
+                "pythonic, gpt-oss; needed for tool_choice auto"})
     reasoning_parser: str | None = field(default=None, metadata={
-        "help": "split the model's thinking into message.reasoning_content (SGLang's "
-                "names): qwen3, deepseek-r1, deepseek-v3, kimi, glm45 (<think>...</think>), "
-                "gpt-oss (harmony analysis channel)"})
+        "help": "split the model's thinking into reasoning_content: qwen3, deepseek-r1, "
+                "deepseek-v3, kimi, glm45, gpt-oss"})
     # server
     host: str = field(default="127.0.0.1", metadata={
         "help": "the address to listen on; 0.0.0.0 for every interface"})
@@ -203,9 +175,8 @@ class ServerArgs:
         "help": "the API key, or a file of 'key tenant' lines (each tenant has its own "
                 "cache namespace and rids, and no admin rights)"})
     admin_api_key: str | None = field(default=None, metadata={
-        "help": "the admin's key (SGLang's flag): weight updates, /flush_cache, abort_all "
-                "and /metrics need it; without it the one --api-key key is the admin, and "
-                "tenant keys never are"})
+        "help": "the admin's key: weight updates, /flush_cache, abort_all, /metrics (without it"
+                " the one --api-key key is the admin)"})
     weights_root: str | None = field(default=None, metadata={
         "help": "/update_weights_from_disk loads only directories under this one (symlinks "
                 "and '..' resolved first); unset: any directory"})
@@ -240,13 +211,10 @@ class ServerArgs:
     max_chat_messages: int = field(default=2048, metadata={
         "help": "most messages in one /v1/chat/completions request"})
     max_stored_responses: int = field(default=1024, metadata={
-        "help": "most responses of /v1/responses kept in memory for previous_response_id "
-                "and GET /v1/responses/{id}, per tenant of --api-key (each tenant its own "
-                "least-recently-used list: no tenant evicts another's; 0: none stored)"})
+        "help": "most /v1/responses kept in memory, per tenant (each its own LRU); 0: none stored"})
     max_stored_response_bytes: int = field(default=256 << 20, metadata={
-        "help": "most bytes one tenant's stored responses (objects, conversations and input "
-                "items, kept as JSON) take in memory; the least recently used go first. The "
-                "server holds at most this once per tenant (keys without a tenant share one)"})
+        "help": "most bytes one tenant's stored responses take in memory (each tenant its own "
+                "LRU)"})
     tokenizer_metrics_allowed_custom_labels: tuple[str, ...] | None = field(
         default=None, metadata={"help": "label names requests may set on the request metrics "
                                 "(custom_labels in /generate, the labels header on /v1)"})
@@ -274,10 +242,8 @@ class ServerArgs:
         "help": "SGLang's flag, accepted for its command lines: radixlm always serves /metrics"})
     decode_log_interval: int = field(default=40, metadata={"help": "decode steps per log line"})
     kv_events_config: str | None = field(default=None, metadata={
-        "help": "JSON (vLLM's and SGLang's flag): publish the radix tree's BlockStored / "
-                "BlockRemoved / AllBlocksCleared events in vLLM's wire format on a zmq PUB "
-                'socket, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", '
-                '"replay_endpoint": "tcp://127.0.0.1:5558"}\'; keys: vLLM\'s KVEventsConfig'})
+        "help": "JSON: publish the radix tree's KV events in vLLM's format on zmq, e.g. "
+                "'{\"publisher\": \"zmq\"}' (vLLM's KVEventsConfig keys)"})
     tp_size: int = field(default=1, metadata={
         "help": "tensor parallel size: ranks that each hold 1/tp_size of every layer (heads, "
                 "KV heads, MLP, vocabulary); torch.distributed with NCCL on CUDA, gloo on CPU"})
@@ -293,59 +259,42 @@ class ServerArgs:
         "help": "seconds a tensor-parallel collective may take before the ranks fail, so a "
                 "rank that hangs brings the server down (joining at startup may take 300 s)"})
     dp_size: int = field(default=1, metadata={
-        "help": "data parallel replicas: scheduler processes, each with its own model copy and "
-                "KV pool, behind one HTTP server (on a CPU they split --cpu-threads; on GPUs "
-                "replica i uses cuda:(--base-gpu-id + i))"})
+        "help": "data-parallel replicas: scheduler processes, each its own model copy and KV "
+                "pool, behind one HTTP server"})
     base_gpu_id: int = field(default=0, metadata={
         "help": "the first GPU of the replicas (SGLang's flag)"})
     load_balance_method: str = field(default="cache_aware", metadata={
-        "help": "|".join(LOAD_BALANCE_METHODS) + ": how --dp-size replicas share requests; "
-                "cache_aware: the replica holding the longest prefix of the prompt (from its "
-                "own KV events) unless it is overloaded (the two thresholds below). SGLang "
-                "0.5's names: auto (cache_aware), total_requests (shortest_queue), "
-                "total_tokens (minimum_tokens), follow_bootstrap_room (a PD request's room "
-                "decides: room mod --dp-size; a prefill server always places rooms so)"})
+        "help": "cache_aware|round_robin|shortest_queue|minimum_tokens (and SGLang 0.5's "
+                "names): how --dp-size replicas share requests"})
     cache_aware_balance_abs_threshold: int = field(default=2048, metadata={
-        "help": "cache_aware: a replica whose load (queued + running tokens) exceeds the "
-                "least loaded one's by more than this many tokens, and by more than "
-                "--cache-aware-balance-rel-threshold times, gets no cache-routed request "
-                "(sglang-router's --balance-abs-threshold, in tokens instead of requests)"})
+        "help": "cache_aware: skip a replica more than this many tokens (and the relative "
+                "threshold) above the least loaded"})
     cache_aware_balance_rel_threshold: float = field(default=1.5, metadata={
         "help": "cache_aware: see --cache-aware-balance-abs-threshold "
                 "(sglang-router's --balance-rel-threshold)"})
     cache_aware_threshold: float = field(default=0.3, metadata={
-        "help": "cache_aware: a request goes by cache only to a replica holding more than "
-                "this share of its prompt, else to the least loaded one (sglang-router's "
-                "--cache-threshold)"})
+        "help": "cache_aware: route by cache only to a replica holding more than this share of "
+                "the prompt"})
     disaggregation_mode: str = field(default="null", metadata={
-        "help": "null|prefill|decode (SGLang's): a prefill server computes prompts and sends "
-                "their KV pages and first token to the decode server named by each request's "
-                "bootstrap_host/port/room; a decode server receives them and decodes"})
+        "help": "null|prefill|decode: this server's side of prefill/decode disaggregation"})
     disaggregation_bootstrap_port: int = field(default=8998, metadata={
-        "help": "prefill server: the port of its bootstrap service, where decode servers "
-                "ask for its KV transfer endpoint (SGLang's); decode server: the port used "
-                "for a request whose bootstrap_port is null"})
+        "help": "prefill: its bootstrap service's port; decode: the port for a request whose "
+                "bootstrap_port is null"})
     disaggregation_transfer_backend: str = field(default="zmq", metadata={
         "help": "how KV pages travel: zmq (TCP; SGLang's mooncake, nixl, ascend and mori "
                 "need RDMA/NVLink libraries radixlm does not ship)"})
     disaggregation_secret_file: str | None = field(default=None, metadata={
-        "help": "prefill and decode servers: a file (mode 0600, 32..4096 bytes, e.g. "
-                "`openssl rand -hex 32`) holding the key both servers share; every PD "
-                "socket speaks CurveZMQ with keys derived from it, so KV pages and claims "
-                "come only from peers holding it. Required by --disaggregation-mode "
-                "prefill/decode (radixlm serve-pd makes one itself)"})
+        "help": "the key both PD servers share (mode 0600, 32-4096 bytes); required in PD modes"})
     disaggregation_trusted_hosts: tuple[str, ...] = field(default=(), metadata={
         "help": "decode server: the only bootstrap_host values a request may name (others "
                 "get a 403 before anything connects); empty: any host, authenticated by "
                 "the secret"})
     disaggregation_bootstrap_timeout: float = field(default=300.0, metadata={
-        "help": "seconds a room may wait to be claimed (prefill) or for the prefill's "
-                "bootstrap service to answer (decode) before its request fails "
-                "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)"})
+        "help": "seconds a room may wait to be claimed, or for the bootstrap service, before "
+                "its request fails"})
     disaggregation_waiting_timeout: float = field(default=300.0, metadata={
-        "help": "seconds a claimed room may wait for its KV (decode) or for the decode's "
-                "acknowledgement (prefill) before its request fails and its pages are "
-                "freed (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)"})
+        "help": "seconds a claimed room may wait for its KV or acknowledgement before its "
+                "request fails"})
 
     def __post_init__(self) -> None:
         self.validate()
