@@ -16,6 +16,9 @@ Each event is ``event: <type>`` plus ``data: <json>`` with a ``sequence_number``
 from 0; there is no ``[DONE]`` (the terminal response event ends the stream). The closing
 events carry the whole response (every item, logprobs included): ``finish`` and ``fail``
 encode in pieces (``http_utils.encode_json``), and ``Turn`` runs them on the JSON thread.
+A stream costs what its length does: the text and arguments of open items are kept as
+lists of deltas, joined once when the item closes (``_grow`` / ``_settle``), and each
+item's output index is remembered, not searched for.
 """
 
 from __future__ import annotations
@@ -45,6 +48,26 @@ class ResponseEvents:
         self.reasoning: dict[str, Any] | None = None  # the open reasoning item
         self.calls: dict[int, dict[str, Any]] = {}  # chat call index -> its open item
         self.closing = False  # finish / fail: the events carry the whole response
+        # (id(holder), key) -> (holder, key, deltas not yet joined into holder[key])
+        self._open: dict[tuple[int, str], tuple[dict[str, Any], str, list[str]]] = {}
+        self._index: dict[int, int] = {}  # id(item) -> its output index
+
+    def _add_item(self, item: dict[str, Any]) -> int:
+        self._index[id(item)] = len(self.items)
+        self.items.append(item)
+        return len(self.items) - 1
+
+    def _grow(self, holder: dict[str, Any], key: str, text: str) -> None:
+        """``holder[key] += text``, kept as a list until ``_settle`` (no copy per delta)."""
+        self._open.setdefault((id(holder), key), (holder, key, []))[2].append(text)
+
+    def _settle(self, holder: dict[str, Any] | None = None, key: str = "") -> None:
+        """Join the deltas of ``holder[key]`` (every open one when no holder is given)."""
+        keys = list(self._open) if holder is None else [(id(holder), key)]
+        for k in keys:
+            if k in self._open:
+                target, name, pieces = self._open.pop(k)
+                target[name] += "".join(pieces)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         encode = encode_json if self.closing else msgspec.json.encode
@@ -78,14 +101,13 @@ class ResponseEvents:
         if self.message is None:
             self.message = message_item(new_id("msg"), "", "in_progress",
                                         [] if self.want_logprobs else None)
-            self.items.append(self.message)
             events.append(self.event("response.output_item.added",
-                                     output_index=len(self.items) - 1,
+                                     output_index=self._add_item(self.message),
                                      item={**self.message, "content": []}))
             events.append(self.event("response.content_part.added", **self._where(),
                                      content_index=0, part=self.message["content"][0]))
         part = self.message["content"][0]
-        part["text"] += text
+        self._grow(part, "text", text)
         if self.want_logprobs:
             part["logprobs"].extend(logprobs)
         events.append(self.event("response.output_text.delta", **self._where(),
@@ -95,20 +117,19 @@ class ResponseEvents:
     def _where(self, item: dict[str, Any] | None = None) -> dict[str, Any]:
         item = item or self.message
         assert item is not None
-        return {"item_id": item["id"], "output_index": self.items.index(item)}
+        return {"item_id": item["id"], "output_index": self._index[id(item)]}
 
     def _reasoning(self, text: str) -> list[bytes]:
         events: list[bytes] = []
         if self.reasoning is None:
             self.reasoning = reasoning_item(new_id("rs"), "", "in_progress")
-            self.items.append(self.reasoning)
             events.append(self.event("response.output_item.added",
-                                     output_index=len(self.items) - 1,
+                                     output_index=self._add_item(self.reasoning),
                                      item={**self.reasoning, "content": []}))
             events.append(self.event("response.content_part.added",
                                      **self._where(self.reasoning), content_index=0,
                                      part=self.reasoning["content"][0]))
-        self.reasoning["content"][0]["text"] += text
+        self._grow(self.reasoning["content"][0], "text", text)
         events.append(self.event("response.reasoning_text.delta", **self._where(self.reasoning),
                                  content_index=0, delta=text))
         return events
@@ -117,6 +138,7 @@ class ResponseEvents:
         if self.reasoning is None:
             return []
         where, part = self._where(self.reasoning), self.reasoning["content"][0]
+        self._settle(part, "text")
         self.reasoning["status"] = status
         events = [
             self.event("response.reasoning_text.done", **where, content_index=0,
@@ -131,6 +153,7 @@ class ResponseEvents:
     @property
     def reasoning_text(self) -> str:
         """Everything the model thought (every reasoning item's text)."""
+        self._settle()
         return "".join(item["content"][0]["text"] for item in self.items
                        if item["type"] == "reasoning")
 
@@ -146,14 +169,13 @@ class ResponseEvents:
                                             "function": {"name": function.get("name", "")}},
                              "in_progress")
             self.calls[index] = item
-            self.items.append(item)
             events.append(self.event("response.output_item.added",
-                                     output_index=len(self.items) - 1, item=dict(item)))
+                                     output_index=self._add_item(item), item=dict(item)))
         fragment = function.get("arguments") or ""
         if fragment:
-            item["arguments"] += fragment
+            self._grow(item, "arguments", fragment)
             events.append(self.event("response.function_call_arguments.delta",
-                                     item_id=item["id"], output_index=self.items.index(item),
+                                     item_id=item["id"], output_index=self._index[id(item)],
                                      delta=fragment))
         return events
 
@@ -161,6 +183,7 @@ class ResponseEvents:
         if self.message is None:
             return []
         where, part = self._where(), self.message["content"][0]
+        self._settle(part, "text")
         self.message["status"] = status
         events = [
             self.event("response.output_text.done", **where, content_index=0,
@@ -176,7 +199,8 @@ class ResponseEvents:
         events = []
         for item in self.calls.values():
             item["status"] = status
-            index = self.items.index(item)
+            self._settle(item, "arguments")
+            index = self._index[id(item)]
             events.append(self.event("response.function_call_arguments.done",
                                      item_id=item["id"], output_index=index,
                                      name=item["name"], arguments=item["arguments"]))
@@ -203,8 +227,8 @@ class ResponseEvents:
     def _text_item_empty(self, status: str) -> list[bytes]:
         self.message = message_item(new_id("msg"), "", "in_progress",
                                     [] if self.want_logprobs else None)
-        self.items.append(self.message)
-        events = [self.event("response.output_item.added", output_index=len(self.items) - 1,
+        events = [self.event("response.output_item.added",
+                             output_index=self._add_item(self.message),
                              item={**self.message, "content": []}),
                   self.event("response.content_part.added", **self._where(), content_index=0,
                              part=self.message["content"][0])]
@@ -213,6 +237,7 @@ class ResponseEvents:
     def fail(self, code: str, message: str, param: str | None) -> list[bytes]:
         """An ``error`` event, then ``response.failed`` with what was produced so far."""
         self.closing = True
+        self._settle()
         self.response.update(status="failed", output=self.items,
                              error={"code": code, "message": message})
         return [self.event("error", code=code, message=message, param=param),
