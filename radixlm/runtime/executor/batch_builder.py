@@ -1,14 +1,17 @@
-"""ForwardBatchBuilder (a ModelRunner mixin): a ModelWorkerBatch as the packed tensors of
-one forward (``ForwardBatch``), with this forward's attention plan (torch path), for
-windowed layers each sequence's last ``window`` slots, and with the SWA pool the sliding
-layers' translation of it all (``ForwardBatch.swa``)."""
+"""ForwardBatchBuilder (the ModelRunner's ``batch_builder``): a ModelWorkerBatch as the
+packed tensors of one forward (``ForwardBatch``), with this forward's attention plan (torch
+path), for windowed layers each sequence's last ``window`` slots, and with the SWA pool the
+sliding layers' translation of it all (``ForwardBatch.swa``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
+from radixlm.radix_cache.kv_pool import KVPool, SWAKVPool
 from radixlm.runtime.executor.forward_batch import (
     ForwardBatch,
     ForwardMode,
@@ -18,12 +21,20 @@ from radixlm.runtime.executor.forward_batch import (
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 
 
+@dataclass
 class ForwardBatchBuilder:
-    """Needs of the runner: ``device``, ``kv_pool``, ``attention_backend``, ``dtype``,
-    ``decode_windows``, ``uses_torch_attention``, ``paged_kernel`` and ``amx_attention``."""
+    """What of the runner a forward's layout depends on (fixed once the runner is built)."""
 
-    def build_forward_batch(self, batch: ModelWorkerBatch,
-                            req_to_token: torch.Tensor) -> ForwardBatch:
+    device: torch.device
+    kv_pool: KVPool | SWAKVPool
+    attention_backend: str | None
+    dtype: torch.dtype  # the model's (the plan widens a bf16 / fp16 q for the CPU kernel)
+    decode_windows: list[int]  # sliding windows the torch path decodes over a truncated view
+    uses_torch_attention: bool  # the torch path: an ``AttentionPlan`` per forward
+    paged_kernel: bool  # see ModelRunner.paged_kernel
+    amx_attention: bool  # see ModelRunner.amx_attention
+
+    def build(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Packed tensors for ``batch``; see ForwardBatch for the layout."""
         if batch.is_decode:
             return self._decode_batch(batch, req_to_token)

@@ -70,7 +70,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class ModelRunner(ForwardBatchBuilder):
+class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str, tp_rank: int = 0) -> None:
         self.device = resolve_device(args.device)
         self.is_embedding = args.is_embedding  # forward returns pooled models' hidden states
@@ -128,6 +128,9 @@ class ModelRunner(ForwardBatchBuilder):
                         self.prepacked_layers, self.prepacked_weight_bytes / (1 << 30))
         # made last: the weights and the pool are mapped as glibc decides (forward_heap.py)
         self.heap = ForwardHeap(self.device.type == "cpu" and not args.disable_cpu_malloc_cache)
+        self.batch_builder = ForwardBatchBuilder(
+            self.device, self.kv_pool, self.attention_backend, self.dtype, self.decode_windows,
+            self.uses_torch_attention, self.paged_kernel, self.amx_attention)
         self.graph_runner = self._capture_cuda_graphs(args)
 
     def _make_pool(self) -> KVPool | SWAKVPool:
@@ -258,7 +261,7 @@ class ModelRunner(ForwardBatchBuilder):
         final hidden states of those rows instead, [rows, hidden] (every rank)."""
         if self.tp.size > 1:
             return self._tp_forward(batch, req_to_token)
-        fb = self.build_forward_batch(batch, req_to_token)
+        fb = self.batch_builder.build(batch, req_to_token)
         if batch.is_decode and self.graph_runner is not None and not self.is_embedding:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
@@ -274,7 +277,7 @@ class ModelRunner(ForwardBatchBuilder):
         def run() -> torch.Tensor:
             if self.tp.is_first:
                 send_step(self.tp, forward_step(batch, req_to_token))
-            return self._run_model(self.build_forward_batch(batch, req_to_token))
+            return self._run_model(self.batch_builder.build(batch, req_to_token))
         return self._collective(run)
 
     def read_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:

@@ -84,7 +84,7 @@ def test_replay_equals_eager_decode_and_padding_touches_only_its_slot(tiny_llama
         batch, req_to_token = _decode_batch(runner, lens, gen)
         before = [t.clone() for layer in range(pool.num_layers)
                   for t in pool.get_kv_buffer(layer)]
-        fb = runner.build_forward_batch(batch, req_to_token)
+        fb = runner.batch_builder.build(batch, req_to_token)
         eager = runner.model(fb)
         after_eager = [t.clone() for layer in range(pool.num_layers)
                        for t in pool.get_kv_buffer(layer)]
@@ -135,7 +135,7 @@ def test_windowed_soft_capped_and_moe_layers_replay_like_eager(family_dirs, monk
             buf.copy_(torch.randn(buf.shape, generator=gen))
     for lens in ([5], [30, 40], [9, 1, 50]):  # past the 24-token windows
         batch, req_to_token = _decode_batch(runner, lens, gen)
-        fb = runner.build_forward_batch(batch, req_to_token)
+        fb = runner.batch_builder.build(batch, req_to_token)
         with monkeypatch.context() as m:
             m.setattr(reference, "_read_layout", _refuse)  # no host sync in a replay
             m.setattr(torch.Tensor, "tolist", _refuse)

@@ -60,7 +60,7 @@ def _run(runner: ModelRunner, steps=STEPS) -> tuple[list[torch.Tensor], list[boo
     table = _req_to_token()
     out, viewed = [], []
     for batch in steps:
-        viewed.append(runner.build_forward_batch(batch, table).last_rows is not None)
+        viewed.append(runner.batch_builder.build(batch, table).last_rows is not None)
         out.append(runner.forward(batch, table))
     return out, viewed
 
@@ -76,7 +76,7 @@ def _runners(path, monkeypatch, **kwargs) -> tuple[ModelRunner, ModelRunner]:
                       random_seed=0, **kwargs)
     fast = ModelRunner(args, str(path))
     every = ModelRunner(args, str(path))
-    monkeypatch.setattr(every, "_last_rows", lambda batch, table: None)
+    monkeypatch.setattr(every.batch_builder, "_last_rows", lambda batch, table: None)
     return fast, every
 
 
@@ -122,7 +122,9 @@ def test_triton_path(family_dirs, monkeypatch):
 class _Builder(ForwardBatchBuilder):
     """Only the eligibility of ``_last_rows``: no view is built."""
 
-    device, kv_pool, attention_backend = torch.device("cpu"), None, None
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"), None, None, torch.float32, [], False, False,
+                         False)
 
     def _decode_batch(self, batch, req_to_token):
         return batch

@@ -12,10 +12,15 @@ from radixlm.runtime.constrained import GrammarCompiler, create_grammar_backend
 from radixlm.runtime.disaggregation.rooms import Bootstrap
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.managers.messages import GenerateReqInput
+from radixlm.runtime.managers.scheduler.cache_manager import CacheManager
+from radixlm.runtime.managers.scheduler.embedding_outputs import EmbeddingOutputs
+from radixlm.runtime.managers.scheduler.output_processor import OutputProcessor
+from radixlm.runtime.managers.scheduler.pd_queues import DecodeQueues, PrefillQueues
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
+from radixlm.runtime.managers.scheduler.schedule_policy import SchedulePolicy
 from radixlm.runtime.managers.tokenizer_manager.tenant_rids import rid_tenant
 from radixlm.runtime.managers.tokenizer_manager.tokenize_pool import chars_per_token
-from radixlm.runtime.managers.validation import validate_request
+from radixlm.runtime.managers.validation import RequestLimits, validate_request
 from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -40,8 +45,21 @@ def make_grammar_compiler(args: ServerArgs, model_path: str, tokenizer: Any) -> 
 
 
 class SchedulerIntake:
-    """Mixed into ``Scheduler`` (its queues, policy, limits, grammar compiler, outputs and
-    PD queues)."""
+    """Mixed into ``Scheduler``, which sets the state below in its ``__init__``."""
+
+    args: ServerArgs
+    cache: CacheManager
+    policy: SchedulePolicy
+    limits: RequestLimits
+    grammar_compiler: GrammarCompiler
+    outputs: OutputProcessor
+    embeddings: EmbeddingOutputs | None  # --is-embedding
+    pd: PrefillQueues | DecodeQueues | None  # --disaggregation-mode
+    grammar_waiting: list[Req]
+    waiting: list[Req]
+    running: list[Req]
+    chunked_req: Req | None
+    held: list[GenerateReqInput]  # arrived while a weight update waits
 
     def add_request(self, msg: GenerateReqInput) -> None:
         """Queue a request. One the front end should have refused (it checks the same

@@ -7,6 +7,13 @@ import logging
 import time
 from typing import Any
 
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.constrained import GrammarCompiler
+from radixlm.runtime.cpu_threads import ThreadSizer
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.managers.scheduler.cache_manager import CacheManager
+from radixlm.runtime.managers.scheduler.embedding_outputs import EmbeddingOutputs
+from radixlm.runtime.managers.scheduler.pd_queues import DecodeQueues, PrefillQueues
 from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.scheduler.schedule_policy import PrefillAdder
 from radixlm.runtime.managers.validation import MAX_NAMESPACE_LABELS, namespace_label
@@ -16,7 +23,30 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerReports:
-    """Mixed into ``Scheduler`` (its cache, queues, stats and model runner)."""
+    """Mixed into ``Scheduler``, which sets the state below in its ``__init__`` (and
+    ``is_idle``); these methods read it and keep the counters of the log lines."""
+
+    args: ServerArgs
+    model_runner: ModelRunner
+    cache: CacheManager
+    grammar_compiler: GrammarCompiler
+    embeddings: EmbeddingOutputs | None
+    pd: PrefillQueues | DecodeQueues | None
+    threads: ThreadSizer
+    on_cpu: bool
+    context_len: int
+    max_running_requests: int
+    waiting: list[Req]
+    grammar_waiting: list[Req]
+    running: list[Req]
+    chunked_req: Req | None
+    stats: dict[str, float]
+    namespace_stats: dict[str, list[int]]  # namespace label -> [prompt, cached] tokens
+    decode_moments: list[float]
+    weight_version: str
+    gen_throughput: float
+    _gen_tokens_at_log: float
+    _last_log_time: float
 
     def _count_namespace(self, req: Req) -> None:
         label = namespace_label(req.namespace)

@@ -7,13 +7,28 @@ import logging
 
 import torch
 
-from radixlm.runtime.managers.messages import UpdateWeightFromDiskOutput, UpdateWeightFromDiskReq
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.managers.messages import (
+    GenerateReqInput,
+    UpdateWeightFromDiskOutput,
+    UpdateWeightFromDiskReq,
+)
+from radixlm.runtime.managers.scheduler.cache_manager import CacheManager
+from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 
 class SchedulerWeightUpdates:
-    """Mixed into ``Scheduler`` (its model runner, cache, queues and outputs)."""
+    """Mixed into ``Scheduler``, which sets the state below in its ``__init__`` (and
+    ``add_request`` / ``abort_all``, from ``SchedulerIntake``)."""
+
+    model_runner: ModelRunner
+    model_config: ModelConfig
+    cache: CacheManager
+    weight_version: str
+    weight_update: UpdateWeightFromDiskReq | None  # the one waiting to be applied
+    held: list[GenerateReqInput]  # requests that arrived meanwhile: they run on the new weights
 
     def request_weight_update(self, msg: UpdateWeightFromDiskReq
                               ) -> UpdateWeightFromDiskOutput | None:
