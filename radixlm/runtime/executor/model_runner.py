@@ -1,4 +1,5 @@
-"""ModelRunner: owns the model and the KV pool; turns a ModelWorkerBatch into one forward."""
+"""ModelRunner: owns the model, the KV pool and the sampler; turns a ModelWorkerBatch into
+one forward (``forward``: logits) and its next tokens (``forward_and_sample``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from radixlm.runtime.executor.models.weights import (
     copy_weights,
     plan_load,
 )
+from radixlm.runtime.executor.sampler import NextTokens, Sampler, SamplingBatch
 from radixlm.runtime.executor.swa_pool import SWALayout, swa_pool_size
 from radixlm.runtime.executor.tp_worker import (
     ShutdownStep,
@@ -132,6 +134,7 @@ class ModelRunner:
             self.device, self.kv_pool, self.attention_backend, self.dtype, self.decode_windows,
             self.uses_torch_attention, self.paged_kernel, self.amx_attention)
         self.graph_runner = self._capture_cuda_graphs(args)
+        self.sampler = Sampler(self.model_config.vocab_size, self.device, args.random_seed)
 
     def _make_pool(self) -> KVPool | SWAKVPool:
         """One slot more than the allocator hands out: padding rows of CUDA-graph replays
@@ -267,6 +270,17 @@ class ModelRunner:
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
         return self._run_model(fb)
+
+    @torch.inference_mode()
+    def forward_and_sample(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor,
+                           sampling: SamplingBatch | None
+                           ) -> tuple[torch.Tensor, NextTokens | None]:
+        """``forward``, then the next tokens of ``sampling``'s rows with the logprobs asked
+        for (prompt logprobs too; rank 0 of a tensor-parallel group: the other ranks only
+        run ``forward``). Returns what ``forward`` returned and the tokens (None without
+        ``sampling``: an embedding forward, or one where no row samples)."""
+        logits = self.forward(batch, req_to_token)
+        return logits, None if sampling is None else self.sampler.sample(logits, sampling)
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
         with self.heap:  # on a CPU, its activations from the heap the last one left

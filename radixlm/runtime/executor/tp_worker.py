@@ -1,12 +1,13 @@
 """What rank 0 of a tensor-parallel group tells the other ranks before each forward.
 
-Only rank 0 runs the scheduler (requests, radix tree, sampling). Before each of its own
-forwards it broadcasts the step, a ``ModelWorkerBatch`` plus the KV slots of its
-sequences, as msgspec bytes over the CPU group; the other ranks (``run_follower``) run
-the same forward on their heads. Rank 0 assigns every KV slot, so every rank's pool has
-the same layout, each for its own heads.
+Only rank 0 runs the scheduler (requests, radix tree) and samples (its ModelRunner's
+``Sampler``, on the whole logits). Before each of its own forwards it broadcasts the step,
+a ``ModelWorkerBatch`` plus the KV slots of its sequences, as msgspec bytes over the CPU
+group; the other ranks (``run_follower``) run the same forward on their heads. Rank 0
+assigns every KV slot, so every rank's pool has the same layout, each for its own heads.
 
-    rank 0:  scheduler -> ModelRunner.forward -> send_step(ForwardStep) -> model(fb)
+    rank 0:  scheduler -> ModelRunner.forward_and_sample -> send_step(ForwardStep)
+                                                          -> model(fb) -> Sampler.sample
     rank k:  run_follower: recv_step -> ModelRunner.forward -> model(fb)   (logits unused)
 
 A PD transfer moves pages with every KV head of the model (the peer may shard them over

@@ -1,9 +1,11 @@
-"""After a forward: prompt logprobs, sampling, stop checks and the per-request outputs."""
+"""Around a forward: what samples after it (``sampling_batch``, with the grammars' masks
+filled while it runs), then the sampled tokens appended, stop checks, the grammars' advance
+and jump-forward, and the per-request outputs (``process``). Sampling itself is the
+executor's (``executor/sampler.py``)."""
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -15,7 +17,12 @@ from radixlm.runtime.constrained.jump_forward import canonical_jump
 from radixlm.runtime.constrained.jump_search import JumpSearch
 from radixlm.runtime.constrained.probe import allows_nothing
 from radixlm.runtime.constrained.step_budget import BUDGET_FLAG, StepCost, jump_deadline_s
-from radixlm.runtime.executor.sampling import SamplingBatchInfo, logprobs_of, sample
+from radixlm.runtime.executor.sampler import (
+    NextTokens,
+    PromptLogprobRows,
+    PromptLogprobs,
+    SamplingBatch,
+)
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
 from radixlm.runtime.managers.messages import ReqOutput
 from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
@@ -35,9 +42,6 @@ class OutputProcessor:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = sorted(eos)
         self.vocab_size = cfg.vocab_size
-        seed = scheduler.args.random_seed
-        self.generator = torch.Generator(scheduler.model_runner.device)
-        self.generator.manual_seed(seed if seed is not None else random.getrandbits(63))
         self._pending: list[ReqOutput] = []
         self.jump_forward = not scheduler.args.disable_jump_forward
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
@@ -49,8 +53,6 @@ class OutputProcessor:
         self._searches = JumpSearch(jump_deadline_s(self.step_budget_ms)) \
             if self.step_budget_ms else None
         self._mask_s: dict[int, float] = {}  # id(req) -> seconds its mask row took this step
-        # the last step's sampling state, keyed by (request, output length) per row
-        self._kept_info: tuple[list[tuple[str, int]], SamplingBatchInfo] | None = None
 
     # --- which logits a forward must produce ----------------------------------------------
     @staticmethod
@@ -65,20 +67,52 @@ class OutputProcessor:
         end = n if final else min(req.prompt_len - 1, req.kv_len + n) - req.kv_len
         return min(max(first - req.kv_len, 0), end), end
 
-    # --- after a forward ------------------------------------------------------------------
-    def process(self, batch: ScheduleBatch, logits: torch.Tensor) -> list[ReqOutput]:
+    # --- before a forward -----------------------------------------------------------------
+    def sampling_batch(self, batch: ScheduleBatch) -> SamplingBatch | None:
+        """What the executor samples after this forward (None: nothing, and no prompt
+        logprobs); the grammar masks of those rows start filling now, on a worker thread
+        while the forward runs (the matchers do not move until then)."""
+        rows: list[int] = []
+        reqs: list[Req] = []
+        prompt: list[PromptLogprobRows] = []
         row = 0
-        sample_reqs: list[Req] = []
-        sample_rows: list[int] = []
-        done_prefill: list[Req] = []
         for i, (req, n, (a, b)) in enumerate(
+                zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
+            if req.wants_input_logprobs:
+                n_in = min(b, req.prompt_len - 1 - req.kv_len) - a
+                if n_in > 0:  # the targets: prompt tokens after positions kv_len + a ..
+                    first = req.kv_len + a + 1
+                    prompt.append(PromptLogprobRows(
+                        i, row, req.origin_input_ids[first: first + n_in],
+                        req.top_logprobs_num, req.token_ids_logprob))
+            row += b - a
+            if req.kv_len + n == req.seq_len and req.sampling_params.max_new_tokens > 0:
+                reqs.append(req)
+                rows.append(row - 1)
+        self._start_bitmask(reqs)
+        if not reqs and not prompt:
+            return None
+        rep = any(r.sampling_params.repetition_penalty != 1.0 for r in reqs)
+        return SamplingBatch(
+            rows, [r.rid for r in reqs], [r.sampling_params for r in reqs],
+            [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs] if rep else [],
+            self.eos_ids, [r.top_logprobs_num for r in reqs],
+            [r.token_ids_logprob for r in reqs], any(r.return_logprob for r in reqs),
+            take_bitmask=lambda: self._take_bitmask(reqs), prompt_logprobs=prompt)
+
+    # --- after a forward ------------------------------------------------------------------
+    def process(self, batch: ScheduleBatch, sampled: NextTokens | None) -> list[ReqOutput]:
+        """The forward of ``batch`` is done and ``sampled`` holds what the executor sampled
+        for ``sampling_batch(batch)``: advance each request, finish or emit it."""
+        sample_reqs: list[Req] = []
+        done_prefill: list[Req] = []
+        for i, (req, n, (a, _)) in enumerate(
                 zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
             kv0 = req.kv_len
             req.kv_len += n
             if req.wants_input_logprobs:
-                n_in = min(b, req.prompt_len - 1 - kv0) - a
-                self._input_logprobs(req, logits[row: row + max(n_in, 0)], kv0 + a)
-            row += b - a
+                self._input_logprobs(req, kv0 + a,
+                                     sampled.prompt_logprobs.get(i) if sampled else None)
             if i < batch.num_prefill:
                 # share the prompt's KV at once: later requests with the same prefix
                 # (the rest of a group, n > 1 samples) match it while this one decodes
@@ -89,84 +123,51 @@ class OutputProcessor:
                 done_prefill.append(req)
             else:
                 sample_reqs.append(req)
-                sample_rows.append(row - 1)
         outs = [self.finish(r, {"type": "length", "length": 0}, release=True)
                 for r in done_prefill]
-        if sample_reqs:  # every row (a decode step): no gather
-            every = sample_rows == list(range(logits.shape[0]))
-            outs += self._sample(sample_reqs, logits if every else logits[sample_rows])
+        if sample_reqs:
+            assert sampled is not None and len(sampled.next_token_ids) == len(sample_reqs), \
+                f"{len(sample_reqs)} rows sample, {sampled and len(sampled.next_token_ids)} sampled"
+            outs += self._append_sampled(sample_reqs, sampled)
         # requests that just finished their prompt start decoding; decode rows already are
         prefill = {id(r) for r in batch.reqs[: batch.num_prefill]}
         new = [r for r in sample_reqs if not r.finished and id(r) in prefill]
         self.s.running = [r for r in self.s.running + new if not r.finished]
         return outs
 
-    def _input_logprobs(self, req: Req, rows: torch.Tensor, first_pos: int) -> None:
-        """Logprobs of prompt tokens ``first_pos+1 ..`` from the logits at ``first_pos ..``."""
+    @staticmethod
+    def _input_logprobs(req: Req, first_pos: int, got: PromptLogprobs | None) -> None:
+        """Record the logprobs of prompt tokens ``first_pos+1 ..`` (``got``: None when this
+        chunk has no such position)."""
         prompt = req.origin_input_ids
         if first_pos == 0 and req.logprob_start_len == 0 and not req.input_token_logprobs:
             req.input_token_logprobs.append((None, prompt[0]))
             req.input_top_logprobs.append(None)
             req.input_token_ids_logprobs.append(None)
-        if rows.shape[0] == 0:
+        if got is None:
             return
-        targets = prompt[first_pos + 1: first_pos + 1 + rows.shape[0]]
-        ids = torch.tensor(targets, device=rows.device)
-        k = req.top_logprobs_num
+        n = len(got.logprobs)
+        targets = prompt[first_pos + 1: first_pos + 1 + n]
         asked = req.token_ids_logprob
-        lps, top, asked_lps = logprobs_of(rows, ids, [k] * len(targets) if k else None,
-                                          None if asked is None else [asked] * len(targets))
-        req.input_token_logprobs.extend(zip(lps.tolist(), targets))
+        req.input_token_logprobs.extend(zip(got.logprobs, targets))
         req.input_top_logprobs.extend(
-            [list(zip(v, i)) for v, i in top] if top else [None] * len(targets))
+            [list(zip(v, i)) for v, i in got.top] if got.top else [None] * n)
         req.input_token_ids_logprobs.extend(
-            [_pairs(v, asked) for v in asked_lps] if asked_lps else [None] * len(targets))
+            [_pairs(v, asked) for v in got.asked] if got.asked else [None] * n)
 
-    def _sampling_info(self, reqs: list[Req], device: torch.device) -> SamplingBatchInfo:
-        """The batch's sampling state: the last step's, advanced by one token, while the
-        batch is the same requests each with exactly one more token; else built anew
-        (penalty counts from every output id)."""
-        bitmask = self._take_bitmask(reqs)
-        kept, self._kept_info = self._kept_info, None
-        if kept is not None and kept[0] == [(r.rid, len(r.output_ids)) for r in reqs]:
-            info = kept[1]
-            info.token_bitmask = bitmask
-            return info
-        params = [r.sampling_params for r in reqs]
-        rep = any(p.repetition_penalty != 1.0 for p in params)
-        return SamplingBatchInfo.from_params(
-            params, [r.output_ids for r in reqs], self.vocab_size,
-            prompt_ids=[r.origin_input_ids for r in reqs] if rep else None,
-            eos_token_ids=self.eos_ids, top_logprobs_nums=[r.top_logprobs_num for r in reqs],
-            need_logprobs=any(r.return_logprob for r in reqs),
-            token_ids_logprobs=[r.token_ids_logprob for r in reqs],
-            token_bitmask=bitmask, generator=self.generator, device=device)
-
-    def _keep_info(self, reqs: list[Req], info: SamplingBatchInfo, next_ids: torch.Tensor,
-                   sampled: list[int], grew: list[int]) -> None:
-        """Keep the sampling state for the next step if every request grew by exactly the
-        sampled token (no finish, no jump-forward) and is still running."""
-        if any(r.finished or n != 1 or r.output_ids[-1] != t
-               for r, n, t in zip(reqs, grew, sampled)):
-            return
-        info.advance(next_ids)
-        self._kept_info = ([(r.rid, len(r.output_ids)) for r in reqs], info)
-
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOutput]:
-        info = self._sampling_info(reqs, logits.device)
-        out = sample(logits[:, : self.vocab_size], info)
-        ids = out.next_token_ids.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
+    def _append_sampled(self, reqs: list[Req], out: NextTokens) -> list[ReqOutput]:
+        """Each request's sampled token appended and checked, the grammars advanced (and
+        jumped forward), the outputs built; a finished request's KV goes to the tree."""
+        ids, lps = out.next_token_ids, out.logprobs
         starts = [len(req.output_ids) for req in reqs]
         for req, tok in zip(reqs, ids):
             req.output_ids.append(tok)
             self.s.stats["generation_tokens"] += 1
             req.finish_reason = self._check_finish(req, tok)
         self._advance_grammars(reqs, ids)
-        outs, grew = [], []
+        outs = []
         for i, (req, tok) in enumerate(zip(reqs, ids)):
             new_ids = req.output_ids[starts[i]:]
-            grew.append(len(new_ids))
             top = None
             if out.top_logprobs is not None and req.top_logprobs_num:
                 v, t = out.top_logprobs[i]
@@ -180,15 +181,12 @@ class OutputProcessor:
             outs.append(self._output(req, new_ids, [(lps[i], tok)], top, asked))
             if req.finished:
                 self.s.cache.release(req, cache=True)
-        self._keep_info(reqs, info, out.next_token_ids, ids, grew)
         return outs
 
     # --- constrained decoding -------------------------------------------------------------
-    def start_bitmask(self, batch: ScheduleBatch) -> None:
-        """Fill the grammar masks of the rows that will sample after this forward, on a
-        worker thread while the forward runs (the matchers do not move until then)."""
-        reqs = [r for r, n in zip(batch.reqs, batch.extend_lens)
-                if r.kv_len + n == r.seq_len and r.sampling_params.max_new_tokens > 0]
+    def _start_bitmask(self, reqs: list[Req]) -> None:
+        """Fill the grammar masks of ``reqs``, the rows that will sample after this
+        forward, on a worker thread while the forward runs."""
         if not any(r.grammar is not None for r in reqs):
             self._bitmask_job = None
             return

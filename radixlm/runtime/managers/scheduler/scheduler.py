@@ -1,4 +1,5 @@
-"""The scheduler: admit -> build batch -> forward -> sample -> emit. No I/O inside.
+"""The scheduler: admit -> build batch -> forward and sample (the executor) -> finish and
+emit. No I/O inside.
 
 ``step()`` runs one forward and returns what it produced; ``run_loop`` wraps it with
 injected I/O functions, so the offline Engine (driven from the caller's thread) and the server
@@ -211,12 +212,14 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         batch = self._next_batch()
         if batch is None:
             return []
-        self.outputs.start_bitmask(batch)  # grammar masks fill while the model runs
+        # what samples after the forward; grammar masks fill while the model runs
+        sampling = None if self.embeddings is not None else self.outputs.sampling_batch(batch)
         t0, decode = time.perf_counter(), batch.is_decode
-        logits = self.model_runner.forward(batch.worker_batch(),
-                                          self.cache.req_to_token_pool.req_to_token)
+        logits, sampled = self.model_runner.forward_and_sample(
+            batch.worker_batch(), self.cache.req_to_token_pool.req_to_token, sampling)
         self.stats["forward_steps"] += 1
-        outs = (self.embeddings or self.outputs).process(batch, logits)
+        outs = (self.embeddings.process(batch, logits) if self.embeddings is not None
+                else self.outputs.process(batch, sampled))
         seconds = time.perf_counter() - t0
         self._time_step(batch, decode, seconds)
         if not decode:  # the storage tier's default policy weighs loading against this
