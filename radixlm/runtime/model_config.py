@@ -104,7 +104,8 @@ class ModelConfig:
         sliding_window = _sliding_window(hf)
         return cls(
             model_dir=model_dir,
-            architectures=tuple(hf.get("architectures") or ()),
+            # a config saved without architectures: its model_type's causal LM
+            architectures=tuple(hf.get("architectures") or (served_architecture(hf),)),
             model_type=model_type,
             hidden_size=hf["hidden_size"],
             num_layers=hf["num_hidden_layers"],

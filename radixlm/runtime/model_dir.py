@@ -27,6 +27,17 @@ SERVED_ARCHITECTURES = (
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
+# a config.json that names no architectures (a config saved on its own, not with a model)
+# is read by its model_type, as transformers' AutoModelForCausalLM would map it
+ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+    "ministral": "MinistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+    "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
+}
 # what AutoTokenizer builds a tokenizer from: a tokenizers serialization, a sentencepiece
 # or tiktoken model, a BPE or WordPiece vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken",
@@ -75,11 +86,14 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def served_architecture(hf: dict[str, Any], where: str | Path = "config.json") -> str:
-    """The first name in ``hf["architectures"]`` that radixlm serves; else ``ModelDirError``
+    """The first name in ``hf["architectures"]`` that radixlm serves (a config without
+    architectures: its model_type's causal LM); else ``ModelDirError``
     naming the checkpoint's architectures (or its model_type when it names none) and listing
     the served ones. Checked before any other field is read: other architectures' configs
     lack fields ours need (GPT-2 has no ``num_attention_heads``)."""
     archs = hf.get("architectures") or []
+    if not archs and hf.get("model_type") in ARCHITECTURE_OF_MODEL_TYPE:
+        return ARCHITECTURE_OF_MODEL_TYPE[hf["model_type"]]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ModelDirError(f"{where}: architectures must be a list of names, got {archs!r}")
     for name in archs:

@@ -56,10 +56,16 @@ def test_unserved_architecture_is_refused_by_name(tmp_path, model_type, arch):
         assert str(path / "config.json") in msg and "Qwen3MoeForCausalLM" in msg
 
 
-def test_config_without_architectures_names_its_model_type(tmp_path):
-    path = _write_config(tmp_path, "llama")
-    msg = _refusal(ModelConfig.from_hf, path)
-    assert "a config.json without architectures (model_type 'llama')" in msg
+def test_config_without_architectures_is_read_by_its_model_type(tmp_path):
+    """A config saved on its own (no ``architectures``) of a served model_type is that
+    model_type's causal LM, as transformers' AutoModelForCausalLM maps it; of another
+    model_type it is refused naming the model_type."""
+    served = _write_config(tmp_path / "llama", "llama")
+    assert ModelConfig.from_hf(served).architectures == ("LlamaForCausalLM",)
+    gemma3 = _write_config(tmp_path / "gemma3", "gemma3_text")
+    assert ModelConfig.from_hf(gemma3).architectures == ("Gemma3ForCausalLM",)
+    msg = _refusal(ModelConfig.from_hf, _write_config(tmp_path / "gpt2", "gpt2"))
+    assert "a config.json without architectures (model_type 'gpt2')" in msg
 
 
 def test_served_config_lacking_a_field_names_it(tmp_path, tiny_llama_dir):
