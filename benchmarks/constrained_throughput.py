@@ -44,7 +44,7 @@ class GrammarTimer:
 
     def install(self) -> None:
         timer = self
-        for name in ("_take_bitmask", "_advance_grammar"):
+        for name in ("_take_bitmask", "_advance_grammars"):
             orig = getattr(OutputProcessor, name)
 
             def timed(self, *a, _orig=orig, **kw):
