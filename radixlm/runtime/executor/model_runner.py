@@ -272,14 +272,14 @@ class ModelRunner:
         return self._run_model(fb)
 
     @torch.inference_mode()
-    def forward_and_sample(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor,
-                           sampling: SamplingBatch | None
+    def forward_and_sample(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor
                            ) -> tuple[torch.Tensor, NextTokens | None]:
-        """``forward``, then the next tokens of ``sampling``'s rows with the logprobs asked
-        for (prompt logprobs too; rank 0 of a tensor-parallel group: the other ranks only
-        run ``forward``). Returns what ``forward`` returned and the tokens (None without
-        ``sampling``: an embedding forward, or one where no row samples)."""
+        """``forward``, then the next tokens of ``batch.sampling``'s rows with the logprobs
+        asked for (prompt logprobs too; rank 0 of a tensor-parallel group: the other ranks
+        only run ``forward``). Returns what ``forward`` returned and the tokens (None
+        without ``batch.sampling``: an embedding forward, or one where no row samples)."""
         logits = self.forward(batch, req_to_token)
+        sampling: SamplingBatch | None = batch.sampling
         return logits, None if sampling is None else self.sampler.sample(logits, sampling)
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:

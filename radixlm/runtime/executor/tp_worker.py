@@ -69,8 +69,8 @@ def forward_step(batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> Forward
     widths = [p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]
     rows = [req_to_token[r, :w] for r, w in zip(batch.req_pool_indices, widths)]
     slots = torch.cat(rows).to("cpu", torch.int64).numpy().tobytes()
-    return ForwardStep(dataclasses.replace(batch, req_pool_indices=list(range(len(batch)))),
-                       slots)
+    return ForwardStep(dataclasses.replace(batch, req_pool_indices=list(range(len(batch))),
+                                           sampling=None), slots)
 
 
 def step_tables(step: ForwardStep, device: torch.device) -> torch.Tensor:

@@ -8,12 +8,15 @@ SGLang's scheduler hands its model worker a ``ModelWorkerBatch``).
 Sequence ``i`` has ``prefix_lens[i]`` tokens whose K/V the pool already holds, in slots
 ``req_to_token[req_pool_indices[i], :prefix_lens[i]]``, and extends by
 ``extend_lens[i]`` new tokens (``input_ids``, packed over the batch), whose K/V go to
-the next slots of the same row.
+the next slots of the same row. ``sampling`` says which rows sample after the forward
+(``executor/sampler.SamplingBatch``; None: none, or an embedding forward): the one batch the
+scheduler hands the executor carries both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -27,6 +30,9 @@ class ModelWorkerBatch:
     logit_ranges: list[tuple[int, int]]
     # sequences sharing a radix-tree prefix: (shared length, members); see AttentionPlan
     prefix_groups: list[tuple[int, list[int]]] | None = None
+    # executor.sampler.SamplingBatch (typed Any: it holds a callable, and msgspec builds the
+    # tensor-parallel step's decoder from these types); rank 0 only, never sent to others
+    sampling: Any = None
 
     def __len__(self) -> int:
         return len(self.req_pool_indices)

@@ -176,8 +176,9 @@ class ScheduleBatch:
     def __len__(self) -> int:
         return len(self.reqs)
 
-    def worker_batch(self) -> ModelWorkerBatch:
-        """The executor's view of this step: pool rows, lengths and new tokens, no requests."""
+    def worker_batch(self, sampling: Any = None) -> ModelWorkerBatch:
+        """The executor's view of this step: pool rows, lengths and new tokens, and what
+        samples after it (``sampling``: an ``executor.sampler.SamplingBatch``), no requests."""
         input_ids: list[int] = []
         for r, n in zip(self.reqs, self.extend_lens):
             input_ids += r.tokens(r.kv_len, r.kv_len + n)
@@ -189,4 +190,5 @@ class ScheduleBatch:
             input_ids=input_ids,
             logit_ranges=self.logit_ranges,
             prefix_groups=self.prefix_groups,
+            sampling=sampling,
         )

@@ -216,7 +216,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         sampling = None if self.embeddings is not None else self.outputs.sampling_batch(batch)
         t0, decode = time.perf_counter(), batch.is_decode
         logits, sampled = self.model_runner.forward_and_sample(
-            batch.worker_batch(), self.cache.req_to_token_pool.req_to_token, sampling)
+            batch.worker_batch(sampling), self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
         outs = (self.embeddings.process(batch, logits) if self.embeddings is not None
                 else self.outputs.process(batch, sampled))
