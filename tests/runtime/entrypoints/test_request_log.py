@@ -57,13 +57,16 @@ def _send_all(url: str) -> int:
     _post(url, "/generate", {"text": "salted prompt", "sampling_params": SP, "rid": "salted",
                              "cache_salt": SALT})
     _post(url, "/generate", {"text": "two samples", "rid": "nn",
-                             "sampling_params": {**SP, "n": 2, "temperature": 1.0}})
+                             "sampling_params": {**SP, "n": 2, "temperature": 1.0,
+                                                 "ignore_eos": True}})
     with httpx.stream("POST", url + "/generate", headers=HEADERS, timeout=120, json={
             "text": "streamed", "sampling_params": SP, "rid": "stream", "stream": True}) as r:
         assert r.status_code == 200
         r.read()
-    _post(url, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3})
-    _post(url, "/v1/chat/completions", {"max_tokens": 3, "messages": [
+    # sampled at the API's temperature 1: ignore_eos, so every record ends by its length
+    _post(url, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3,
+                                   "ignore_eos": True})
+    _post(url, "/v1/chat/completions", {"max_tokens": 3, "ignore_eos": True, "messages": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Say hi"}]})
     return 11
