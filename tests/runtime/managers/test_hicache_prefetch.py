@@ -117,11 +117,11 @@ def test_ready_and_take_per_policy(tiered, monkeypatch, policy, waits, pages):
     cache.observe_prefill(100, 100.0)  # a second per token: loading is faster
     cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
     assert backend.gate_reached.wait(60)
-    assert cache.ready("r", TOKENS, None, BLOCK) is not waits
+    assert cache.ready("r") is not waits
     assert cache.loading()
     if waits:
         backend.release.set()
-        _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the load ending")
+        _until(lambda: cache.ready("r"), "the load ending")
     assert _firsts(cache.take("r", TOKENS, None, BLOCK)) == pages
     backend.release.set()
     _until(lambda: cache.tier._prefetched_bytes == 0, "the budget coming back")
@@ -133,7 +133,7 @@ def test_auto_does_not_wait_when_loading_is_measured_slower(tiered):
     cache.tier.page_seconds = 1.0  # a second per page
     cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
     assert backend.gate_reached.wait(60)
-    assert cache.ready("r", TOKENS, None, BLOCK)
+    assert cache.ready("r")
 
 
 def test_a_page_past_its_deadline_is_a_miss_and_the_loads_behind_it_go_on(tiered):
@@ -144,11 +144,11 @@ def test_a_page_past_its_deadline_is_a_miss_and_the_loads_behind_it_go_on(tiered
     cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
     cache.prefetch("s", OTHER, None, cached_len=0)  # queued behind the stuck read
     assert backend.gate_reached.wait(60)
-    _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the page deadline")
+    _until(lambda: cache.ready("r"), "the page deadline")
     assert _firsts(cache.take("r", TOKENS, None, BLOCK)) == [1.0, 2.0]
     assert cache.tier.stats["reads_timed_out"] == 1
     cache.tier.page_deadline = 3600.0  # the next reads, however slow today, are not stalls
-    _until(lambda: cache.ready("s", OTHER, None, 0), "the next load")
+    _until(lambda: cache.ready("s"), "the next load")
     start, kv = cache.take("s", OTHER, None, 0)
     assert start == 0 and kv.shape[1] == 3 * BLOCK
 
@@ -159,10 +159,10 @@ def test_reads_stop_after_too_many_stuck_threads(tiered, monkeypatch):
     monkeypatch.setattr(tier_module, "MAX_STUCK_READERS", 1)
     cache, backend = tiered("wait_complete", page_deadline=0.2)
     cache.prefetch("r", TOKENS, None, cached_len=BLOCK)
-    _until(lambda: cache.ready("r", TOKENS, None, BLOCK), "the page deadline")
+    _until(lambda: cache.ready("r"), "the page deadline")
     assert cache.tier.reads_stopped
     cache.prefetch("s", OTHER, None, cached_len=0)
-    assert cache.ready("s", OTHER, None, 0) and cache.take("s", OTHER, None, 0) is None
+    assert cache.ready("s") and cache.take("s", OTHER, None, 0) is None
 
 
 def test_the_wait_each_policy_allows():
@@ -176,3 +176,24 @@ def test_the_wait_each_policy_allows():
     assert wait_s("auto", 4, 256, 0.01, None) == pytest.approx(2.56)  # no load measured
     assert wait_s("auto", 4, 256, None, None) == timeout_s(256)  # nothing computed yet
     assert wait_s("auto", 0, 0, 0.01, 0.1) == 0.0
+
+
+def test_requests_past_the_kept_loads_go_on_without_storage(tiered, monkeypatch):
+    """More queued requests than loads kept: the ones whose loads were dropped are ready at
+    once (no storage), and asking never restarts a load at another request's expense (it
+    did: each pass dropped the next request's load, and under wait_complete none ended)."""
+    from radixlm.runtime.managers.scheduler import hicache as hicache_module
+
+    monkeypatch.setattr(hicache_module, "MAX_LOADS", 1)
+    cache, backend = tiered("wait_complete")
+    cache.prefetch("r", TOKENS, None, cached_len=BLOCK)  # its page 3 is gated
+    cache.prefetch("s", OTHER, None, cached_len=0)  # drops r's load
+    kept = dict(cache.loads)
+    for _ in range(3):  # scheduling passes over the queue
+        assert cache.ready("r")
+        cache.ready("s")
+    assert dict(cache.loads) == kept and set(kept) == {"s"}
+    _until(lambda: cache.ready("s"), "s's load")
+    start, kv = cache.take("s", OTHER, None, 0)
+    assert start == 0 and kv.shape[1] == 3 * BLOCK
+    backend.release.set()

@@ -113,13 +113,7 @@ class CacheManager:
         """Whether ``req`` may be admitted now as far as storage goes: False while its
         pages are loading and its prefetch policy says wait (the scheduler skips it; it
         never blocks on storage)."""
-        if self.hicache is None:
-            return True
-        if req.rid in self.hicache.loads:  # the match is only needed to start a load
-            return self.hicache.ready(req.rid, (), req.namespace, 0)
-        ids = req.fill_ids[: req.max_cached_prefix()]
-        cached = len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
-        return self.hicache.ready(req.rid, ids, req.namespace, cached)
+        return self.hicache is None or self.hicache.ready(req.rid)
 
     def wait_storage(self, timeout: float) -> bool:
         """With storage loads in flight, nap until one progresses (at most ``timeout`` s);

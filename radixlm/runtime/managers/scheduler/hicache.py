@@ -162,19 +162,16 @@ class HiCache:
         while len(self.loads) > MAX_LOADS:
             self.tier.release(self.loads.popitem(last=False)[1])
 
-    def ready(self, rid: str, token_ids: Sequence[int], namespace: str | None,
-              cached_len: int) -> bool:
-        """Whether a queued request may be scheduled now: its load is done, past its
-        deadline, or stalled on a page (then a miss). A request without a load (dropped
-        past ``MAX_LOADS``, or back in the queue after a retraction) starts one."""
-        now = time.monotonic()
-        self.tier.poll(now)
+    def ready(self, rid: str) -> bool:
+        """Whether a queued request may be scheduled now: it has no load (none was needed,
+        or it was dropped past ``MAX_LOADS``: it goes on without storage; restarting it here
+        would drop the next request's, and none would ever finish), or its load is done,
+        past its deadline, or stalled on a page (then a miss)."""
         load = self.loads.get(rid)
         if load is None:
-            self.prefetch(rid, token_ids, namespace, cached_len)
-            load = self.loads.get(rid)
-            if load is None:
-                return True  # no whole page past its match
+            return True
+        now = time.monotonic()
+        self.tier.poll(now)
         return (load.done.is_set() or now >= load.deadline
                 or load.stalled(now, self.tier.page_deadline))
 

@@ -346,6 +346,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.cache.release(req, cache=False)
         req.on_retracted()
         self.waiting.insert(0, req)
+        self.cache.prefetch(req)  # its pages may be in storage now: load them again
         self.stats["num_preemptions"] += 1
         self.new_token_ratio = 1.0
         logger.warning("KV cache full: retracted request %s (%d running left)", req.rid,
