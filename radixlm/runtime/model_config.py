@@ -90,14 +90,14 @@ class ModelConfig:
         if dtype != "auto" and dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
         try:
-            return cls._from_dict(model_dir, _text_config(raw), dtype, context_length)
+            return cls._from_dict(model_dir, _text_config(raw), dtype, context_length, arch)
         except KeyError as e:
             raise ModelDirError(f"{model_dir / 'config.json'} lacks {e.args[0]!r}, which "
                                 f"{arch} needs") from None
 
     @classmethod
     def _from_dict(cls, model_dir: Path, hf: dict[str, Any], dtype: str,
-                   context_length: int | None) -> ModelConfig:
+                   context_length: int | None, arch: str) -> ModelConfig:
         heads = hf["num_attention_heads"]
         model_type = hf.get("model_type", "")
         max_pos = hf.get("max_position_embeddings", 2048)
@@ -105,7 +105,7 @@ class ModelConfig:
         return cls(
             model_dir=model_dir,
             # a config saved without architectures: its model_type's causal LM
-            architectures=tuple(hf.get("architectures") or (served_architecture(hf),)),
+            architectures=tuple(hf.get("architectures") or (arch,)),
             model_type=model_type,
             hidden_size=hf["hidden_size"],
             num_layers=hf["num_hidden_layers"],

@@ -116,6 +116,9 @@ def test_retrieve_delete_input_items_and_the_store_bound_evicts(client, server):
     assert got.metadata == {"i": str(STORE_SIZE)} and got.usage == made[-1].usage
     items = client.responses.input_items.list(made[-1].id)
     assert [i.content[0].text for i in items.data] == [f"Turn {STORE_SIZE}"]
+    bad = httpx.get(f"{server.url}/v1/responses/{made[-1].id}/input_items?order=sideways",
+                    timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "order"
     client.responses.delete(made[-1].id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(made[-1].id)

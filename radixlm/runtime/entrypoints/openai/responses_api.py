@@ -102,8 +102,11 @@ class ResponsesRoutes:
 
     async def input_items(self, request: Request, response_id: str) -> Response:
         entry = self._stored(request, response_id)
-        desc = request.query_params.get("order", "desc") == "desc"
-        return _json_bytes(await off_loop(items_page, entry, desc))
+        order = request.query_params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, f"order must be 'asc' or 'desc', got {order[:64]!r}",
+                           param="order")
+        return _json_bytes(await off_loop(items_page, entry, order == "desc"))
 
     async def cancel(self, request: Request, response_id: str) -> Response:
         self._stored(request, response_id)
