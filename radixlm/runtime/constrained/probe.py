@@ -15,16 +15,12 @@ from typing import Any
 import torch
 
 from radixlm.runtime.constrained.base import Grammar, Matcher, allocate_token_bitmask
-from radixlm.runtime.constrained.step_budget import StepCost, probe_steps
+from radixlm.runtime.constrained.step_budget import StepCost, first_text_token, probe_steps
 
 
 def allows_text(row: torch.Tensor, stop_token_ids: list[int]) -> bool:
     """Whether a filled bitmask row [W] allows some token that is not a stop token."""
-    row = row.clone()
-    for t in stop_token_ids:
-        if t // 32 < row.numel():
-            row[t // 32] &= ~(1 << (t % 32)) if t % 32 < 31 else 0x7FFFFFFF
-    return bool(row.any())
+    return first_text_token(row, stop_token_ids) is not None
 
 
 def allows_nothing(matcher: Matcher, row: torch.Tensor, stop_token_ids: list[int]) -> bool:
