@@ -26,7 +26,12 @@ import math
 
 PREFETCH_POLICIES = ("auto", "best_effort", "wait_complete", "timeout")
 TIMEOUT_BASE_S, TIMEOUT_PER_KI_TOKEN_S, TIMEOUT_MAX_S = 2.0, 0.1, 30.0
-RATE_DECAY = 0.8  # weight of the past in the measured prefill seconds per token
+RATE_DECAY = 0.8  # weight of the past in a measured rate (prefill per token, read per page)
+
+
+def moving_average(last: float | None, value: float) -> float:
+    """The measured rate after one more observation ``value`` (the first: itself)."""
+    return value if last is None else RATE_DECAY * last + (1 - RATE_DECAY) * value
 
 
 class ComputeRate:
@@ -38,9 +43,7 @@ class ComputeRate:
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
-        rate, last = seconds / tokens, self.seconds_per_token
-        self.seconds_per_token = rate if last is None else (
-            RATE_DECAY * last + (1 - RATE_DECAY) * rate)
+        self.seconds_per_token = moving_average(self.seconds_per_token, seconds / tokens)
 
 
 def timeout_s(tokens: int) -> float:

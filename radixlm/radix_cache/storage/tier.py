@@ -33,6 +33,7 @@ from radixlm.radix_cache.storage.page_format import (
     encode_page,
     page_bytes,
 )
+from radixlm.radix_cache.storage.prefetch_policy import moving_average
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ MAX_PREFETCH_BYTES = 1 << 30  # pages loaded but not yet taken by their request
 MAX_KNOWN_KEYS = 1 << 18  # keys remembered as stored (not copied again): about 40 MB
 PAGE_DEADLINE_S = 5.0  # a page read that takes longer is a miss (its thread is replaced)
 MAX_STUCK_READERS = 4  # prefetch threads left blocked in a read before reads stop
-RATE_DECAY = 0.8  # weight of the past in the measured seconds per page
 
 
 @dataclass
@@ -255,7 +255,8 @@ class StorageTier:
                     for key in load.keys[i:]:
                         self._forget(key)
                     break
-                self._measured(time.monotonic() - start)
+                self.page_seconds = moving_average(self.page_seconds,
+                                                   time.monotonic() - start)
                 load.pages.append(kv)
                 self.progress.set()
         finally:
@@ -266,10 +267,6 @@ class StorageTier:
                     load.nbytes = 0
             self.progress.set()
 
-    def _measured(self, seconds: float) -> None:
-        last = self.page_seconds
-        self.page_seconds = seconds if last is None else (
-            RATE_DECAY * last + (1 - RATE_DECAY) * seconds)
 
     def _reserve(self, load: PageLoad, pages: int = 1) -> bool:
         """Count ``pages`` more (or fewer) pages of ``load`` against ``MAX_PREFETCH_BYTES``."""
