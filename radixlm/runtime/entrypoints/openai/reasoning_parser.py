@@ -20,7 +20,12 @@ from __future__ import annotations
 import re
 
 from radixlm.runtime.config_checks import REASONING_PARSERS
-from radixlm.runtime.entrypoints.openai.function_call.scan import Finder, Run, TrailingSpace
+from radixlm.runtime.entrypoints.openai.function_call.scan import (
+    Finder,
+    Run,
+    TrailingSpace,
+    held,
+)
 
 THINK_START, THINK_END = "<think>", "</think>"
 _FORCED = {"deepseek-r1"}
@@ -28,14 +33,6 @@ _ANALYSIS = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>analysis<\|messag
 _ANALYSIS_MARKERS = ("<|start|>assistant<|channel|>analysis<|message|>",
                      "<|channel|>analysis<|message|>")
 _ANALYSIS_END = "<|end|>"
-
-
-def _held(text: str, lo: int, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text[lo:]`` that is a proper prefix of a marker."""
-    for k in range(min(len(text) - lo, max(map(len, markers)) - 1), 0, -1):
-        if any(m.startswith(text[-k:]) for m in markers):
-            return k
-    return 0
 
 
 def prompt_opens_thinking(prompt: str) -> bool:
@@ -126,7 +123,7 @@ class ReasoningParser:
             self.end = Finder(THINK_END, self.body)
         end = self.end.find(text)
         if end < 0:
-            stop = len(text) if final else len(text) - _held(text, self.body, (THINK_END,))
+            stop = len(text) if final else len(text) - held(text, self.body, (THINK_END,))
             return self._strip(text, stop), none
         self.after = self.after or Run(end + len(THINK_END))
         return self._strip(text, end), (self.after.skip(text), len(text))
@@ -143,7 +140,7 @@ class ReasoningParser:
             if not self.in_analysis:
                 m = _ANALYSIS.search(text, max(self.pos, self.search_from))
                 if m is None:
-                    stop = len(text) if final else len(text) - _held(text, self.pos,
+                    stop = len(text) if final else len(text) - held(text, self.pos,
                                                                       _ANALYSIS_MARKERS)
                     self.search_from = len(text) - len(_ANALYSIS_MARKERS[0]) + 1
                     content.append(text[self.pos:stop])
@@ -154,7 +151,7 @@ class ReasoningParser:
                 self.end = Finder(_ANALYSIS_END, self.pos)
             end = self.end.find(text)
             if end < 0:
-                stop = len(text) if final else len(text) - _held(text, self.pos,
+                stop = len(text) if final else len(text) - held(text, self.pos,
                                                                   (_ANALYSIS_END,))
                 reasoning.append(text[self.pos:stop])
                 self.pos = stop

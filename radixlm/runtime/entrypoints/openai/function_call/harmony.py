@@ -29,21 +29,13 @@ from radixlm.runtime.entrypoints.openai.function_call.scan import (
     Run,
     TextMemo,
     TrailingSpace,
+    held,
 )
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _HEADER_MAX = 512
-
-
-def held(text: str, lo: int, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text[lo:]`` that is a proper prefix of a marker."""
-    tail = text[max(lo, len(text) - max(map(len, markers)) + 1):]
-    for k in range(len(tail), 0, -1):
-        if any(m.startswith(tail[-k:]) for m in markers):
-            return k
-    return 0
 
 
 class HarmonyRegion(Region):

@@ -181,3 +181,12 @@ class Nesting:
         self.memo.scanned += i - self.pos
         self.pos = i  # may pass n by one: the character after a final backslash is skipped
         return self.end
+
+
+def held(text: str, lo: int, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text[lo:]`` that is a proper prefix of a marker:
+    text a stream holds back until the next delta says whether a marker starts there."""
+    for k in range(min(len(text) - lo, max(map(len, markers)) - 1), 0, -1):
+        if any(m.startswith(text[-k:]) for m in markers):
+            return k
+    return 0
