@@ -132,8 +132,10 @@ class ResponsesRoutes:
         new = await asyncio.to_thread(input_messages, body.input, items)
         system = [{"role": "system", "content": body.instructions}] if body.instructions \
             else []
-        job, states = await self.chat.start_chat(
-            request, self._chat_request(body, system + history + new), "/v1/responses")
+        # the whole conversation (history decoded from the store included) is validated as
+        # a chat request: megabytes of it, so off the loop like the items
+        chat_request = await asyncio.to_thread(self._chat_request, body, system + history + new)
+        job, states = await self.chat.start_chat(request, chat_request, "/v1/responses")
         response = self._skeleton(body)
         turn = Turn(self, request, body, response, history + new, items)
         if body.stream:
