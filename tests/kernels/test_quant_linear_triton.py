@@ -77,14 +77,16 @@ GROUPS = {"16": 16, "32": 32, "64": 64, "128": 128, "k": None, "24": 24}
 @pytest.mark.parametrize("mins", [False, True])
 @pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
 def test_matches_float64(kind, mins, group_name):
-    """Rows 1, 3 and 17 (one and two row blocks), odd N (two column blocks), odd K with a
-    short last group (5 columns), float32 / bfloat16 / float16 x, bias on some."""
+    """Rows 1, 3, 17 and 70 (each block size, one and two row blocks), odd N (one and two
+    column blocks), odd K with a short last group (5 columns), float32 / bfloat16 / float16
+    x, bias on some."""
     group = GROUPS[group_name]
     k = 75 if group is None else 2 * group + 5
     n = 45
     qw = make_weight(kind, n, k, group or k, mins, False, seed=len(group_name) + k)
     gen = torch.Generator().manual_seed(k)
-    for rows, dtype in ((1, torch.bfloat16), (3, torch.float32), (17, torch.float16)):
+    for rows, dtype in ((1, torch.bfloat16), (3, torch.float32), (17, torch.float16),
+                        (70, torch.bfloat16)):
         x = torch.randn(rows, k, generator=gen).to(DEVICE, dtype)
         bias = torch.randn(n, generator=gen).to(DEVICE) if rows != 1 else None
         run_and_check(x, qw, bias)
