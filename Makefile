@@ -63,7 +63,7 @@ gpu-check:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/gpu_smoke.py --preset small --dtype bfloat16 --against transformers
 	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/kernels_gpu.py
 	# the fused-MoE kernel vs float64, and a tiny Mixtral decoded from CUDA graphs
-	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py tests/runtime/executor/test_cuda_graph_runner.py
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py tests/kernels/test_quant_linear_triton.py tests/runtime/executor/test_cuda_graph_runner.py
 	PYTHONPATH=$(CURDIR):$(CURDIR)/.site $(GPU_PY) benchmarks/gpu_smoke.py --family mixtral
 
 clean:
