@@ -20,7 +20,7 @@ from radixlm.runtime.config import ServerArgs
 # name -> (title, fields): the order of --help
 FLAG_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "model": ("the model and its numbers", (
-        "model_path", "tokenizer_path", "served_model_name", "dtype", "device",
+        "model_path", "load_format", "tokenizer_path", "served_model_name", "dtype", "device",
         "context_length", "kv_cache_dtype", "torchao_config", "quantization", "is_embedding",
         "sampling_defaults", "random_seed")),
     "server": ("where it listens and how it stops", (

@@ -32,7 +32,10 @@ from radixlm.runtime.kv_events_config import KVEventsConfig
 class ServerArgs:
     # model
     model_path: str | None = field(default=None, metadata={"help": "local HF model directory "
-                                   "(default: the built-in tiny model)"})
+                                   "or a .gguf file (default: the built-in tiny model)"})
+    load_format: str = field(default="auto", metadata={
+        "help": "auto|safetensors|gguf: auto reads a .gguf file as GGUF, a directory's "
+                "safetensors otherwise"})
     tokenizer_path: str | None = field(default=None, metadata={"help": "default: model_path"})
     dtype: str = field(default="auto", metadata={
         "help": "auto|float32|float16|bfloat16; auto: the checkpoint's on a GPU, on a CPU bf16 "
@@ -46,8 +49,9 @@ class ServerArgs:
         "help": "int8wo: weight-only int8 projections, quantized at load (SGLang's flag); "
                 "empty: off"})
     quantization: str | None = field(default=None, metadata={
-        "help": "SGLang's / vLLM's checkpoint quantization methods: none is supported "
-                "(refused at start-up); see --torchao-config int8wo"})
+        "help": "the checkpoint's quantization (SGLang's names: awq, awq_marlin, gptq, "
+                "gptq_marlin, fp8, compressed-tensors, w8a8_int8, w8a8_fp8, gguf); default: "
+                "read from config.json's quantization_config"})
     is_embedding: bool = field(default=False, metadata={
         "help": "serve an embedding model: /v1/embeddings and /encode return pooled hidden "
                 "states; generation routes answer 400"})

@@ -33,6 +33,11 @@ SGLANG_KV_CACHE_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")  # block-scaled: r
 # --torchao-config: SGLang's values radixlm implements ("" is off); its others need
 # dynamic-activation int8 or int4 / fp8 kernels radixlm does not have
 TORCHAO_CONFIGS = ("", "int8wo")
+# --quantization: SGLang's names of the checkpoint formats radixlm reads (executor/quant/);
+# the marlin names are SGLang's GPU kernels for the same AWQ / GPTQ layouts
+QUANTIZATION_METHODS = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors",
+                        "w8a8_int8", "w8a8_fp8", "gguf")
+LOAD_FORMATS = ("auto", "safetensors", "gguf")
 SGLANG_TORCHAO_CONFIGS = ("int8dq", "int4wo-<group_size>", "fp8wo", "fp8dq-per_tensor",
                           "fp8dq-per_row")
 
@@ -167,17 +172,23 @@ def check_server_args(args: Any) -> None:
 
 
 def _check_quantization(args: Any, need: Any) -> None:
-    """--torchao-config int8wo is the one weight quantization; --quantization (SGLang's and
-    vLLM's checkpoint formats and online methods) is refused with a pointer to it."""
+    """--torchao-config int8wo quantizes a float checkpoint at load; --quantization names
+    a quantized checkpoint's format (checked against its quantization_config at load)."""
     need(args.torchao_config in TORCHAO_CONFIGS,
          f"torchao_config (--torchao-config) must be 'int8wo' (weight-only int8, per output "
          f"channel) or empty, got {args.torchao_config!r}; SGLang's "
          f"{', '.join(SGLANG_TORCHAO_CONFIGS)} are not supported")
-    need(args.quantization is None,
-         f"quantization (--quantization) is not supported, got {args.quantization!r}: "
-         "radixlm serves unquantized checkpoints (no awq, gptq, fp8, w8a8_int8, ...; "
-         "SGLang's and vLLM's 'rtn' is int8 with one scale per 128 columns); for "
-         "weight-only int8 with one scale per output channel use --torchao-config int8wo")
+    need(args.quantization is None or args.quantization in QUANTIZATION_METHODS,
+         f"quantization (--quantization) must be one of {', '.join(QUANTIZATION_METHODS)}, "
+         f"got {args.quantization!r} (SGLang's and vLLM's online methods such as 'rtn', "
+         "bitsandbytes, marlin-only and NVIDIA/AMD formats are not read)")
+    need(args.load_format in LOAD_FORMATS,
+         f"load_format (--load-format) must be one of {LOAD_FORMATS}, got {args.load_format!r}")
+    need(not (args.torchao_config and (args.quantization or args.load_format == "gguf")),
+         "torchao_config (--torchao-config) quantizes a float checkpoint; the checkpoint is "
+         "already quantized (--quantization / --load-format gguf)")
+    need(args.quantization != "gguf" or args.load_format in ("auto", "gguf"),
+         f"quantization gguf needs load_format auto or gguf, got {args.load_format!r}")
 
 
 def _check_keys(args: Any, need: Any) -> None:

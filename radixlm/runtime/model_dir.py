@@ -54,8 +54,9 @@ def check_model_dir(model_dir: str | Path, tokenizer_dir: str | Path | None = No
     it holds a readable config.json of a served architecture, safetensors weights and
     tokenizer files: ``ModelDirError`` naming the first thing missing."""
     model_dir = Path(model_dir)
-    served_architecture(read_config(model_dir), model_dir / "config.json")
-    if not _has_any(model_dir, WEIGHT_FILES):
+    config = read_config(model_dir)
+    served_architecture(config, model_dir / "config.json")
+    if not _has_any(model_dir, WEIGHT_FILES) and not _gguf_weights(config):
         bins = sorted(p.name for p in model_dir.glob("*.bin"))
         raise ModelDirError(
             f"no *.safetensors weights in {model_dir}"
@@ -68,6 +69,14 @@ def check_model_dir(model_dir: str | Path, tokenizer_dir: str | Path | None = No
             f"no tokenizer files in {tokenizer_dir}: expected tokenizer.json (or a "
             "sentencepiece tokenizer.model, vocab.json + merges.txt, vocab.txt); "
             "--tokenizer-path names a tokenizer kept elsewhere")
+
+
+def _gguf_weights(config: dict[str, Any]) -> bool:
+    """Whether config.json says the weights are a GGUF file (a ``gguf_file.view_dir``)
+    that exists."""
+    quant = config.get("quantization_config")
+    return (isinstance(quant, dict) and quant.get("quant_method") == "gguf"
+            and isinstance(quant.get("gguf_file"), str) and Path(quant["gguf_file"]).is_file())
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any]:

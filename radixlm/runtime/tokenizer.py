@@ -5,17 +5,27 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from radixlm.runtime import gguf_file
 from radixlm.runtime.model_dir import ModelDirError
 from radixlm.tiny_model import default_tiny_model_path
 
 
-def resolve_model_path(model_path: str | None) -> str:
-    """A local model directory; None means the built-in tiny model (built on first use)."""
+def resolve_model_path(model_path: str | None, load_format: str = "auto") -> str:
+    """A local model directory; None means the built-in tiny model (built on first use).
+    A GGUF file (``.gguf``, or any file with ``load_format`` gguf) becomes the directory
+    its metadata describes (``gguf_file.view_dir``: config.json, tokenizer files, the
+    weights read from the file itself)."""
     if model_path is None:
         return str(default_tiny_model_path())
+    if os.path.isfile(model_path) and (load_format == "gguf" or (
+            load_format == "auto" and model_path.lower().endswith(".gguf"))):
+        return str(gguf_file.view_dir(model_path))
+    if load_format == "gguf":
+        raise ModelDirError(f"load_format gguf needs model_path to be a GGUF file, got "
+                            f"{model_path!r}")
     if not os.path.isdir(model_path):
-        raise ModelDirError(f"model_path {model_path!r} is not a local directory (radixlm "
-                            "loads Hugging Face checkpoints from disk; nothing is downloaded)")
+        raise ModelDirError(f"model_path {model_path!r} is not a local directory or .gguf "
+                            "file (radixlm loads checkpoints from disk; nothing is downloaded)")
     return model_path
 
 

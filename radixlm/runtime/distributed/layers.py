@@ -32,6 +32,9 @@ matmul emulates bf16 there, 7-9x slower). The dense weight stays the parameter
 
 With ``--torchao-config int8wo`` the projections multiply by an int8 copy instead
 (``qweight`` / ``scales``, made by ``quantization.py``; their dense weight is dropped).
+A quantized checkpoint's layers (GGUF, AWQ, GPTQ, FP8, W8A8: ``executor/quant/``) hold
+their weight as ``quant`` (``quant_rows.QuantRows``) and a ``meta`` placeholder of the
+dense shape.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from torch import nn
 from radixlm.kernels import amx_linear, fma_linear
 from radixlm.kernels.int8_linear import int8_linear
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
+from radixlm.runtime.distributed.quant_rows import QuantRows
 from radixlm.runtime.model_config import ModelConfig, cpu_has_bf16
 
 logger = logging.getLogger(__name__)
@@ -102,6 +106,10 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
         # gpt-oss's down projection is read in whole 32-element MXFP4 blocks along I
         problems.append(f"intermediate_size ({inter}) / tp_size is not a multiple of the "
                         "MXFP4 block of 32")
+    if isinstance(quant, dict) and not mxfp4 and tp_size > 1:
+        # executor/quant/loader.py: groups along the columns a row-parallel shard would cut
+        problems.append(f"a quantized checkpoint (quant_method {quant.get('quant_method')!r}) "
+                        "is served on one rank")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 
@@ -167,6 +175,8 @@ class Prepackable:
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
     scales: torch.Tensor | None = None
+    # a quantized checkpoint's weight (executor/quant/loader.py); weight is then meta
+    quant: QuantRows | None = None
 
     def prepack(self) -> None:
         """(Re)build the packed copy from the current weight."""
@@ -192,6 +202,8 @@ class Prepackable:
                             if t is not None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.matmul(x, bias)
         if self.qweight is not None:
             return int8_linear(x, self.qweight, self.scales, bias)
         if self.amx_packed is not None and amx_linear.takes(x):

@@ -34,7 +34,7 @@ def launch_server(args: ServerArgs, sock: socket.socket | None = None) -> int:
     when the watchdog found the scheduler stuck. ``sock``: the port, bound already
     (``listener.bind_listener``; the command line binds it before its imports)."""
     try:
-        model_path = resolve_model_path(args.model_path)
+        model_path = resolve_model_path(args.model_path, args.load_format)
         check_model_dir(model_path, args.tokenizer_path)
     except ModelDirError as e:  # one line and exit 1, before any child starts (as listener.py)
         raise SystemExit(f"radixlm serve: {e}") from None

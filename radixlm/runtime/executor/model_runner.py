@@ -40,13 +40,14 @@ from radixlm.runtime.executor.batch_builder import ForwardBatchBuilder
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.forward_heap import ForwardHeap
-from radixlm.runtime.executor.models import decode_windows, get_model_class, load_model
+from radixlm.runtime.executor.models import build_model, decode_windows, get_model_class
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
     copy_weights,
     plan_load,
 )
+from radixlm.runtime.executor.quant.loader import load_checkpoint, quant_weight_bytes
 from radixlm.runtime.executor.sampler import NextTokens, Sampler, SamplingBatch
 from radixlm.runtime.executor.swa_pool import SWALayout, swa_pool_size
 from radixlm.runtime.executor.tp_worker import (
@@ -95,8 +96,15 @@ class ModelRunner:
             torch.manual_seed(args.random_seed)
         # an embedding model never reads its LM head: its checkpoint may have none
         self.optional_weights = ("lm_head.weight",) if self.is_embedding else ()
-        self.model = load_model(self.model_config, model_path, self.device, self.tp,
-                                self.optional_weights)
+        self.model = build_model(self.model_config, self.device, self.tp)
+        # a quantized checkpoint's linears stay quantized (executor/quant/)
+        self.quant_kinds = load_checkpoint(self.model, self.model_config, model_path,
+                                           self.optional_weights, args.quantization)
+        self.model.eval()
+        if self.quant_kinds:
+            logger.info("quantized checkpoint: %s linear weights, %.3f GiB with the kernels' "
+                        "packed copies", dict(self.quant_kinds),
+                        quant_weight_bytes(self.model) / (1 << 30))
         # the torch path: sliding windows whose layers decode over a truncated layout
         # (ForwardBatch.window_views); the Triton kernels take the window themselves
         self.decode_windows = decode_windows(self.model) if self.uses_torch_attention else []
@@ -343,6 +351,9 @@ class ModelRunner:
         safetensors headers, reading no weights: ValueError naming what differs (a config
         field, or missing / unexpected / misshapen tensors). Returns ``plan_load``'s targets."""
         path = Path(model_path)
+        if self.quant_kinds:
+            raise ValueError("the served checkpoint is quantized: weight updates from disk "
+                             "load float safetensors checkpoints only")
         if not path.is_dir():
             raise ValueError(f"model_path {model_path!r} is not a directory")
         try:

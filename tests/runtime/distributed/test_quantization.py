@@ -127,12 +127,20 @@ def test_other_torchao_configs_are_refused(value):
         ServerArgs(torchao_config=value)
 
 
-@pytest.mark.parametrize("value", ["awq", "gptq", "fp8", "w8a8_int8", "rtn", "int8wo"])
-def test_quantization_methods_are_refused_pointing_to_int8wo(value):
-    with pytest.raises(ValueError, match="--quantization.*--torchao-config int8wo"):
+@pytest.mark.parametrize("value", ["rtn", "int8wo", "bitsandbytes", "AWQ", "marlin", ""])
+def test_unknown_quantization_methods_are_refused_naming_the_known_ones(value):
+    with pytest.raises(ValueError, match="--quantization.*awq, awq_marlin, gptq"):
         ServerArgs(quantization=value)
     with pytest.raises(ValueError, match="--quantization"):
         radixlm.Engine(quantization=value)
+
+
+@pytest.mark.parametrize("value", ["awq", "gptq_marlin", "fp8", "w8a8_int8", "gguf"])
+def test_quantization_with_int8wo_is_refused(value):
+    """--torchao-config quantizes a float checkpoint; a quantized one is refused with it."""
+    ServerArgs(quantization=value)  # accepted alone
+    with pytest.raises(ValueError, match="--torchao-config.*already quantized"):
+        ServerArgs(quantization=value, torchao_config="int8wo")
 
 
 def test_cli_flags():
@@ -141,5 +149,11 @@ def test_cli_flags():
     assert server_args_from_cli(parser.parse_args([])).torchao_config == ""
     args = server_args_from_cli(parser.parse_args(["--torchao-config", "int8wo"]))
     assert args.torchao_config == "int8wo"
+    assert server_args_from_cli(parser.parse_args(["--quantization", "awq"])).quantization \
+        == "awq"
     with pytest.raises(ValueError, match="--quantization"):
-        server_args_from_cli(parser.parse_args(["--quantization", "awq"]))
+        server_args_from_cli(parser.parse_args(["--quantization", "rtn"]))
+    args = server_args_from_cli(parser.parse_args(["--load-format", "gguf"]))
+    assert args.load_format == "gguf"
+    with pytest.raises(ValueError, match="--load-format"):
+        server_args_from_cli(parser.parse_args(["--load-format", "pt"]))

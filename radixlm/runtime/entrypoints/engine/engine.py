@@ -78,7 +78,7 @@ class Engine(EngineEncode):
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
-        self.model_path = resolve_model_path(model_path)
+        self.model_path = resolve_model_path(model_path, self.server_args.load_format)
         check_model_dir(self.model_path, self.server_args.tokenizer_path)  # one clear error
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
         self.sampling_defaults = sampling_defaults(self.server_args, self.model_path)

@@ -14,7 +14,8 @@ each active expert runs one matmul over all its tokens (by oneDNN-prepacked copi
 weights where the dense linears have them); outputs are weighted, put back in pair order
 and summed over each token's k. That reads each expert's count on the host; on the Triton path
 (CUDA) the experts run in the fused-MoE kernel instead (``kernels/fused_moe.py``), which
-reads nothing back, so MoE models decode in CUDA graphs (docs/design.md).
+reads nothing back, so MoE models decode in CUDA graphs (docs/design.md). A quantized
+checkpoint's experts (``quant_experts``) take the grouped path on every device.
 
 gpt-oss's experts have biases (``expert_bias``: gate_up's per expert row, down's per
 output, which rank 0 alone adds under tensor parallelism), gate and up interleaved and its
@@ -38,6 +39,7 @@ from torch import nn
 from radixlm import kernels
 from radixlm.runtime.distributed.layers import Placement, Prepackable, Shard
 from radixlm.runtime.distributed.parallel_state import get_tp_group
+from radixlm.runtime.distributed.quant_rows import QuantRows
 from radixlm.runtime.executor.layers.activation import act_and_mul
 
 SCORINGS = ("softmax_topk", "topk_softmax")
@@ -122,6 +124,9 @@ class FusedExperts(Prepackable, nn.Module):
         self.adds_down_bias = adds_down_bias
         self.act_and_mul = act_and_mul(activation, **dict(activation_params))
         self.packed_experts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # a quantized checkpoint's experts, (gate_up, down) per expert (executor/quant/
+        # loader.py); the stacked parameters are then meta
+        self.quant_experts: list[tuple[QuantRows, QuantRows]] | None = None
 
     @property
     def weight(self) -> torch.Tensor:  # what can_prepack checks (dtype, device)
@@ -149,7 +154,7 @@ class FusedExperts(Prepackable, nn.Module):
         """``x`` [N, H], ``ids`` / ``weights`` [N, K] -> [N, H]: each token's experts'
         outputs times their weights, summed. The Triton path (CUDA): the fused-MoE kernel,
         no host sync. Else one matmul pair per active expert."""
-        if kernels.use_triton(backend, x):
+        if kernels.use_triton(backend, x) and self.quant_experts is None:
             act = functools.partial(self.act_and_mul, backend=backend)
             return kernels.fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids,
                                          act, backend, self.gate_up_proj_bias, self._down_bias)
@@ -163,6 +168,8 @@ class FusedExperts(Prepackable, nn.Module):
     def _project(self, rows: torch.Tensor, expert: int, which: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
         """``rows @ W.T (+ bias)`` for the expert's gate_up (``which`` 0) or down (1)."""
+        if self.quant_experts is not None:
+            return self.quant_experts[expert][which].matmul(rows, bias)
         if self.packed_experts is not None:
             packed = self.packed_experts[expert][which]
             return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")

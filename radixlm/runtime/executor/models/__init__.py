@@ -40,8 +40,8 @@ from radixlm.runtime.model_dir import SERVED_ARCHITECTURES, served_architecture
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_CLASSES", "get_model_class", "load_model", "masked_layers", "decode_windows",
-           "LlamaForCausalLM", "Qwen2ForCausalLM"]
+__all__ = ["MODEL_CLASSES", "get_model_class", "build_model", "load_model", "masked_layers",
+           "decode_windows", "LlamaForCausalLM", "Qwen2ForCausalLM"]
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -106,17 +106,10 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def load_model(
-    config: ModelConfig,
-    model_dir: str | Path | None = None,
-    device: torch.device | str = "cpu",
-    tp: TpGroup | None = None,
-    optional_weights: tuple[str, ...] = (),
-) -> nn.Module:
-    """Build the model for ``config`` on ``device`` in ``config.resolve_dtype(device)`` and
-    load its weights from ``model_dir`` (default: ``config.model_dir``); eval mode. With a
-    tensor-parallel group ``tp``, this rank's slice of it (layers and weights);
-    ``optional_weights`` may be missing from the checkpoint (``plan_load``)."""
+def build_model(config: ModelConfig, device: torch.device | str = "cpu",
+                tp: TpGroup | None = None) -> nn.Module:
+    """The model for ``config`` on ``device`` in ``config.resolve_dtype(device)``, its
+    weights not loaded yet; with a tensor-parallel group ``tp``, this rank's slice."""
     cls = get_model_class(config.architectures)
     dtype = config.resolve_dtype(device)
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
@@ -128,6 +121,21 @@ def load_model(
                     "the CPU kernel when built, else kernels/masked_attention.py; "
                     "Triton: in-kernel)",
                     cls.__name__, masked)
+    return model
+
+
+def load_model(
+    config: ModelConfig,
+    model_dir: str | Path | None = None,
+    device: torch.device | str = "cpu",
+    tp: TpGroup | None = None,
+    optional_weights: tuple[str, ...] = (),
+) -> nn.Module:
+    """``build_model`` and load its weights from ``model_dir`` (default:
+    ``config.model_dir``'s safetensors); eval mode. ``optional_weights`` may be missing
+    from the checkpoint (``plan_load``). A quantized checkpoint loads through
+    ``executor/quant/loader.load_checkpoint`` instead."""
+    model = build_model(config, device, tp)
     load_weights(model, model_dir if model_dir is not None else config.model_dir,
                  optional_weights)
     return model.eval()

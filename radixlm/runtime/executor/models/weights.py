@@ -51,10 +51,12 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 class LoadTarget(NamedTuple):
     """A parameter (or rows of one) and the slice of the checkpoint tensor it receives
-    (None: the whole tensor)."""
+    (None: the whole tensor), and the placement it came from (which parameter, which rows:
+    where a quantized checkpoint's weight goes, ``executor/quant/loader.py``)."""
 
     tensor: torch.Tensor
     shard: Shard | None = None
+    place: Placement | None = None
 
 
 def _read(files: dict[str, Any], name: str, shard: Shard | None) -> torch.Tensor:
@@ -79,8 +81,8 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     return mxfp4.logical_shapes(shapes)
 
 
-def plan_load(model: nn.Module, model_dir: str | Path,
-              optional: tuple[str, ...] = ()) -> dict[str, LoadTarget]:
+def plan_load(model: nn.Module, model_dir: str | Path, optional: tuple[str, ...] = (),
+              shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, LoadTarget]:
     """checkpoint name -> the parameter (or rows of one) it is copied into and this rank's
     slice of it, after checking every tensor's presence and shape from the headers; no
     weight is read or touched. Raises ValueError naming missing, unexpected and misshapen
@@ -93,7 +95,9 @@ def plan_load(model: nn.Module, model_dir: str | Path,
     ``canonical_checkpoint_name`` maps the file's names to its layout's first (None: skip
     the tensor); the returned keys are the file's names. A base model's checkpoint
     (transformers' ``AutoModel``: ``layers.0...`` for ``model.layers.0...``, as embedding
-    checkpoints are saved) fills the same parameters.
+    checkpoints are saved) fills the same parameters. ``shapes``: the checkpoint's tensors
+    and shapes when they come from elsewhere than ``model_dir``'s safetensors headers (a
+    quantized checkpoint's logical weights: ``executor/quant/loader.py``).
     """
     params = dict(model.named_parameters())
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - params.keys()
@@ -105,7 +109,9 @@ def plan_load(model: nn.Module, model_dir: str | Path,
     found: set[str] = set()
     unexpected: list[str] = []
     misshapen: list[str] = []
-    for file_name, shape in checkpoint_shapes(model_dir).items():
+    if shapes is None:
+        shapes = checkpoint_shapes(model_dir)
+    for file_name, shape in shapes.items():
         name = canonical(file_name)
         if name is None or name in tied or name.endswith(_IGNORED_SUFFIXES):
             continue
@@ -135,7 +141,7 @@ def plan_load(model: nn.Module, model_dir: str | Path,
 def _target(params: dict[str, nn.Parameter], place: Placement) -> LoadTarget:
     param_name, rows, shard, transposed = place
     tensor = params[param_name] if rows is None else params[param_name][rows]
-    return LoadTarget(tensor.transpose(-1, -2) if transposed else tensor, shard)
+    return LoadTarget(tensor.transpose(-1, -2) if transposed else tensor, shard, place)
 
 
 def _expected_shape(name: str, target: LoadTarget) -> tuple[int, ...]:

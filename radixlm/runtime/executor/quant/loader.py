@@ -1,0 +1,170 @@
+"""Loading a quantized checkpoint into a model: each linear keeps its quantized weight.
+
+A quantized checkpoint (a GGUF file, or safetensors in AWQ / GPTQ / compressed-tensors /
+FP8 / W8A8 layouts) is read through a ``WeightSource``: every tensor under the name and
+logical (dequantized) shape the model's ``checkpoint_layout`` expects, so ``plan_load``
+checks it exactly as it checks a float checkpoint (missing, unexpected and misshapen
+tensors named, nothing touched on a mismatch). Then each tensor is read once:
+
+    a QuantWeight for a linear's rows         -> kept: the layer's ``quant`` (QuantRows),
+    (Prepackable weights, MoE experts)           its dense parameter replaced by ``meta``
+    a QuantWeight for anything else            -> dequantized into the parameter
+    (embeddings, a layer mixing dense parts)     (an embedding is a row lookup)
+    a float tensor                             -> copied, as from a float checkpoint
+
+``dense=True`` dequantizes everything (the float reference the tests compare against).
+One rank only: a quantized weight's groups run along the columns a row-parallel shard
+would cut, so ``config_checks`` refuses tp_size > 1 with a quantized checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixlm.kernels.qweight import QuantWeight
+from radixlm.runtime.distributed.layers import Placement, Prepackable
+from radixlm.runtime.distributed.quant_rows import QuantRows
+from radixlm.runtime.executor.layers.moe import FusedExperts
+from radixlm.runtime.executor.models.weights import LoadTarget, load_weights, plan_load
+from radixlm.runtime.executor.quant.sources import WeightSource, weight_source
+from radixlm.runtime.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+
+
+def load_checkpoint(model: nn.Module, config: ModelConfig, model_dir: str | Path,
+                    optional: tuple[str, ...] = (), quantization: str | None = None) -> Counter:
+    """Load ``model_dir``'s checkpoint into ``model``: through ``load_quantized`` when it
+    is quantized (its quantization_config, a GGUF view, or ``quantization``: SGLang's
+    name, which must agree with the checkpoint), else ``load_weights``. Returns how many
+    weights of each kind stay quantized (empty: a float checkpoint)."""
+    source = weight_source(config, model_dir, quantization)
+    if source is None:
+        load_weights(model, model_dir, optional)
+        return Counter()
+    return load_quantized(model, source, optional)
+
+
+def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, ...] = (),
+                   dense: bool = False) -> Counter:
+    """Check ``source`` against ``model`` (``plan_load``), then read it in (see the module
+    docstring). Returns how many weights of each kind stay quantized."""
+    targets = plan_load(model, source.where, optional, shapes=source.shapes())
+    blocks: dict[str, list[tuple[Placement, QuantWeight]]] = defaultdict(list)
+    with torch.no_grad():
+        for name, places in targets.items():
+            value = source.read(name)
+            for target in places:
+                assert target.shard is None, f"{name}: a quantized checkpoint loads on one rank"
+                if isinstance(value, QuantWeight) and not dense and _quant_site(model, target):
+                    blocks[target.place.param].append((target.place, value))
+                else:
+                    _copy_dense(target, value)
+        kinds: Counter = Counter()
+        for param, parts in blocks.items():
+            kinds.update(_attach(model, param, parts))
+    for m in model.modules():
+        assert not isinstance(m, FusedExperts) or m.quant_experts is None or all(
+            all(pair) for pair in m.quant_experts), \
+            "an MoE layer whose experts are quantized in gate_up but not down (or back)"
+    logger.info("loaded %d tensors from %s: %s", len(targets), source.where,
+                ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "all dense")
+    return kinds
+
+
+def _copy_dense(target: LoadTarget, value: torch.Tensor | QuantWeight) -> None:
+    if isinstance(value, QuantWeight):
+        value = value.dequantize(torch.float32)
+    target.tensor.copy_(value)
+
+
+def _quant_site(model: nn.Module, target: LoadTarget) -> bool:
+    """Whether ``target`` is rows of a weight that can multiply quantized."""
+    module_path, _, attr = target.place.param.rpartition(".")
+    module = model.get_submodule(module_path)
+    if isinstance(module, FusedExperts):
+        return attr in EXPERT_PARAMS and not target.place.transposed
+    return isinstance(module, Prepackable) and attr == "weight"
+
+
+def _attach(model: nn.Module, param: str, parts: list[tuple[Placement, QuantWeight]]) -> list:
+    """Give ``param``'s module the quantized blocks and drop its dense parameter; returns
+    the blocks' kinds. A parameter only partly covered by quantized blocks (the rest came
+    dense) gets them dequantized into it instead."""
+    module_path, _, attr = param.rpartition(".")
+    module = model.get_submodule(module_path)
+    dense = getattr(module, attr)
+    if isinstance(module, FusedExperts):
+        experts = _expert_rows(parts, dense.shape[0], dense.shape[1])
+        if experts is None:
+            return _dequantize_into(dense, parts)
+        if module.quant_experts is None:
+            module.quant_experts = [[None, None] for _ in range(module.num_experts)]
+        which = EXPERT_PARAMS.index(attr)
+        for e, rows in enumerate(experts):
+            module.quant_experts[e][which] = QuantRows(rows)
+    else:
+        rows = _ordered_rows([(p.rows, qw) for p, qw in parts], dense.shape[0])
+        if rows is None:
+            return _dequantize_into(dense, parts)
+        module.quant = QuantRows(rows)
+    setattr(module, attr, nn.Parameter(torch.empty(dense.shape, dtype=dense.dtype,
+                                                   device="meta"), requires_grad=False))
+    return [qw.kind for _, qw in parts]
+
+
+def _ordered_rows(parts: list[tuple[slice | None, QuantWeight]],
+                  n: int) -> list[QuantWeight] | None:
+    """The blocks top to bottom when they cover rows ``[0, n)`` exactly, else None."""
+    spans = sorted(((0, n) if rows is None else (rows.start, rows.stop), qw)
+                   for rows, qw in parts)
+    at = 0
+    for (start, stop), qw in spans:
+        if start != at or stop - start != qw.n:
+            return None
+        at = stop
+    return [qw for _, qw in spans] if at == n else None
+
+
+def _expert_rows(parts: list[tuple[Placement, QuantWeight]], experts: int,
+                 n: int) -> list[list[QuantWeight]] | None:
+    """Each expert's blocks top to bottom, when every expert's rows are covered."""
+    by_expert: dict[int, list[tuple[slice | None, QuantWeight]]] = defaultdict(list)
+    for place, qw in parts:
+        e, rows = place.rows if isinstance(place.rows, tuple) else (place.rows, None)
+        by_expert[e].append((rows, qw))
+    out = [_ordered_rows(by_expert.get(e, []), n) for e in range(experts)]
+    return None if any(rows is None for rows in out) else out
+
+
+def _dequantize_into(dense: torch.Tensor, parts: list[tuple[Placement, QuantWeight]]) -> list:
+    for place, qw in parts:
+        rows = place.rows
+        dense[rows if rows is not None else slice(None)].copy_(qw.dequantize(torch.float32))
+    logger.warning("%d quantized tensors of a %s parameter were dequantized (the rest of its "
+                   "rows came dense)", len(parts), tuple(dense.shape))
+    return []
+
+
+def quant_weight_bytes(model: nn.Module) -> int:
+    """Memory of every quantized weight of ``model`` (blocks and packed copies)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Prepackable) and m.quant is not None:
+            total += m.quant.nbytes()
+        if isinstance(m, FusedExperts) and m.quant_experts is not None:
+            total += sum(r.nbytes() for pair in m.quant_experts for r in pair)
+    return total
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, Prepackable) and m.quant is not None
+               or isinstance(m, FusedExperts) and m.quant_experts is not None
+               for m in model.modules())
