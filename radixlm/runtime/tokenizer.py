@@ -13,13 +13,13 @@ from radixlm.tiny_model import default_tiny_model_path
 def resolve_model_path(model_path: str | None, load_format: str = "auto") -> str:
     """A local model directory; None means the built-in tiny model (built on first use).
     A GGUF file (``.gguf``, or any file with ``load_format`` gguf) becomes the directory
-    its metadata describes (``gguf_file.view_dir``: config.json, tokenizer files, the
+    its metadata describes (``gguf_file.view_dir_for``: config.json, tokenizer files, the
     weights read from the file itself)."""
     if model_path is None:
         return str(default_tiny_model_path())
     if os.path.isfile(model_path) and (load_format == "gguf" or (
             load_format == "auto" and model_path.lower().endswith(".gguf"))):
-        return str(gguf_file.view_dir(model_path))
+        return str(gguf_file.view_dir_for(model_path))
     if load_format == "gguf":
         raise ModelDirError(f"load_format gguf needs model_path to be a GGUF file, got "
                             f"{model_path!r}")

@@ -5,60 +5,46 @@ quantized checkpoint may keep them in different formats: a GGUF ``Q4_K_M`` file 
 k in Q4_K and v in Q6_K. ``QuantRows`` stacks the blocks into one ``QuantWeight`` when
 they share a layout (one matmul, as for a dense weight), else keeps them apart and
 concatenates their outputs. Each block is packed once for the CPU kernel
-(``kernels/quant_linear.py``) when the kernel takes it; otherwise (and on a GPU) the
-dispatcher runs the Triton kernel or dequantizes.
+(``kernels/quant_linear.py``) when the kernel takes it; otherwise the dispatcher runs the
+Triton kernel (CUDA) or dequantizes.
 
     y = cat([x @ block.W.T for block in blocks], dim=-1) + bias     [..., n]
 """
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from radixlm.kernels import quant_linear
 from radixlm.kernels.qweight import QuantWeight, stack_rows
-
-# TEMPORARY until kernels/quant_linear.py lands (another engineer writes it now)
-quant_linear = None
-
-
-def _kernels():
-    global quant_linear
-    if quant_linear is None:
-        quant_linear = importlib.import_module("radixlm.kernels.quant_linear")
-    return quant_linear
 
 
 class QuantRows:
-    """The row blocks of one layer's weight, top to bottom."""
+    """The row blocks of one layer's weight, top to bottom. Where the CPU kernel packs a
+    block, only its packing is kept (the kernel reads nothing else; the ``QuantWeight``
+    would double the memory)."""
 
     def __init__(self, blocks: list[QuantWeight]) -> None:
         assert blocks, "a quantized weight needs at least one block of rows"
         stacked = stack_rows(blocks)
-        self.blocks = [stacked] if stacked is not None else list(blocks)
-        _kernels()
+        blocks = [stacked] if stacked is not None else list(blocks)
+        self.kinds = [b.kind for b in blocks]
+        self.n = sum(b.n for b in blocks)
+        self.k = blocks[0].k
         self.packed = [quant_linear.pack(b) if quant_linear.supports(b) else None
-                       for b in self.blocks]
-        self.n = sum(b.n for b in self.blocks)
-        self.k = self.blocks[0].k
-
-    def kinds(self) -> list[str]:
-        return [b.kind for b in self.blocks]
+                       for b in blocks]
+        self.blocks: list[QuantWeight | None] = [None if p is not None else b
+                                                 for b, p in zip(blocks, self.packed)]
 
     def nbytes(self) -> int:
-        """Memory held: the blocks and the kernel's packed copies."""
-        return sum(b.nbytes() + (p.nbytes() if p is not None else 0)
+        """Memory held: the kernel's packings and the blocks it does not take."""
+        return sum(p.nbytes() if p is not None else b.nbytes()
                    for b, p in zip(self.blocks, self.packed))
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [..., k] @ W.T + bias`` -> ``[..., n]`` in x's dtype."""
-        if len(self.blocks) == 1:
+        if len(self.packed) == 1:
             return quant_linear.matmul(x, self.blocks[0], self.packed[0], bias)
         y = torch.cat([quant_linear.matmul(x, b, p) for b, p in zip(self.blocks, self.packed)],
                       dim=-1)
         return y if bias is None else y + bias
-
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """The dense ``[n, k]`` weight (tests; layers that must hold a dense copy)."""
-        return torch.cat([b.dequantize(dtype) for b in self.blocks])

@@ -49,7 +49,12 @@ def load_checkpoint(model: nn.Module, config: ModelConfig, model_dir: str | Path
     if source is None:
         load_weights(model, model_dir, optional)
         return Counter()
-    return load_quantized(model, source, optional)
+    try:
+        return load_quantized(model, source, optional)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, ...] = (),
@@ -62,7 +67,9 @@ def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, 
         for name, places in targets.items():
             value = source.read(name)
             for target in places:
-                assert target.shard is None, f"{name}: a quantized checkpoint loads on one rank"
+                shard = target.shard
+                assert shard is None or shard.size == shard.full, \
+                    f"{name}: a quantized checkpoint loads on one rank, not {shard}"
                 if isinstance(value, QuantWeight) and not dense and _quant_site(model, target):
                     blocks[target.place.param].append((target.place, value))
                 else:

@@ -12,13 +12,15 @@ float checkpoint of the same model would have (``model.layers.0.self_attn.q_proj
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from radixlm.kernels.qweight import QuantWeight
+from radixlm.runtime.executor.quant import safetensors_source
+from radixlm.runtime.executor.quant.gguf_weights import GGUFSource
+from radixlm.runtime.gguf_file import open_gguf
 from radixlm.runtime.model_config import ModelConfig
 
 
@@ -33,6 +35,10 @@ class WeightSource(Protocol):
 
     def read(self, name: str) -> torch.Tensor | QuantWeight:
         """The tensor ``name``: quantized where the checkpoint holds it quantized."""
+        ...
+
+    def close(self) -> None:
+        """Release the files (after the load)."""
         ...
 
 
@@ -50,15 +56,9 @@ def weight_source(config: ModelConfig, model_dir: str | Path,
     method = quant_method(config)
     if method == "mxfp4" and requested is None:
         return None
-    # TEMPORARY: the format modules land from other engineers' work now
     if method == "gguf" or requested == "gguf":
         if method != "gguf":
             raise ValueError(f"--quantization gguf: {model_dir} is not a GGUF file's view "
                              f"(its quantization_config.quant_method is {method!r})")
-        return importlib.import_module(
-            "radixlm.runtime.executor.quant.gguf_source").GGUFSource(config)
-    if method is None and requested is None:
-        return None
-    return importlib.import_module(
-        "radixlm.runtime.executor.quant.safetensors_source").source_for(config, model_dir,
-                                                                        requested)
+        return GGUFSource(open_gguf(config.hf_config["quantization_config"]["gguf_file"]))
+    return safetensors_source.source_for(config, model_dir, requested)
