@@ -1,0 +1,589 @@
+// y = x W^T (+ bias) by a quantized weight (kernels/qweight.py's w4, w8, fp8), packed by
+// kernels/quant_linear.py into panels of 16 output rows. A decode step reads every weight
+// once, so its time is the bytes read: 4-bit codes are a quarter of bf16's, 8-bit half.
+//
+//   quant_linear(x [M, K] f32|bf16, data, scales, mins?, rowf, kind, n, block, bias?,
+//                y [M, P * 16] float32 written)
+//   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1) -> W [rows, K] f32
+//   quant_linear_isa() -> int   2: AVX512-VNNI (+ BF16/VBMI for fp8), 1: AVX2, 0: plain C++
+//
+// The layout (P = ceil(N / 16) panels, B = block: 32, or 16 for groups of 16; nb = Kpad / B):
+//   data    uint8 [P][nb][chunks][64]: a chunk holds 4 consecutive columns of 16 rows,
+//           w8: [row][col] bytes q + 128 (B/4 chunks), w4: [row][col] nibbles, the low one
+//           of the block's first half, the high one of its second (B/8 chunks), fp8: the
+//           code bytes in the order unpacklo/hi_epi8 of two lookups leaves them (below).
+//   scales  fp16 [P][nb][16]: the block's group scale / rowf, mins (optional) the same;
+//   rowf    float32 [P * 16]: per row max |scale|, |min| (fp16 then holds them in [-1, 1]).
+//
+// w4 / w8 (llama.cpp's scheme): x is quantized per 32 columns to int8 (d = amax / 127);
+// a block's integer dot products use vpdpbusd (u8 weights x s8 x, 16 rows in the lanes,
+// 4 columns a step, x's 4 bytes broadcast), no horizontal sums. w8's unsigned q + 128
+// adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq). A block's sum then
+// goes to float, times scale * d, and mins add min * sum(x) (x's float sum of the block).
+// fp8: two 128-entry byte lookups (vpermt2b) give the high and low bytes of the code's
+// bf16 (exact: zero, denormals and NaN too), interleaved, then vdpbf16ps with x in bf16.
+// Threads take panels; x's rows go in blocks of up to 8 (4 for fp8) per pass of a panel.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define QL_AVX512 1
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define QL_FP8_AVX512 1
+#endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define QL_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kPanel = 16;   // output rows per panel (one zmm of int32 / float lanes)
+constexpr int64_t kXBlock = 32;  // columns of x per int8 scale
+enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2 };
+
+// Bytes of a block of one panel.
+inline int64_t block_bytes(int64_t kind, int64_t block) {
+  return kind == kW4 ? block * kPanel / 2 : block * kPanel;
+}
+
+// fp8 e4m3fn code -> its value (exact in float32 and in bf16).
+float fp8_value(uint8_t code) {
+  const int mag = code & 0x7F, e = mag >> 3, m = mag & 7;
+  float v = mag == 0x7F ? NAN : e == 0 ? std::ldexp(float(m), -9) : std::ldexp(8.f + m, e - 10);
+  return code & 0x80 ? -v : v;
+}
+
+// Position inside a 64-byte fp8 chunk of (row r, column c of 4): unpacklo_epi8 takes bytes
+// 0-7 of each 128-bit lane, unpackhi 8-15, and a bf16 pair's f32 lane is its row.
+inline int fp8_pos(int r, int c) { return 16 * (r / 4) + (c >= 2 ? 8 : 0) + (r % 4) * 2 + c % 2; }
+
+// The packed weight and its shape, as the kernels read it.
+struct Weight {
+  const uint8_t* data;
+  const c10::Half* scales;
+  const c10::Half* mins;  // null: no offsets
+  const float* rowf;
+  int64_t kind, n, kpad, block, nb, panels;
+
+  const uint8_t* panel(int64_t p) const { return data + p * nb * block_bytes(kind, block); }
+  // W[row of panel p][column c] (stored order), unscaled by rowf: code * scale' + min'.
+  float code(const uint8_t* wb, int r, int64_t c) const {
+    if (kind == kW8) return float(int(wb[(c / 4) * 64 + r * 4 + c % 4]) - 128);
+    if (kind == kW4) {
+      const int64_t half = c / (block / 2), cc = c % (block / 2);
+      const uint8_t b = wb[(cc / 4) * 64 + r * 4 + cc % 4];
+      return float(half ? b >> 4 : b & 15);
+    }
+    return fp8_value(wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]);
+  }
+};
+
+// x quantized per 32 columns (w4 / w8): codes, scales, and per block of B the codes' sum
+// (w8's correction) and x's float sum (the offsets' term).
+struct XQuant {
+  std::vector<int8_t> q;
+  std::vector<float> d, fsum;
+  std::vector<int32_t> qsum;
+  int64_t kpad, nb;
+};
+
+XQuant quantize_x(const float* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
+  XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * kpad / kXBlock, 0.f),
+            std::vector<float>(m * kpad / block, 0.f), std::vector<int32_t>(m * kpad / block, 0),
+            kpad, kpad / block};
+  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * k;
+      for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
+        const int64_t c1 = std::min(c0 + kXBlock, k);
+        float amax = 0.f;
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(xr[c]));
+        const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        xq.d[r * kpad / kXBlock + c0 / kXBlock] = d;
+        for (int64_t c = c0; c < c1; ++c) {
+          const int v = int(std::nearbyint(xr[c] * inv));
+          xq.q[r * kpad + c] = int8_t(std::clamp(v, -127, 127));
+          xq.qsum[r * xq.nb + c / block] += xq.q[r * kpad + c];
+          xq.fsum[r * xq.nb + c / block] += xr[c];
+        }
+      }
+    }
+  });
+  return xq;
+}
+
+// ---------------------------------------------------------------- plain C++ (any CPU)
+// Rows [i0, i1) of x (float32, unquantized) by panel p: y[i][16 p + r] (before rowf).
+void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t i0, int64_t i1,
+                 float* y, int64_t ldy) {
+  const uint8_t* wp = w.panel(p);
+  for (int64_t i = i0; i < i1; ++i) {
+    float acc[kPanel] = {0};
+    for (int64_t b = 0; b < w.nb; ++b) {
+      const uint8_t* wb = wp + b * block_bytes(w.kind, w.block);
+      const c10::Half* s = w.scales + (p * w.nb + b) * kPanel;
+      const c10::Half* mn = w.mins ? w.mins + (p * w.nb + b) * kPanel : nullptr;
+      const int64_t c1 = std::min(w.block, k - b * w.block);
+      for (int r = 0; r < kPanel; ++r) {
+        float dot = 0.f, xs = 0.f;
+        for (int64_t c = 0; c < c1; ++c) {
+          const float xv = x[i * k + b * w.block + c];
+          dot += w.code(wb, r, c) * xv;
+          xs += xv;
+        }
+        acc[r] += dot * float(s[r]) + (mn ? float(mn[r]) * xs : 0.f);
+      }
+    }
+    std::memcpy(y + i * ldy + p * kPanel, acc, sizeof(acc));
+  }
+}
+
+#if defined(QL_AVX512)
+// ---------------------------------------------------------------- AVX512-VNNI
+// Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
+// row (two break the chain of dependent vpdpbusd at one or two rows).
+template <int R, bool W4, bool MINS, int B>
+void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
+                int64_t ldy) {
+  constexpr int S = B / 4;  // 4-column steps per block
+  constexpr int NA = R <= 2 ? 2 : 1;
+  constexpr int64_t bytes = W4 ? B * kPanel / 2 : B * kPanel;
+  const uint8_t* wp = w.panel(p);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 accf[R];
+  for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* wb = wp + b * bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 8 * bytes), _MM_HINT_T0);
+    __m512i acc[R][NA];
+    for (int r = 0; r < R; ++r) {
+      // w8: bytes are q + 128, so the u8 x s8 sum is sum(q x) + 128 sum(x)
+      acc[r][0] = W4 ? _mm512_setzero_si512()
+                     : _mm512_set1_epi32(-128 * xq.qsum[(i0 + r) * xq.nb + b]);
+      if (NA == 2) acc[r][NA - 1] = _mm512_setzero_si512();
+    }
+    const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
+    if constexpr (W4) {
+      for (int j = 0; j < S / 2; ++j) {
+        const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+        const __m512i lo = _mm512_and_si512(v, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = xb + r * xq.kpad;
+          int32_t a, c;
+          std::memcpy(&a, xr + 4 * j, 4);
+          std::memcpy(&c, xr + B / 2 + 4 * j, 4);
+          acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], lo, _mm512_set1_epi32(a));
+          acc[r][NA - 1] = _mm512_dpbusd_epi32(acc[r][NA - 1], hi, _mm512_set1_epi32(c));
+        }
+      }
+    } else {
+      for (int j = 0; j < S; ++j) {
+        const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+        for (int r = 0; r < R; ++r) {
+          int32_t a;
+          std::memcpy(&a, xb + r * xq.kpad + 4 * j, 4);
+          acc[r][j % NA] = _mm512_dpbusd_epi32(acc[r][j % NA], v, _mm512_set1_epi32(a));
+        }
+      }
+    }
+    const int64_t sb = (p * w.nb + b) * kPanel;
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        w.scales + sb)));
+    __m512 mn;
+    if constexpr (MINS)
+      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      const __m512i dot = NA == 2 ? _mm512_add_epi32(acc[r][0], acc[r][1]) : acc[r][0];
+      const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
+      accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)),
+                                accf[r]);
+      if constexpr (MINS)
+        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.fsum[i * xq.nb + b]), accf[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (i0 + r) * ldy + p * kPanel, accf[r]);
+}
+#endif
+
+#if defined(QL_FP8_AVX512)
+// ---------------------------------------------------------------- fp8: VBMI + AVX512-BF16
+struct Fp8Tables {
+  __m512i hi0, hi1, lo0, lo1;  // high / low byte of the bf16 of magnitudes 0-63, 64-127
+};
+
+Fp8Tables fp8_tables() {
+  alignas(64) uint8_t hi[128], lo[128];
+  for (int c = 0; c < 128; ++c) {
+    const float v = fp8_value(uint8_t(c));
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    const uint16_t bf = std::isnan(v) ? 0x7FC0 : uint16_t(bits >> 16);  // exact: 3 mantissa bits
+    hi[c] = uint8_t(bf >> 8);
+    lo[c] = uint8_t(bf & 0xFF);
+  }
+  return {_mm512_load_si512(hi), _mm512_load_si512(hi + 64), _mm512_load_si512(lo),
+          _mm512_load_si512(lo + 64)};
+}
+
+// Rows [i0, i0 + R) of x (bf16 bits, [M][kpad]) by panel p, y before rowf.
+// fsum: x's float sum per block ([M][nb], with offsets only).
+template <int R, bool MINS, int B>
+void panel_fp8(const Weight& w, int64_t p, const Fp8Tables& t, const uint16_t* xbf,
+               const float* fsum, int64_t i0, float* y, int64_t ldy) {
+  constexpr int S = B / 4;
+  constexpr int64_t bytes = B * kPanel;
+  const uint8_t* wp = w.panel(p);
+  const __m512i sign = _mm512_set1_epi8(char(0x80));
+  __m512 accf[R];
+  for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* wb = wp + b * bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 4 * bytes), _MM_HINT_T0);
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int j = 0; j < S; ++j) {
+      const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+      // high byte: the magnitude's, with the code's sign bit (0xF8: a | (b & c))
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, v, t.hi1),
+                                                   v, sign, 0xF8);
+      const __m512i lo = _mm512_permutex2var_epi8(t.lo0, v, t.lo1);
+      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi);  // columns 0, 1
+      const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);  // columns 2, 3
+      for (int r = 0; r < R; ++r) {
+        const uint16_t* xr = xbf + (i0 + r) * w.kpad + b * B + 4 * j;
+        int32_t a, c;
+        std::memcpy(&a, xr, 4);
+        std::memcpy(&c, xr + 2, 4);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, (__m512bh)_mm512_set1_epi32(a));
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, (__m512bh)_mm512_set1_epi32(c));
+      }
+    }
+    const int64_t sb = (p * w.nb + b) * kPanel;
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        w.scales + sb)));
+    for (int r = 0; r < R; ++r)
+      accf[r] = _mm512_fmadd_ps(_mm512_add_ps(acc[r][0], acc[r][1]), s, accf[r]);
+    if constexpr (MINS) {
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+          w.mins + sb)));
+      for (int r = 0; r < R; ++r)
+        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(fsum[(i0 + r) * w.nb + b]), accf[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (i0 + r) * ldy + p * kPanel, accf[r]);
+}
+#endif
+
+#if defined(QL_AVX2)
+// ---------------------------------------------------------------- AVX2
+// u8 x s8 -> int32 sums of 4 (vpdpbusd's product), for |products| that fit maddubs' int16.
+inline __m256i dot4(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// As panel_vnni, 16 rows in two halves of 8. w8's u8 q + 128 x s8 x could overflow
+// maddubs' int16 pairs, so it multiplies |x| by q with x's sign (llama.cpp's trick).
+template <int R, bool W4, bool MINS, int B>
+void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
+                int64_t ldy) {
+  constexpr int S = B / 4;
+  constexpr int64_t bytes = W4 ? B * kPanel / 2 : B * kPanel;
+  const uint8_t* wp = w.panel(p);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
+  __m256 accf[R][2];
+  for (int r = 0; r < R; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* wb = wp + b * bytes;
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
+    for (int j = 0; j < (W4 ? S / 2 : S); ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = xb + r * xq.kpad;
+          int32_t a;
+          std::memcpy(&a, xr + 4 * j, 4);
+          const __m256i xa = _mm256_set1_epi32(a);
+          if constexpr (W4) {
+            int32_t c;
+            std::memcpy(&c, xr + B / 2 + 4 * j, 4);
+            const __m256i lo = _mm256_and_si256(v, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            acc[r][h] = _mm256_add_epi32(acc[r][h], dot4(lo, xa));
+            acc[r][h] = _mm256_add_epi32(acc[r][h], dot4(hi, _mm256_set1_epi32(c)));
+          } else {
+            const __m256i q = _mm256_xor_si256(v, flip);  // q + 128 -> q (s8)
+            acc[r][h] = _mm256_add_epi32(
+                acc[r][h], dot4(_mm256_abs_epi8(xa), _mm256_sign_epi8(q, xa)));
+          }
+        }
+      }
+    }
+    const int64_t sb = (p * w.nb + b) * kPanel;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+          w.scales + sb + 8 * h)));
+      __m256 mn;
+      if constexpr (MINS)
+        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+            w.mins + sb + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = i0 + r;
+        const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
+        accf[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]),
+                                     _mm256_mul_ps(s, _mm256_set1_ps(d)), accf[r][h]);
+        if constexpr (MINS)
+          accf[r][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xq.fsum[i * xq.nb + b]), accf[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(y + (i0 + r) * ldy + p * kPanel + 8 * h, accf[r][h]);
+}
+#endif
+
+// Calls F<R>(i0) over rows [0, m) in blocks of at most RMAX (a switch on the remainder).
+template <int RMAX, class F>
+void row_blocks(int64_t m, F&& f) {
+  int64_t i = 0;
+  for (; i + RMAX <= m; i += RMAX) f(std::integral_constant<int, RMAX>{}, i);
+  switch (m - i) {
+    case 0: break;
+#define QL_CASE(n) \
+  case n: if constexpr (n < RMAX) f(std::integral_constant<int, n>{}, i); break;
+    QL_CASE(1) QL_CASE(2) QL_CASE(3) QL_CASE(4) QL_CASE(5) QL_CASE(6) QL_CASE(7)
+#undef QL_CASE
+  }
+}
+
+// Each panel in turn, threads taking consecutive runs of panels.
+template <class F>
+void over_panels(const Weight& w, F&& f) {
+  at::parallel_for(0, w.panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) f(p);
+  });
+}
+
+// Dispatch on (kind, mins, block) to the templated integer kernel of this ISA.
+template <template <int, bool, bool, int> class K, int RMAX>
+void run_int(const Weight& w, const XQuant& xq, int64_t m, float* y, int64_t ldy) {
+  auto go = [&](auto w4, auto mins, auto blk) {
+    over_panels(w, [&](int64_t p) {
+      row_blocks<RMAX>(m, [&](auto rows, int64_t i0) {
+        K<decltype(rows)::value, decltype(w4)::value, decltype(mins)::value,
+          decltype(blk)::value>::run(w, p, xq, i0, y, ldy);
+      });
+    });
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using B16 = std::integral_constant<int, 16>;
+  using B32 = std::integral_constant<int, 32>;
+  const bool w4 = w.kind == kW4, mins = w.mins != nullptr, b32 = w.block == 32;
+  if (w4 && mins) b32 ? go(T{}, T{}, B32{}) : go(T{}, T{}, B16{});
+  else if (w4) b32 ? go(T{}, F{}, B32{}) : go(T{}, F{}, B16{});
+  else if (mins) b32 ? go(F{}, T{}, B32{}) : go(F{}, T{}, B16{});
+  else b32 ? go(F{}, F{}, B32{}) : go(F{}, F{}, B16{});
+}
+
+#if defined(QL_AVX512)
+template <int R, bool W4, bool MINS, int B>
+struct Vnni {
+  static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
+                  int64_t ldy) {
+    panel_vnni<R, W4, MINS, B>(w, p, xq, i0, y, ldy);
+  }
+};
+#endif
+#if defined(QL_AVX2)
+template <int R, bool W4, bool MINS, int B>
+struct Avx2 {
+  static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
+                  int64_t ldy) {
+    panel_avx2<R, W4, MINS, B>(w, p, xq, i0, y, ldy);
+  }
+};
+#endif
+
+Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
+                 const std::optional<at::Tensor>& mins, const at::Tensor& rowf, int64_t kind,
+                 int64_t n, int64_t kpad, int64_t block, const char* op) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  TORCH_CHECK(kind >= 0 && kind <= 2 && (block == 16 || block == 32) && kpad % kXBlock == 0,
+              op, ": kind ", kind, " block ", block, " padded K ", kpad);
+  const int64_t nb = kpad / block;
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() &&
+                  data.numel() == panels * nb * block_bytes(kind, block),
+              op, ": data is not the packing of [", n, ", ", kpad, "] kind ", kind);
+  for (const at::Tensor* t : {&scales, mins.has_value() ? &*mins : &scales})
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() &&
+                    t->numel() == panels * nb * kPanel,
+                op, ": scales / mins must be fp16 [", panels, ", ", nb, ", 16]");
+  TORCH_CHECK(rowf.scalar_type() == at::kFloat && rowf.is_contiguous() &&
+                  rowf.numel() == panels * kPanel, op, ": rowf must be float32 [", panels * 16, "]");
+  return {data.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(),
+          mins.has_value() ? mins->data_ptr<c10::Half>() : nullptr, rowf.data_ptr<float>(),
+          kind, n, kpad, block, nb, panels};
+}
+
+// y [m, P * 16] (before rowf and bias) by this build's widest kernel for the kind.
+void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
+  const int64_t m = x.size(0), k = x.size(1);
+#if defined(QL_FP8_AVX512)
+  if (w.kind == kFP8) {
+    // x rounded to bf16 once (nearest even), zero past K
+    at::Tensor xb = at::zeros({m, w.kpad}, x.options().dtype(at::kBFloat16));
+    xb.narrow(1, 0, k).copy_(x);
+    const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+    const Fp8Tables t = fp8_tables();
+    // with offsets: x's float sum per block (as the integer kinds')
+    std::vector<float> fsum;
+    if (w.mins) {
+      const at::Tensor xf = x.to(at::kFloat).contiguous();
+      fsum = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block).fsum;
+    }
+    auto go = [&](auto mins, auto blk) {
+      over_panels(w, [&](int64_t p) {
+        row_blocks<4>(m, [&](auto rows, int64_t i0) {
+          panel_fp8<decltype(rows)::value, decltype(mins)::value, decltype(blk)::value>(
+              w, p, t, xp, fsum.data(), i0, y, ldy);
+        });
+      });
+    };
+    using B16 = std::integral_constant<int, 16>;
+    using B32 = std::integral_constant<int, 32>;
+    if (w.mins)
+      w.block == 32 ? go(std::true_type{}, B32{}) : go(std::true_type{}, B16{});
+    else
+      w.block == 32 ? go(std::false_type{}, B32{}) : go(std::false_type{}, B16{});
+    return;
+  }
+#endif
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+#if defined(QL_AVX512) || defined(QL_AVX2)
+  if (w.kind != kFP8) {
+    const XQuant xq = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block);
+#if defined(QL_AVX512)
+    run_int<Vnni, 8>(w, xq, m, y, ldy);
+#else
+    run_int<Avx2, 2>(w, xq, m, y, ldy);
+#endif
+    return;
+  }
+#endif
+  const float* xp = xf.data_ptr<float>();
+  over_panels(w, [&](int64_t p) { panel_plain(w, p, xp, k, 0, m, y, ldy); });
+}
+
+// y [M, P * 16] float32 (written; columns past N are padding) = x W^T + bias.
+void quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
+                  const std::optional<at::Tensor>& mins, const at::Tensor& rowf, int64_t kind,
+                  int64_t n, int64_t block, const std::optional<at::Tensor>& bias,
+                  const at::Tensor& y) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "quant_linear: x must be a 2-D float32 or bfloat16 CPU tensor");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
+  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_linear");
+  const int64_t ldy = w.panels * kPanel;
+  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.dim() == 2 &&
+                  y.size(0) == m && y.size(1) == ldy,
+              "quant_linear: y must be float32 [", m, ", ", ldy, "]");
+  if (m == 0) return;
+  float* yp = y.data_ptr<float>();
+  products(w, x.contiguous(), yp, ldy);
+  const float* bp = nullptr;
+  at::Tensor bias_f;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "quant_linear: bias must be [", n, "]");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bp = bias_f.data_ptr<float>();
+  }
+  at::parallel_for(0, m, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t c = 0; c < n; ++c)
+        yp[i * ldy + c] = yp[i * ldy + c] * w.rowf[c] + (bp ? bp[c] : 0.f);
+  });
+}
+
+// W rows [row0, row1) as float32 [rows, k] in stored column order (prefill: tile by tile).
+at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
+                         const std::optional<at::Tensor>& mins, const at::Tensor& rowf,
+                         int64_t kind, int64_t n, int64_t k, int64_t block, int64_t row0,
+                         int64_t row1) {
+  const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
+  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_dequant");
+  TORCH_CHECK(0 <= row0 && row0 < row1 && row1 <= n, "quant_dequant: rows ", row0, "-", row1);
+  at::Tensor out = at::empty({row1 - row0, k}, data.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  at::parallel_for(row0, row1, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t p = row / kPanel;
+      const int r = int(row % kPanel);
+      const uint8_t* wp = w.panel(p);
+      float* o = op + (row - row0) * k;
+      for (int64_t b = 0; b < w.nb; ++b) {
+        const uint8_t* wb = wp + b * block_bytes(kind, block);
+        const int64_t sb = (p * w.nb + b) * kPanel + r;
+        const float s = float(w.scales[sb]) * w.rowf[row];
+        const float mn = w.mins ? float(w.mins[sb]) * w.rowf[row] : 0.f;
+        const int64_t c1 = std::min(block, k - b * block);
+        for (int64_t c = 0; c < c1; ++c) o[b * block + c] = w.code(wb, r, c) * s + mn;
+      }
+    }
+  });
+  return out;
+}
+
+int64_t quant_linear_isa() {
+#if defined(QL_AVX512)
+  return 2;
+#elif defined(QL_AVX2)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+bool quant_linear_fp8_vector() {
+#if defined(QL_FP8_AVX512)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
+  m.def("quant_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, Tensor rowf, "
+        "int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor rowf, int kind, int n, "
+        "int k, int block, int row0, int row1) -> Tensor");
+  m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
+  m.def("quant_linear_fp8_vector() -> bool", &quant_linear_fp8_vector);
+}
+
+TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
+  m.impl("quant_linear", &quant_linear);
+  m.impl("quant_dequant", &quant_dequant);
+}

@@ -1,0 +1,221 @@
+"""``y = x @ W.T + bias`` by a quantized weight (``qweight.QuantWeight``) on the CPU, from
+its packed layout (``csrc/quant_linear.cpp``), and the dispatcher the layers call.
+
+    supports(qw) -> bool          the compiled kernel takes it (CPU tensors, group 16k or k)
+    pack(qw) -> QuantPacked       the kernel's layout, made once at load
+    linear(x [..., k], packed, bias [n] | None) -> [..., n] in x's dtype (f32 or bf16)
+    matmul(x, qw, packed, bias)   CUDA: quant_linear_triton; CPU packed: linear; else torch
+    reference(x, qw, bias)        float64 (qweight.reference_linear)
+
+A decode step reads every weight once, so its time is the bytes read. The packing keeps
+the codes (w4: half a byte, w8 and fp8: one) in panels of 16 output rows, one scale per
+block of 32 columns (16 for groups of 16) in fp16 relative to the row's largest (so fp16
+keeps 11 bits of each whatever the scales' range; the row's float32 factor is applied to
+y), and offsets the same way: Q4_K-like w4 g32 with offsets reads 0.625 bytes a weight,
+Q8_0-like w8 g32 1.0625 (bf16: 2).
+
+w4 / w8 quantize x per 32 columns to int8 (d = max|x| / 127, as llama.cpp's Q8_0
+activations) and multiply in integers (AVX512-VNNI ``vpdpbusd``; AVX2 ``maddubs``); fp8
+widens its codes to bf16 exactly and multiplies x rounded to bf16 (``vdpbf16ps``; without
+AVX512-BF16 and VBMI, and for every kind on a CPU without AVX2, a plain C++ loop in
+float32). The error this adds to ``y[j]``: at most ``sum_c |q s|[j, c] * d_b(c) / 2``
+(int8 x), or ``2^-8 sum_c |W x|`` (bf16 x), beside fp16's ``2^-11`` relative on scales.
+
+Past ``dequant_rows(kind)`` rows (prefill) the products are compute-bound: the weight is
+dequantized ``TILE`` rows at a time to x's dtype and multiplied by torch's matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels import cpu_paged
+from radixlm.kernels.qweight import QuantWeight, reference_linear
+
+PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
+X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
+KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2}
+# rows past which the weight is dequantized tile by tile for torch's matmul
+# (benchmarks/quant_linear.py --prefill; 1B-class and small-preset shapes, bf16 x)
+DEQUANT_ROWS = {"w4": 32, "w8": 32, "fp8": 32}
+TILE = 256  # weight rows dequantized at once (bf16 2048 columns: 1 MiB, in L2)
+__all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
+
+
+@dataclass
+class QuantPacked:
+    """The kernel's layout of one ``QuantWeight`` (see ``csrc/quant_linear.cpp``)."""
+
+    kind: str
+    n: int
+    k: int
+    block: int  # columns per scale: 32, or 16 for groups of 16
+    data: torch.Tensor  # uint8 [panels, blocks, chunks, 64]
+    scales: torch.Tensor  # fp16 [panels, blocks, 16], relative to rowf
+    mins: torch.Tensor | None  # fp16 [panels, blocks, 16], relative to rowf
+    rowf: torch.Tensor  # float32 [panels * 16]
+    perm: torch.Tensor | None  # int64 [k]: stored column j multiplies input feature perm[j]
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.data, self.scales, self.mins, self.rowf, self.perm)
+                   if t is not None)
+
+
+@cache
+def _ready() -> bool:
+    return cpu_paged.available() and hasattr(torch.ops.radixlm_cpu, "quant_linear")
+
+
+def isa() -> int:
+    """2: AVX512-VNNI, 1: AVX2, 0: plain C++ (or -1: no library)."""
+    return int(torch.ops.radixlm_cpu.quant_linear_isa()) if _ready() else -1
+
+
+def block_of(qw: QuantWeight) -> int | None:
+    """Columns per packed scale: 32 where a group covers whole blocks of 32 (or the row),
+    16 for groups that are multiples of 16 only, None otherwise (then the torch path)."""
+    if qw.group >= qw.k or qw.group % 32 == 0:
+        return 32
+    return 16 if qw.group % 16 == 0 else None
+
+
+def supports(qw: QuantWeight) -> bool:
+    """Whether ``pack``/``linear`` take ``qw``: CPU tensors, a group of 16 * j (or the whole
+    row), and the library built."""
+    return qw.data.device.type == "cpu" and block_of(qw) is not None and _ready()
+
+
+def _codes(qw: QuantWeight, npad: int, kpad: int) -> torch.Tensor:
+    """The stored codes as bytes [npad, kpad] (w8: q + 128), padding meaning zero."""
+    if qw.kind == "w4":
+        codes = torch.stack((qw.data & 0x0F, qw.data >> 4), dim=-1).reshape(qw.n, -1)
+        codes, fill = codes[:, : qw.k], 0
+    elif qw.kind == "w8":
+        codes, fill = (qw.data.to(torch.int16) + 128).to(torch.uint8), 128
+    else:
+        codes, fill = qw.data.view(torch.uint8), 0
+    out = torch.full((npad, kpad), fill, dtype=torch.uint8)
+    out[: qw.n, : qw.k] = codes
+    return out
+
+
+def _fp8_positions() -> torch.Tensor:
+    """Where (row r, column c) of a 16 x 4 chunk lands so that unpacklo/hi_epi8 of the
+    decoded bytes leave each row's bf16 pairs in its own 32-bit lane."""
+    r, c = torch.arange(PANEL).repeat_interleave(4), torch.arange(4).repeat(PANEL)
+    return 16 * (r // 4) + (c >= 2) * 8 + (r % 4) * 2 + c % 2
+
+
+def _panels(codes: torch.Tensor, kind: str, block: int) -> torch.Tensor:
+    """[npad, kpad] bytes -> [panels, blocks, chunks, 64] (chunk = 4 columns x 16 rows)."""
+    npad, kpad = codes.shape
+    p, nb = npad // PANEL, kpad // block
+    if kind == "w4":  # the block's first half in the low nibbles, its second in the high
+        v = codes.view(p, PANEL, nb, 2, block // 8, 4).permute(0, 2, 4, 1, 5, 3)
+        return (v[..., 0] | (v[..., 1] << 4)).reshape(p, nb, block // 8, 64).contiguous()
+    v = codes.view(p, PANEL, nb, block // 4, 4).permute(0, 2, 3, 1, 4).reshape(
+        p, nb, block // 4, 64)
+    if kind == "w8":
+        return v.contiguous()
+    out = torch.empty_like(v)
+    out[..., _fp8_positions()] = v
+    return out
+
+
+def pack(qw: QuantWeight) -> QuantPacked:
+    """``qw`` in the kernel's layout (see the module docstring)."""
+    block = block_of(qw)
+    assert block is not None, f"group {qw.group} of k {qw.k}: not a multiple of 16"
+    npad, kpad = -(-qw.n // PANEL) * PANEL, -(-qw.k // X_BLOCK) * X_BLOCK
+    nb, p = kpad // block, npad // PANEL
+    group_of = (torch.arange(nb) * block // qw.group).clamp_(max=qw.groups - 1)
+    s = qw.scales[:, group_of]  # [n, nb]
+    m = None if qw.mins is None else qw.mins[:, group_of]
+    rowf = s.abs().amax(1) if m is None else torch.maximum(s.abs().amax(1), m.abs().amax(1))
+    rowf = torch.where(rowf > 0, rowf, torch.ones_like(rowf))
+    rowf_pad = torch.ones(npad, dtype=torch.float32)
+    rowf_pad[: qw.n] = rowf
+
+    def relative(t: torch.Tensor) -> torch.Tensor:  # [n, nb] -> fp16 [p, nb, 16]
+        out = torch.zeros(npad, nb, dtype=torch.float16)
+        out[: qw.n] = (t / rowf[:, None]).half()
+        return out.view(p, PANEL, nb).permute(0, 2, 1).contiguous()
+
+    data = _panels(_codes(qw, npad, kpad), qw.kind, block)
+    return QuantPacked(qw.kind, qw.n, qw.k, block, data, relative(s),
+                       None if m is None else relative(m), rowf_pad, qw.perm)
+
+
+def dequant_rows(kind: str) -> int:
+    """Most rows of x the packed kernel takes; more go tile by tile through torch's matmul."""
+    return DEQUANT_ROWS[kind]
+
+
+def _dequant(packed: QuantPacked, row0: int, row1: int) -> torch.Tensor:
+    """Rows [row0, row1) of W as float32 [rows, k], stored column order."""
+    return torch.ops.radixlm_cpu.quant_dequant(
+        packed.data, packed.scales, packed.mins, packed.rowf, KIND_CODE[packed.kind], packed.n,
+        packed.k, packed.block, row0, row1)
+
+
+def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
+            y: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, k] (stored column order) @ W.T + bias by the packed kernel, float32
+    [m, panels * 16] (``y``: where to write it; the tests pass it NaN-filled)."""
+    if y is None:
+        y = torch.empty(x.shape[0], packed.rowf.shape[0], dtype=torch.float32)
+    torch.ops.radixlm_cpu.quant_linear(x, packed.data, packed.scales, packed.mins, packed.rowf,
+                                       KIND_CODE[packed.kind], packed.n, packed.block, bias, y)
+    return y
+
+
+def _tiled(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
+           y: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, k] @ W.T + bias through torch's matmul, TILE weight rows dequantized to x's
+    dtype at a time; [m, n] in x's dtype (``y``: where to write it)."""
+    if y is None:
+        y = torch.empty(x.shape[0], packed.n, dtype=x.dtype)
+    for r0 in range(0, packed.n, TILE):
+        r1 = min(r0 + TILE, packed.n)
+        torch.matmul(x, _dequant(packed, r0, r1).to(x.dtype).T, out=y[:, r0:r1])
+    return y if bias is None else y.add_(bias.to(x.dtype))
+
+
+def linear(x: torch.Tensor, packed: QuantPacked,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., k] @ W.T + bias`` in x's dtype (float32 or bfloat16, CPU)."""
+    assert x.shape[-1] == packed.k and x.dtype in (torch.float32, torch.bfloat16), \
+        f"x {tuple(x.shape)} {x.dtype} against a [{packed.n}, {packed.k}] quantized weight"
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, packed.k)
+    if packed.perm is not None:  # act-order: stored column j meets input feature perm[j]
+        rows = rows.index_select(1, packed.perm)
+    if rows.shape[0] > dequant_rows(packed.kind):
+        y = _tiled(rows.contiguous(), packed, bias)
+    else:
+        y = _kernel(rows, packed, bias)[:, : packed.n].to(x.dtype)
+        y = y if y.is_contiguous() else y.contiguous()
+    return y.reshape(*lead, packed.n)
+
+
+def matmul(x: torch.Tensor, qw: QuantWeight, packed: QuantPacked | None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What a layer calls: the Triton kernel for CUDA tensors, the packed CPU kernel where
+    there is a packing, else ``qw`` dequantized to x's dtype for one ``F.linear``."""
+    if x.is_cuda:
+        from radixlm.kernels import quant_linear_triton  # imports triton: CUDA hosts only
+
+        return quant_linear_triton.linear(x, qw, bias)
+    if packed is not None:
+        return linear(x, packed, bias)
+    return F.linear(x, qw.dequantize(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def reference(x: torch.Tensor, qw: QuantWeight,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``x @ W.T + bias`` (the tests' oracle)."""
+    return reference_linear(x, qw, bias)

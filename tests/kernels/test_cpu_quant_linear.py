@@ -1,0 +1,224 @@
+"""CPU products by quantized weights (``kernels/quant_linear.py``, ``csrc/quant_linear.cpp``)
+against float64 oracles: every kind, with and without offsets, groups 16 / 32 / 64 / 128 / k,
+odd n, a short last group, k not a multiple of 32, 1-200 rows, float32 and bfloat16 x,
+bias and act-order permutation. The kernel writes into NaN-filled outputs, so a row or
+panel it skips fails. fp8's decoding is checked code by code (zero, denormals, NaN).
+Skipped where the library is not built.
+
+Each product is checked twice (``W`` in stored column order, ``x`` permuted to it):
+1. against float64 over x as the path rounds it (x quantized per 32 columns to int8 as the
+   kernel does for w4 / w8; x rounded to bf16 for fp8's ``vdpbf16ps``), within the
+   roundings left: scales and offsets in fp16 relative to the row's largest (``2^-11`` of
+   each, ``2^-25`` of the row's factor below fp16's normal range), float32 sums
+   (``k 2^-24``), a bf16 y (``2^-8``), one code of x one off at a float32 tie
+   (``d |q s|`` of one column), W in bf16 on the tiled path with bf16 x (``2^-8``);
+   tight enough that a block's scale 10% off fails;
+2. that product against ``qweight.reference_linear`` (exact x) within what x's rounding
+   can move it: ``sum_c |q s|[j, c] * d_b(c) / 2`` with ``d_b = max|x_b| / 127`` for int8,
+   ``2^-8 sum_c |q s x|`` for bf16 (8 bits of significand: half an ulp is 2^-8 of x).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels import cpu_paged, quant_linear
+from radixlm.kernels.qweight import QuantWeight
+
+pytestmark = pytest.mark.skipif(
+    not quant_linear.supports(QuantWeight("w8", 16, 32, 32, torch.zeros(16, 32,
+                                                                        dtype=torch.int8),
+                                          torch.ones(16, 1))),
+    reason="the CPU kernel library is not built here")
+
+# (n, k, group, offsets, act-order)
+CASES = [(33, 96, 32, True, False),  # odd n, Q4_K-like
+         (20, 100, 16, False, False),  # groups of 16, a last group of 4, k % 32 = 4
+         (17, 300, 64, True, False),  # a last group of 44, k % 32 = 12
+         (40, 256, 128, False, True),  # FP8-block-like, act-order
+         (9, 200, 200, True, False),  # per channel (group = k), k % 32 = 8
+         (48, 64, 32, False, True),
+         (5, 40, 16, True, True)]
+ROWS = [1, 2, 3, 7, 16, 33, 200]
+
+
+def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool, perm: bool,
+                 seed: int = 0) -> QuantWeight:
+    g = torch.Generator().manual_seed(seed)
+    groups = -(-k // group)
+    if kind == "w4":
+        data = torch.randint(0, 256, (n, -(-k // 2)), dtype=torch.uint8, generator=g)
+    elif kind == "w8":
+        data = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    else:  # zeros, denormals (|v| < 2^-6) and normals up to 448
+        v = torch.randn(n, k, generator=g) * torch.tensor([0.004, 1.0, 60.0])[
+            torch.randint(0, 3, (n, k), generator=g)]
+        data = v.clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = (torch.rand(n, groups, generator=g) + 0.1) * 0.01
+    scales = scales * torch.where(torch.rand(n, groups, generator=g) < 0.2, -1.0, 1.0)
+    mins = torch.randn(n, groups, generator=g) * 0.05 if offsets else None
+    order = torch.randperm(k, generator=g) if perm else None
+    return QuantWeight(kind, n, k, group, data, scales, mins, order)
+
+
+def int8_x(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [m, k] (stored order) as the kernel quantizes it: d = max|x_b| / 127 per 32 columns,
+    round(x / d) in float32 (half to even, as nearbyint); (x_hat float64, d per column)."""
+    m, k = xs.shape
+    xb = torch.nn.functional.pad(xs.float(), (0, -k % 32)).view(m, -1, 32)
+    amax = xb.abs().amax(2, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv).clamp(-127, 127)
+    d = (amax / 127).double()
+    return ((q.double() * d).view(m, -1)[:, :k],
+            d.expand(-1, -1, 32).reshape(m, -1)[:, :k])
+
+
+def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
+             bias: torch.Tensor | None, mode: str, bf16_y: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 y for x as the path rounds it, the module docstring's bound on |y - it|).
+    mode: "int8" (x quantized per 32 columns), "bf16x" (x rounded to bf16), "bf16w" (W
+    rounded to bf16) or "exact"; the offsets' term always uses x's float sums."""
+    xs = x.double() if qw.perm is None else x.double()[:, qw.perm]  # stored column order
+    cols = torch.arange(qw.k) // qw.group
+    qs = qw.codes().double() * qw.scales.double()[:, cols]
+    mins = torch.zeros_like(qs) if qw.mins is None else qw.mins.double()[:, cols]
+    absdot = xs.abs() @ (qs.abs() + mins.abs()).T
+    slack = torch.zeros_like(absdot)
+    x_hat = xs
+    if mode == "int8":  # one code of x one off (a float32 tie): d * |q s| of one column
+        x_hat, d = int8_x(xs)
+        slack = (d[:, None, :] * qs.abs()[None]).amax(2)
+    elif mode == "bf16x":
+        x_hat = xs.bfloat16().double()
+    elif mode == "bf16w":
+        slack = absdot * 2.0**-8
+    y = x_hat @ qs.T + xs @ mins.T + (0 if bias is None else bias.double())
+    rowf = packed.rowf[: qw.n].double()
+    out = (absdot * (2.0**-11 + qw.k * 2.0**-24) + slack
+           + xs.abs().sum(1, keepdim=True) * rowf * 2.0**-24)
+    if bf16_y:
+        out += y.abs() * 2.0**-8
+    return y, out * 1.01 + 1e-12
+
+
+def mode_of(kind: str, tiled: bool, dtype: torch.dtype) -> str:
+    """How the path taken rounds x or W (see ``expected``)."""
+    if tiled:
+        return "bf16w" if dtype == torch.bfloat16 else "exact"
+    if kind == "fp8":
+        return "bf16x" if torch.ops.radixlm_cpu.quant_linear_fp8_vector() else "exact"
+    return "int8" if quant_linear.isa() > 0 else "exact"
+
+
+def check(y: torch.Tensor, x: torch.Tensor, qw: QuantWeight,
+          packed: quant_linear.QuantPacked, bias: torch.Tensor | None, mode: str) -> None:
+    want, bound = expected(x, qw, packed, bias, mode, y.dtype == torch.bfloat16)
+    err = (y.double() - want).abs()
+    assert (err <= bound).all(), \
+        f"{mode}: max error {err.max():.3g}, error / bound {(err / bound).max():.3g}"
+    # and that product against the oracle, within what x's rounding can move it
+    xs = x.double() if qw.perm is None else x.double()[:, qw.perm]
+    qs = (qw.codes().double() * qw.scales.double()[:, torch.arange(qw.k) // qw.group]).abs()
+    moved = {"int8": (int8_x(xs)[1] / 2) @ qs.T, "bf16x": xs.abs() @ qs.T * 2.0**-8}
+    oracle = quant_linear.reference(x, qw, bias)  # W rounded to float32 there: 2^-23
+    w32 = xs.abs() @ (qw.dequantize().double().abs() if qw.perm is None else
+                      qw.dequantize().double().abs()[:, qw.perm]).T * 2.0**-22
+    assert ((want - oracle).abs() <= moved.get(mode, 0) * 1.001 + w32 + 1e-12).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+def test_matches_reference(kind, case, rows, dtype):
+    n, k, group, offsets, perm = case
+    qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
+    packed = quant_linear.pack(qw)
+    g = torch.Generator().manual_seed(100 + rows)
+    x = (torch.randn(rows, k, generator=g) * torch.rand(1, k, generator=g) * 3).to(dtype)
+    bias = torch.randn(n, generator=g) if rows % 2 else None
+    y = quant_linear.linear(x, packed, bias)
+    assert y.dtype == dtype and y.shape == (rows, n)
+    check(y, x, qw, packed, bias, mode_of(kind, rows > quant_linear.dequant_rows(kind), dtype))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 33, 200])
+@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+def test_kernel_fills_nan_poisoned_rows(kind, rows):
+    """The packed kernel at every row count (blocks of 8 / 4 and their tails) and the tiled
+    path write every element of y; 3-D x keeps its leading shape."""
+    n, k, group, offsets, perm = 37, 160, 32, kind == "w4", False
+    qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
+    packed = quant_linear.pack(qw)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(n)
+    y = torch.full((rows, packed.rowf.shape[0]), float("nan"))
+    quant_linear._kernel(x, packed, bias, y)
+    check(y[:, :n], x, qw, packed, bias, mode_of(kind, False, x.dtype))
+    y = torch.full((rows, n), float("nan"))
+    quant_linear._tiled(x, packed, bias, y)
+    check(y, x, qw, packed, bias, "exact")
+    y3 = quant_linear.linear(x.view(1, rows, k), packed, bias)
+    assert y3.shape == (1, rows, n)
+
+
+def test_fp8_every_code():
+    """Each of the 254 finite e4m3fn codes (zeros, denormals, normals, both signs) decodes to
+    its value exactly: one-hot x picks a weight column, scale 1 keeps it."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(2, 127)  # the NaN codes apart
+    n, k = 2, 127
+    qw = QuantWeight("fp8", n, k, k, codes.view(torch.float8_e4m3fn), torch.ones(n, 1))
+    x = torch.eye(k)
+    y = torch.full((k, 16), float("nan"))
+    quant_linear._kernel(x, quant_linear.pack(qw), None, y)
+    assert torch.equal(y[:, :n], qw.dequantize().T)
+
+
+def test_fp8_nan_code():
+    """A NaN code gives NaN in its row's outputs only."""
+    data = torch.ones(20, 64).to(torch.float8_e4m3fn)
+    data.view(torch.uint8)[3, 10] = 0xFF
+    qw = QuantWeight("fp8", 20, 64, 64, data, torch.ones(20, 1))
+    y = quant_linear.linear(torch.randn(2, 64), quant_linear.pack(qw))
+    assert y[:, 3].isnan().all() and not y[:, [0, 1, 2, 4, 19]].isnan().any()
+
+
+@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+def test_dequant_matches(kind):
+    """The tiles the prefill path multiplies are W (fp16-rounded relative scales aside)."""
+    qw = make_qweight(kind, 21, 100, 16, True, False)
+    packed = quant_linear.pack(qw)
+    w = qw.dequantize().double()
+    rows = quant_linear._dequant(packed, 3, 21).double()
+    cols = torch.arange(qw.k) // qw.group
+    tol = ((qw.codes().double() * qw.scales.double()[:, cols]).abs()
+           + qw.mins.double()[:, cols].abs()) * 2.0**-11 + 1e-9
+    assert ((rows - w[3:]).abs() <= tol[3:]).all()
+
+
+def test_matmul_dispatch_and_unsupported_group():
+    """A group of 24 is not packed: ``matmul`` without a packing dequantizes (perm too)."""
+    qw = make_qweight("w4", 10, 72, 24, True, True)
+    assert not quant_linear.supports(qw) and quant_linear.block_of(qw) is None
+    x = torch.randn(3, 72)
+    ref = quant_linear.reference(x, qw)
+    y = quant_linear.matmul(x, qw, None)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
+    qw = make_qweight("w8", 10, 64, 32, False, True)
+    y = quant_linear.matmul(x[:, :64], qw, quant_linear.pack(qw), torch.ones(10))
+    ref = quant_linear.reference(x[:, :64], qw, torch.ones(10))
+    assert (y.double() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_ops_in_the_library():
+    """The ops load with the one kernel library (csrc/*.cpp), and pack sizes are as stated:
+    w4 g32 with offsets 0.625 bytes a weight, w8 g32 1.0625."""
+    assert cpu_paged.available() and hasattr(torch.ops.radixlm_cpu, "quant_linear")
+    for kind, offsets, per_weight in (("w4", True, 0.625), ("w8", False, 1.0625)):
+        qw = make_qweight(kind, 64, 256, 32, offsets, False)
+        packed = quant_linear.pack(qw)
+        assert packed.nbytes() - packed.rowf.nbytes == 64 * 256 * per_weight
