@@ -234,7 +234,7 @@ def _ct_config(fmt: str, weights: dict, acts: dict | None) -> dict:
             "targets": ["Linear"], "weights": {**args, **weights},
             "input_activations": None if acts is None else {**args, "observer": None,
                                                             **acts},
-            "output_activations": None, "format": fmt}},
+            "output_activations": None, "format": None}},  # mixed-precision sets it
         "format": fmt, "global_compression_ratio": None, "ignore": ["lm_head"],
         "kv_cache_scheme": None, "quant_method": "compressed-tensors",
         "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
@@ -255,8 +255,9 @@ def quantization_config(fmt: str, **options: object) -> dict:
                 "meta": {"quantizer": ["radixlm.tiny_quant"], "damp_percent": 0.05,
                          "static_groups": False, "true_sequential": True}}
     if fmt == "w4a16":
-        return _ct_config("pack-quantized", {
-            "num_bits": options.get("bits", 4), "group_size": group, "strategy": "group",
+        return _ct_config("pack-quantized", {  # group -1: per channel
+            "num_bits": options.get("bits", 4), "group_size": group if group > 0 else None,
+            "strategy": "group" if group > 0 else "channel",
             "symmetric": options.get("sym", True),
             "actorder": "group" if options.get("actorder") else None}, None)
     if fmt == "w8a8-int8":

@@ -566,7 +566,12 @@ def _ct_weights(cfg: Mapping) -> tuple[Mapping, Mapping | None, str, tuple[str, 
         raise ValueError("quantization_config.config_groups: groups with different weight "
                          "schemes (mixed precision) are not supported")
     acts = schemes[0].get("input_activations")
-    fmt = schemes[0].get("format") or cfg.get("format")
+    fmt = cfg.get("format")
+    if fmt in (None, "mixed-precision"):  # then each group names its own
+        fmt = schemes[0].get("format")
+        if any(s.get("format") != fmt for s in schemes):
+            raise ValueError("quantization_config.config_groups: groups in different "
+                             "formats (mixed precision) are not supported")
     targets = tuple(t for s in schemes for t in s.get("targets") or ())
     return weights, acts, str(fmt), targets
 
@@ -633,8 +638,9 @@ def scheme_for(hf_config: Mapping, requested: str | None) -> QuantScheme | None:
     """The checkpoint's scheme, from ``hf_config["quantization_config"]`` (or the older
     ``compression_config``), checked against ``requested`` (SGLang's ``--quantization``
     name, None to detect). None when the checkpoint is not quantized and nothing was
-    requested, or for ``gguf`` (the GGUF loader's). ValueError naming the field for an
-    unknown name, a name the checkpoint disagrees with, or an unsupported variant."""
+    requested, for ``gguf`` (the GGUF loader's) and gpt-oss's ``mxfp4``. ValueError
+    naming the field for an unknown name, a name the checkpoint disagrees with, or an
+    unsupported variant."""
     cfg = hf_config.get("quantization_config") or hf_config.get("compression_config")
     name = None
     if requested is not None:
@@ -653,6 +659,8 @@ def scheme_for(hf_config: Mapping, requested: str | None) -> QuantScheme | None:
     if not method and name:  # an old quantize_config.json carries no quant_method
         method = (QUANTIZATION_NAMES[name] or ("",))[0]
     method = method.replace("compressed_tensors", "compressed-tensors")
+    if method in ("gguf", "mxfp4") and name in (None, method):
+        return None  # a GGUF file's view; gpt-oss's MXFP4 experts (its family's business)
     if name is not None and method not in QUANTIZATION_NAMES[name]:
         raise ValueError(f"--quantization {requested} does not match the checkpoint's "
                          f"quantization_config.quant_method = {method!r}")
