@@ -443,17 +443,22 @@ def _rope_scaling(m: _Meta, extra: dict[str, np.ndarray], ctx: int | None,
                 out[name] = value
         return out
     if "rope_factors_long.weight" in extra:
-        return {"rope_type": "longrope",
-                "long_factor": extra["rope_factors_long.weight"].tolist(),
-                "short_factor": extra.get("rope_factors_short.weight",
-                                          extra["rope_factors_long.weight"]).tolist(),
-                "original_max_position_embeddings":
-                    m.int("{arch}.rope.scaling.original_context_length", ctx)}
+        original = m.int("{arch}.rope.scaling.original_context_length", ctx)
+        long = extra["rope_factors_long.weight"]
+        return {"rope_type": "longrope", "factor": (ctx or original) / original,
+                "long_factor": _decimals(long),
+                "short_factor": _decimals(extra.get("rope_factors_short.weight", long)),
+                "original_max_position_embeddings": original}
     if "rope_freqs.weight" in extra:
         return _llama3_rope(extra["rope_freqs.weight"], head_dim, theta, m.where)
     if kind not in (None, "none", "linear", "yarn"):
         raise GGUFError(f"{m.where}: {m.arch}.rope.scaling.type {kind!r} is not supported")
     return None
+
+
+def _decimals(values: np.ndarray) -> list[float]:
+    """float32 values as their shortest decimals (1.1, not 1.100000023841858)."""
+    return [float(str(v)) for v in values.astype(np.float32)]
 
 
 def llama3_factors(head_dim: int, theta: float, factor: float, low: float, high: float,
@@ -530,13 +535,15 @@ def _float_dtype(tensors: list[RawTensor]) -> str:
     return "float32"
 
 
-def _gemma_attn_scalar(m: _Meta, hidden: int, heads: int, head_dim: int, layers: int) -> float:
+def _gemma_attn_scalar(m: _Meta, hidden: int, heads: int, head_dim: int,
+                       layers: int) -> float:
     """Gemma 2 / 3's ``query_pre_attn_scalar``: from ``attention.scale`` when the file has it
     (our writer's), else llama.cpp's rule (hidden / heads for the 27B models, else
     head_dim)."""
     scale = m.float("{arch}.attention.scale")
     if scale:
-        return round(scale**-2, 6)
+        value = scale**-2  # stored as a float32: 32 comes back as 32.000002
+        return int(round(value)) if abs(value - round(value)) < 1e-3 else value
     big = {"gemma2": 46, "gemma3": 62}.get(m.arch)
     return hidden // heads if layers == big else head_dim
 
@@ -752,20 +759,36 @@ def _check_tensors(tensors: dict[str, TensorInfo], cfg: dict[str, Any], where: s
                 f"head_count {cfg['num_attention_heads']}, head_count_kv "
                 f"{cfg['num_key_value_heads']}, key_length {cfg['head_dim']}, "
                 f"feed_forward_length {cfg['intermediate_size']})")
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        for need in ("input_layernorm.weight", "self_attn.o_proj.weight"):
-            if p + need not in tensors:
-                raise GGUFError(f"{where}: layer {i} has no {need} tensor (block_count is "
-                                f"{cfg['num_hidden_layers']})")
-        if p + "self_attn.q_proj.weight" not in tensors \
-                and p + "self_attn.qkv_proj.weight" not in tensors:
-            raise GGUFError(f"{where}: layer {i} has no attention projections")
-        if not any(k.startswith((p + "mlp.", p + "block_sparse_moe.")) for k in tensors):
-            raise GGUFError(f"{where}: layer {i} has no MLP tensors")
     for name in ("model.embed_tokens.weight", "model.norm.weight"):
         if name not in tensors:
             raise GGUFError(f"{where}: no {name} tensor")
+
+
+def required_per_layer(arch: str, moe_layer: bool) -> tuple[str, ...]:
+    """The GGUF tensors (``blk.N.`` suffixes) every layer of ``arch`` must have, as
+    llama.cpp's loader requires them."""
+    attn = ("attn_qkv.weight",) if arch == "phi3" else (
+        "attn_q.weight", "attn_k.weight", "attn_v.weight")
+    mlp = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+           "ffn_down_exps.weight") if moe_layer else (
+        ("ffn_up.weight", "ffn_down.weight") if arch == "phi3"
+        else ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
+    extra = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+             "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
+             "qwen3moe": ("attn_q_norm.weight", "attn_k_norm.weight"),
+             "gemma2": ("post_attention_norm.weight", "post_ffw_norm.weight"),
+             "gemma3": ("post_attention_norm.weight", "post_ffw_norm.weight",
+                        "attn_q_norm.weight", "attn_k_norm.weight")}.get(arch, ())
+    return ("attn_norm.weight", "ffn_norm.weight", "attn_output.weight", *attn, *mlp, *extra)
+
+
+def _check_layers(raw: dict[str, RawTensor], arch: str, layers: int, where: str) -> None:
+    for i in range(layers):
+        moe = f"blk.{i}.ffn_gate_exps.weight" in raw
+        for suffix in required_per_layer(arch, moe):
+            if f"blk.{i}.{suffix}" not in raw:
+                raise GGUFError(f"{where}: layer {i} has no blk.{i}.{suffix} tensor "
+                                f"(block_count is {layers})")
 
 
 # ---------------------------------------------------------------- the model
@@ -798,6 +821,7 @@ class GGUFModel:
             for name, expert in _hf_names(t, self.family, self._config["num_hidden_layers"],
                                           self.where):
                 self.tensors[name] = _info(t, name, expert, self.family, self._config)
+        _check_layers(self.raw, self.gguf_arch, self._config["num_hidden_layers"], self.where)
         _check_tensors(self.tensors, self._config, self.where)
 
     @property
@@ -856,14 +880,19 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def write_tokenizer(model: GGUFModel, out: Path) -> None:
     """tokenizer.json and tokenizer_config.json (chat template, BOS / EOS) from the file's
-    ``tokenizer.*`` metadata, built by transformers' GGUF tokenizer converter."""
+    ``tokenizer.*`` metadata, built by transformers' GGUF tokenizer converter from the
+    vocabulary's own type (``tokenizer.ggml.model``, ``.pre``), whatever the architecture."""
     if "tokenizer.ggml.tokens" not in model.metadata:
         raise GGUFError(f"{model.where}: no tokenizer in the file (tokenizer.ggml.tokens)")
-    from transformers import AutoTokenizer  # seconds to import: only when a view is built
+    # seconds to import: only when a view is built
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(model.path.parent), gguf_file=model.path.name)
-    except (ValueError, KeyError, TypeError) as e:
+        arch, vocab, settings = get_gguf_tokenizer(str(model.path))
+        backend, extra = convert_gguf_tokenizer(arch, vocab)
+        tok = PreTrainedTokenizerFast(tokenizer_object=backend, **{**settings, **extra})
+    except (ValueError, KeyError, TypeError, IndexError) as e:
         raise GGUFError(f"{model.where}: its tokenizer (tokenizer.ggml.model "
                         f"{model.metadata.get('tokenizer.ggml.model')!r}) cannot be built: "
                         f"{e}") from None
