@@ -843,8 +843,11 @@ class GGUFModel:
         return np.frombuffer(self._map, dtype="<f4", count=raw.dims[0], offset=raw.offset).copy()
 
     def close(self) -> None:
-        """Unmap the file (views from ``data`` must be dropped first)."""
-        self._map.close()
+        """Close the file; the mapping goes with the last view ``data`` handed out."""
+        try:
+            self._map.close()
+        except BufferError:  # views still alive: unmapped when they are collected
+            pass
         self._file.close()
 
     def __enter__(self) -> GGUFModel:

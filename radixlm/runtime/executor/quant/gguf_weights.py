@@ -182,7 +182,8 @@ def reference_dequantize(model: GGUFModel, name: str) -> np.ndarray:
     """float32 ``name`` as the ``gguf`` package dequantizes it, in the file's row order and
     values (no un-permuting, no norm shift): the tests' oracle."""
     info = model.tensors[name]
-    return quants.dequantize(model.data(info), Q(info.ggml_type)).reshape(info.shape)
+    return np.array(quants.dequantize(model.data(info), Q(info.ggml_type))
+                    .reshape(info.shape), dtype=np.float32)  # a copy: F32 comes back as a view
 
 
 class GGUFSource:
