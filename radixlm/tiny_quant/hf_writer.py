@@ -303,7 +303,10 @@ def write_quantized(src: str | Path, out: str | Path, fmt: str, **options: objec
         dequantized[name] = q.dequantized
     save_file(written, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = quantization_config(fmt, **options)
+    config["quantization_config"] = quant = quantization_config(fmt, **options)
+    routers = sorted({n.split(".")[-3] for n in tensors if n.endswith(".gate.weight")})
+    if "ignore" in quant:  # llm-compressor's MoE recipes leave the routers out
+        quant["ignore"] += [f"re:.*{parent}.gate$" for parent in routers]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for f in src.iterdir():
         if f.is_file() and f.name != "config.json" and "safetensors" not in f.name:

@@ -195,6 +195,32 @@ def test_awq_matches_autoawq() -> None:
     assert torch.equal(read_back("gptq", as_gptq, group=32).dequantize(), q.dequantized)
 
 
+def autogptq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                        g_idx: torch.Tensor, bits: int) -> torch.Tensor:
+    """AutoGPTQ's torch fallback (qlinear_cuda_old), v1 zeros: [k, n] in input order,
+    each input row scaled by its own group (g_idx), not sorted."""
+    wf = torch.arange(0, 32, bits, dtype=torch.int32)
+    zeros = torch.bitwise_right_shift(qzeros.unsqueeze(2).expand(-1, -1, 32 // bits),
+                                      wf.view(1, 1, -1)) & ((1 << bits) - 1)
+    zeros = (zeros + 1).reshape(scales.shape)
+    weight = torch.bitwise_right_shift(qweight.unsqueeze(1).expand(-1, 32 // bits, -1),
+                                       wf.view(1, -1, 1)) & ((1 << bits) - 1)
+    weight = weight.reshape(-1, weight.shape[2])
+    return scales[g_idx.long()].float() * (weight - zeros[g_idx.long()]).float()
+
+
+@pytest.mark.parametrize("options", [{"group": 32, "desc_act": True, "sym": False},
+                                     {"group": 64, "bits": 8, "desc_act": True},
+                                     {"group": 128, "sym": False}])
+def test_gptq_matches_autogptq_reference(options: dict) -> None:
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(5))
+    q = quantize_linear("gptq", w, **options)
+    t = q.tensors
+    tool = autogptq_dequantize(t[".qweight"], t[".qzeros"], t[".scales"], t[".g_idx"],
+                               options.get("bits", 4))
+    assert torch.equal(read_back("gptq", q, **options).dequantize(), tool.T)
+
+
 # ---------------------------------------------------------------- a whole checkpoint
 
 
@@ -381,3 +407,37 @@ def test_static_input_scales_are_dropped() -> None:
     groups["group_1"]["weights"]["strategy"] = "tensor"
     with pytest.raises(ValueError, match=r"config_groups: groups with different weight"):
         scheme_for(mixed, None)
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from radixlm.tiny_families import make_family_model
+
+    out = tmp_path_factory.mktemp("qwen3_moe")
+    make_family_model(out, "qwen3_moe")
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "options"), [
+    ("awq", {"group": 32}), ("gptq", {"group": 32, "desc_act": True, "sym": False}),
+    ("w4a16", {"group": 32}), ("fp8-block", {}),
+])
+def test_moe_experts(moe_model: Path, tmp_path: Path, fmt: str, options: dict) -> None:
+    """Qwen3-MoE's experts (``mlp.experts.N.*_proj``) read like any linear; the routers
+    (``mlp.gate``) stay float, and compressed-tensors' ignore says so."""
+    dequantized = write_quantized(moe_model, tmp_path, fmt, **options)
+    config = json.loads((tmp_path / "config.json").read_text())
+    s = scheme_for(config, None)
+    if fmt == "w4a16":
+        assert not s.quantized("model.layers.0.mlp.gate")
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        shapes = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+                  for k in f.keys()}
+        modules = s.quantized_modules(shapes)
+        assert sorted(p + ".weight" for p in modules) == sorted(dequantized)
+        assert "model.layers.0.mlp.experts.7.down_proj" in modules
+        assert "model.layers.0.mlp.gate.weight" in s.dense_tensors(shapes)
+        for prefix in modules:
+            n, k = s.logical_shape(shapes, prefix, f.get_tensor)
+            got = s.read(f.get_tensor, prefix, n, k)
+            assert torch.equal(got.dequantize(), dequantized[prefix + ".weight"]), prefix

@@ -167,8 +167,9 @@ def _ct_match(prefix: str, pattern: str) -> bool:
 class QuantScheme:
     """How one checkpoint stores its quantized linears (subclasses: one per layout).
 
-    ``skip``: module names not converted; ``skip_mode`` how they match (``substr``: AWQ's
-    and FP8's ``modules_to_not_convert``, ``ct``: compressed-tensors' ``ignore`` with
+    ``skip``: module names not converted; ``skip_mode`` how they match (``names``: AWQ's
+    and FP8's ``modules_to_not_convert``, a run of whole dotted components of the module's
+    name (``visual``, ``mlp.gate``, ``lm_head``), ``ct``: compressed-tensors' ``ignore`` with
     ``re:`` patterns, ``regex``: GPTQModel's ``dynamic`` ``-:`` keys); ``targets``:
     compressed-tensors' targets; ``lm_head``: whether the lm_head is quantized."""
 
@@ -176,7 +177,7 @@ class QuantScheme:
     kind: str
     group: int  # columns per scale group; 0 = the whole row
     skip: tuple[str, ...] = ()
-    skip_mode: str = "substr"
+    skip_mode: str = "names"
     targets: tuple[str, ...] = ()
     lm_head: bool = False
 
@@ -191,7 +192,9 @@ class QuantScheme:
             return not any(_ct_match(module_prefix, p) for p in self.skip)
         if self.skip_mode == "regex":
             return not any(re.match(p, module_prefix) for p in self.skip)
-        return not any(p in module_prefix for p in self.skip)
+        # whole dotted components: "mlp.gate" skips a router, not "mlp.gate_proj"
+        return not any(re.search(rf"(^|\.){re.escape(p)}($|\.)", module_prefix)
+                       for p in self.skip)
 
     # layout: the subclasses
     def tensor_suffixes(self) -> tuple[str, ...]:
@@ -530,6 +533,7 @@ def _gptq(cfg: Mapping) -> QuantScheme:
 
 def _fp8(cfg: Mapping) -> QuantScheme:
     _field(cfg, "fmt", ("e4m3",), "e4m3")
+    _field(cfg, "scale_fmt", (None, "ue8m0"))  # ue8m0: float32 powers of two (V3.1)
     static = _field(cfg, "activation_scheme", ("dynamic", "static"), "dynamic") == "static"
     skip = _names(cfg, "modules_to_not_convert", "ignored_layers")
     block = cfg.get("weight_block_size")
