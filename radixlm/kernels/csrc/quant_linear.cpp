@@ -297,7 +297,8 @@ inline __m256i dot4(__m256i u, __m256i s) {
 }
 
 // As panel_vnni, 16 rows in two halves of 8. w8's u8 q + 128 x s8 x could overflow
-// maddubs' int16 pairs, so it multiplies |x| by q with x's sign (llama.cpp's trick).
+// maddubs' int16 pairs, so it multiplies |q| (0-128) by x with q's sign (|x| <= 127, so
+// negating it cannot wrap, and a pair sums to at most 2 * 128 * 127 < 2^15).
 template <int R, bool W4, bool MINS, int B>
 void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
@@ -331,7 +332,7 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
           } else {
             const __m256i q = _mm256_xor_si256(v, flip);  // q + 128 -> q (s8)
             acc[r][h] = _mm256_add_epi32(
-                acc[r][h], dot4(_mm256_abs_epi8(xa), _mm256_sign_epi8(q, xa)));
+                acc[r][h], dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(xa, q)));
           }
         }
       }
