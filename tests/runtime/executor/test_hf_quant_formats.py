@@ -316,6 +316,8 @@ def test_quantized_modules_and_ignore_lists() -> None:
     shapes = {"model.layers.0.mlp.up_proj.qweight": ("I32", (16, 40))}
     with pytest.raises(ValueError, match=r"up_proj\.qweight: stored quantized \(I32\) but"):
         gptq.quantized_modules(shapes)
+    with pytest.raises(ValueError, match=r"up_proj\.qzeros: no quantized .*up_proj\.qweight"):
+        gptq.dense_tensors({"model.layers.0.mlp.up_proj.qzeros": ("I32", (1, 5))})
     optimum = scheme_for({"quantization_config": {
         **quantization_config("gptq"),
         "modules_in_block_to_quantize": [["self_attn.q_proj"], ["mlp.up_proj"]]}}, None)
@@ -389,6 +391,7 @@ def _ct(**changes: object) -> dict:
     (_ct(top__quantization_status="frozen"), None, r"quantization_status = 'frozen'"),
     (_ct(weights__dynamic=True), None, r"quantization_config\.dynamic = True"),
     (_ct(), "w8a8_fp8", r"--quantization w8a8_fp8: the checkpoint's weights are w8"),
+    (_ct(top__format="pack-quantized"), None, r"input_activations with pack-quantized"),
 ])
 def test_compressed_tensors_refusals(config: dict, requested: str | None, message: str
                                      ) -> None:

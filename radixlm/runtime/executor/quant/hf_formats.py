@@ -241,12 +241,22 @@ class QuantScheme:
 
     def dense_tensors(self, shapes: Mapping[str, TensorInfo]) -> list[str]:
         """What stays float: every tensor not part of a quantized linear (embeddings,
-        norms, biases, unquantized modules), the ignored activation scales left out."""
+        norms, biases, unquantized modules), the ignored activation scales left out.
+        ValueError for a quantization tensor whose linear has no packed weight."""
         taken = set()
         for prefix in self.quantized_modules(shapes):
             taken.update(prefix + s for s in self.tensor_suffixes() + self.ignored_suffixes())
-        return sorted(n for n in shapes if n not in taken
-                      and not any(n.endswith(s) for s in self.ignored_suffixes()))
+        primary, *parts = self.tensor_suffixes()
+        dense = []
+        for name in sorted(shapes):
+            if name in taken or any(name.endswith(s) for s in self.ignored_suffixes()):
+                continue
+            orphan = next((s for s in parts if name.endswith(s)), None)
+            if orphan:
+                raise ValueError(f"{name}: no quantized {name[: -len(orphan)] + primary} "
+                                 "in the checkpoint for it to belong to")
+            dense.append(name)
+        return dense
 
 
 # ---------------------------------------------------------------- AWQ (AutoAWQ GEMM)
@@ -606,6 +616,9 @@ def _ct(cfg: Mapping) -> QuantScheme:
     sym = bool(w.get("symmetric", True))
     common = dict(skip=_names(cfg, "ignore"), skip_mode="ct", targets=targets, lm_head=True)
     if fmt == "pack-quantized":
+        if acts is not None:  # W4A8: its activation scales would have no reader
+            raise ValueError("quantization_config input_activations with pack-quantized "
+                             "weights (W4A8) are not supported")
         bits = _field(w, "num_bits", (4, 8))
         _field(w, "strategy", ("channel", "group"))
         _field(w, "type", ("int",))
