@@ -117,7 +117,8 @@ def awq(w: torch.Tensor, group: int = 128) -> QuantizedLinear:
 def gptq(w: torch.Tensor, group: int = 128, bits: int = 4, sym: bool = True,
          desc_act: bool = False, checkpoint_format: str = "gptq") -> QuantizedLinear:
     """AutoGPTQ / GPTQModel ``QuantLinear.pack``: codes packed along K, zero points along
-    N; ``checkpoint_format`` "gptq" (v1) stores zero - 1, so its zeros stay >= 1."""
+    N; ``checkpoint_format`` "gptq" (v1): the qzeros words minus 0x11111111 (0x01010101 at
+    8 bits), word-wise as GPTQModel's v2 -> v1 conversion does (a zero of 0 borrows)."""
     maxq = (1 << bits) - 1
     g_idx, _ = _act_order(w, group, desc_act)
     lo, hi = _group_minmax(w, g_idx)
@@ -127,13 +128,14 @@ def gptq(w: torch.Tensor, group: int = 128, bits: int = 4, sym: bool = True,
         zero = torch.full_like(scale, (maxq + 1) // 2)
     else:
         scale, zero = _asym_params(lo, hi, maxq, torch.float16)
-        if checkpoint_format == "gptq":
-            zero = zero.clamp(min=1)
     q, deq = _quantize(w, g_idx, scale, zero, 0, maxq)
-    stored = zero - 1 if checkpoint_format == "gptq" else zero
+    qzeros = pack_rows_int32(zero.T, bits)  # [G, n*bits/32]
+    if checkpoint_format == "gptq":
+        ones = sum(1 << i for i in range(0, 32, bits))
+        qzeros = (qzeros.to(torch.int64) - ones).to(torch.int32)  # wraps like the int32 op
     return QuantizedLinear({
         ".qweight": pack_rows_int32(q, bits).T.contiguous(),  # [k*bits/32, n]
-        ".qzeros": pack_rows_int32(stored.T, bits),  # [G, n*bits/32]
+        ".qzeros": qzeros,
         ".scales": scale.T.to(torch.float16).contiguous(),  # [G, n]
         ".g_idx": g_idx,
     }, deq)

@@ -183,6 +183,7 @@ def test_awq_matches_autoawq() -> None:
     if packing is None:
         pytest.skip("AutoAWQ is not installed (PYTHONPATH to a --no-deps install runs it)")
     w = torch.randn(48, 128, generator=torch.Generator().manual_seed(4))
+    w[:4, :32] = w[:4, :32].abs()  # zero points of 0: the v1 words borrow
     q = quantize_linear("awq", w, group=32)
     t = q.tensors
     tool = packing.dequantize_gemm(t[".qweight"], t[".qzeros"], t[".scales"], 4, 32)
@@ -197,8 +198,9 @@ def test_awq_matches_autoawq() -> None:
 
 def autogptq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                         g_idx: torch.Tensor, bits: int) -> torch.Tensor:
-    """AutoGPTQ's torch fallback (qlinear_cuda_old), v1 zeros: [k, n] in input order,
-    each input row scaled by its own group (g_idx), not sorted."""
+    """AutoGPTQ's torch fallback (qlinear_cuda_old), v1 zeros read field by field (right
+    unless a zero point is 0: see the borrow test): [k, n] in input order, each input row
+    scaled by its own group (g_idx), not sorted."""
     wf = torch.arange(0, 32, bits, dtype=torch.int32)
     zeros = torch.bitwise_right_shift(qzeros.unsqueeze(2).expand(-1, -1, 32 // bits),
                                       wf.view(1, 1, -1)) & ((1 << bits) - 1)
@@ -444,3 +446,18 @@ def test_moe_experts(moe_model: Path, tmp_path: Path, fmt: str, options: dict) -
             n, k = s.logical_shape(shapes, prefix, f.get_tensor)
             got = s.read(f.get_tensor, prefix, n, k)
             assert torch.equal(got.dequantize(), dequantized[prefix + ".weight"]), prefix
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_v1_zero_point_zero_borrows(bits: int) -> None:
+    """v1 stores the qzeros words minus 0x11111111: a zero point of 0 (a group with
+    nothing below zero) borrows from its neighbour, which only adding the word back
+    undoes; adding 1 to each field (AutoGPTQ's reader) gets both fields wrong."""
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
+    w[:8, :32] = w[:8, :32].abs()  # zero point 0 in group 0 of rows 0..7
+    q = quantize_linear("gptq", w, group=32, bits=bits, sym=False)
+    got = read_back("gptq", q, group=32, bits=bits, sym=False)
+    assert torch.equal(got.dequantize(), q.dequantized)
+    t = q.tensors
+    naive = autogptq_dequantize(t[".qweight"], t[".qzeros"], t[".scales"], t[".g_idx"], bits)
+    assert not torch.equal(naive.T, q.dequantized)

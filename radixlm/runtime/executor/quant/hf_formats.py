@@ -10,7 +10,7 @@ A linear ``prefix`` (``model.layers.0.self_attn.q_proj``, an MoE expert's
                                    [k/g, n/8] the same way; scales f16 [k/g, n]
     gptq (AutoGPTQ, GPTQModel)     qweight i32 [k*b/32, n]: packed along K, field  w4 / w8
                                    i = input row 32/b*r + i; qzeros i32 [G, n*b/32] + mins
-                                   ("gptq" = v1 stores zero - 1, "gptq_v2" the
+                                   ("gptq" = v1 stores zeros - 1, "gptq_v2" the
                                    zero); scales [G, n]; g_idx i32 [k] (act-order)
     compressed-tensors             weight_packed i32 [n, ceil(k*b/32)] (q + 2^(b-1)  w4 / w8
       pack-quantized (W4A16)       along K); weight_shape [2]; weight_scale [n, G];  + mins
@@ -298,9 +298,12 @@ class AwqScheme(QuantScheme):
 
 @dataclass(frozen=True)
 class GptqScheme(QuantScheme):
-    """GPTQ's layout (see the module docstring): ``bits`` 4 or 8, ``v1`` the old
-    ``checkpoint_format: gptq`` whose stored zero points are one less (so a v1 zero runs
-    1..16), ``desc_act``: act-order, ``g_idx`` then required."""
+    """GPTQ's layout (see the module docstring): ``bits`` 4 or 8, ``desc_act``: act-order,
+    ``g_idx`` then required. ``v1``: ``checkpoint_format: gptq``, whose qzeros words are
+    the true ones minus 0x11111111 (0x01010101 at 8 bits), subtracted word-wise as
+    GPTQModel converts: a zero point of 0 borrows from the next field, so the words are
+    restored by adding it back (adding 1 to each field, as old kernels do, is wrong
+    there)."""
 
     bits: int = 4
     v1: bool = True
@@ -333,9 +336,11 @@ class GptqScheme(QuantScheme):
     def read(self, get: Getter, prefix: str, n: int, k: int) -> QuantWeight:
         group = self.group or k
         codes = unpack_int32(get(prefix + ".qweight"), self.bits, 0).T  # [n, k]
-        zeros = unpack_int32(get(prefix + ".qzeros"), self.bits, 1).T  # [n, G]
-        if self.v1:
-            zeros = zeros + 1
+        qzeros = get(prefix + ".qzeros")
+        if self.v1:  # undo v2 -> v1's word-wise subtraction, carries included
+            words = qzeros.to(torch.int64) + sum(1 << i for i in range(0, 32, self.bits))
+            qzeros = (words & 0xFFFFFFFF) - ((words & 0x80000000) << 1)  # back in int32
+        zeros = unpack_int32(qzeros, self.bits, 1).T  # [n, G]
         scales = get(prefix + ".scales").T
         perm = None  # without desc_act, g_idx is i // group (vLLM ignores it too)
         if self.desc_act:
