@@ -445,10 +445,16 @@ def _rope_scaling(m: _Meta, extra: dict[str, np.ndarray], ctx: int | None,
     if "rope_factors_long.weight" in extra:
         original = m.int("{arch}.rope.scaling.original_context_length", ctx)
         long = extra["rope_factors_long.weight"]
-        return {"rope_type": "longrope", "factor": (ctx or original) / original,
-                "long_factor": _decimals(long),
-                "short_factor": _decimals(extra.get("rope_factors_short.weight", long)),
-                "original_max_position_embeddings": original}
+        out = {"rope_type": "longrope", "factor": (ctx or original) / original,
+               "long_factor": _decimals(long),
+               "short_factor": _decimals(extra.get("rope_factors_short.weight", long)),
+               "original_max_position_embeddings": original}
+        attn = m.float("{arch}.rope.scaling.attn_factor")
+        scale = out["factor"]
+        default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        if attn is not None and abs(attn - default) > 1e-5:  # else transformers' own
+            out["attention_factor"] = attn
+        return out
     if "rope_freqs.weight" in extra:
         return _llama3_rope(extra["rope_freqs.weight"], head_dim, theta, m.where)
     if kind not in (None, "none", "linear", "yarn"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,9 @@ def _write_hparams(w: GGUFWriter, c: ModelConfig, arch: str) -> None:
             if rope.get(key) is not None:
                 add(rope[key])
     elif rope.get("rope_type") == "longrope":
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        original = rope["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(_longrope_attention(rope, c.max_position_embeddings))
     if c.sliding_window is not None:
         w.add_sliding_window(c.sliding_window)
         if arch != "llama":  # Mistral: every layer
@@ -250,6 +253,15 @@ def _write_hparams(w: GGUFWriter, c: ModelConfig, arch: str) -> None:
     if arch == "qwen3moe":
         w.add_expert_feed_forward_length(hf["moe_intermediate_size"])
         w.add_expert_weights_norm(bool(hf.get("norm_topk_prob", False)))
+
+
+def _longrope_attention(rope: dict[str, Any], max_pos: int) -> float:
+    """LongRoPE's scale of cos / sin, as transformers and llama.cpp's converter compute it."""
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    scale = max_pos / rope["original_max_position_embeddings"]
+    return math.sqrt(1 + math.log(scale) / math.log(rope["original_max_position_embeddings"])) \
+        if scale > 1.0 else 1.0
 
 
 def _rope_tensors(c: ModelConfig) -> dict[str, np.ndarray]:
@@ -385,7 +397,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, qtype: str = "Q8_0")
                          f"(it writes {', '.join(_ARCHS)})")
     arch = _ARCHS[c.architectures[0]][0]
     w = GGUFWriter(out_path, arch)
-    w.add_name(model_dir.name)
+    # no general.name: llama.cpp keys token quirks on it ("phi3" wants a "</s>" token)
     _write_hparams(w, c, arch)
     _write_tokenizer(w, model_dir, c)
     for name, data in gguf_tensors(model_dir, c).items():
