@@ -10,8 +10,8 @@ A linear ``prefix`` (``model.layers.0.self_attn.q_proj``, an MoE expert's
                                    [k/g, n/8] the same way; scales f16 [k/g, n]
     gptq (AutoGPTQ, GPTQModel)     qweight i32 [k*b/32, n]: packed along K, field  w4 / w8
                                    i = input row 32/b*r + i; qzeros i32 [G, n*b/32] + mins
-                                   ("gptq" = v1 stores zeros - 1, "gptq_v2" the
-                                   zero); scales [G, n]; g_idx i32 [k] (act-order)
+                                   (v2; v1 "gptq": the words minus 0x11111111);
+                                   scales [G, n]; g_idx i32 [k] (act-order)
     compressed-tensors             weight_packed i32 [n, ceil(k*b/32)] (q + 2^(b-1)  w4 / w8
       pack-quantized (W4A16)       along K); weight_shape [2]; weight_scale [n, G];  + mins
                                    weight_zero_point i32 [ceil(n*b/32), G] (asym);
@@ -537,7 +537,8 @@ def _gptq(cfg: Mapping) -> QuantScheme:
     _field(cfg, "pack_dtype", ("int32",), "int32")
     desc_act = bool(_field(cfg, "desc_act", (True, False, None), False))
     _field(cfg, "sym", (True, False, None), True)
-    keep = tuple(m for block in cfg.get("modules_in_block_to_quantize") or () for m in block)
+    keep = tuple(m for block in cfg.get("modules_in_block_to_quantize") or ()
+                 for m in ([block] if isinstance(block, str) else block))
     skip, mode = _gptq_skips(cfg), "regex"
     if keep:  # optimum's list: every other linear of a block stays float
         skip = skip + (rf"(?!.*\.({'|'.join(map(re.escape, keep))})$)",)
