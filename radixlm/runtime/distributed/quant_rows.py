@@ -2,9 +2,9 @@
 
 A fused projection (q/k/v, gate/up) is several checkpoint tensors stacked by rows, and a
 quantized checkpoint may keep them in different formats: a GGUF ``Q4_K_M`` file holds q and
-k in Q4_K and v in Q6_K. ``QuantRows`` stacks the blocks into one ``QuantWeight`` when
-they share a layout (one matmul, as for a dense weight), else keeps them apart and
-concatenates their outputs. Each block is packed once for the CPU kernel
+k in Q4_K and v in Q6_K. ``QuantRows`` stacks neighbouring blocks that share a layout into
+one ``QuantWeight`` (one matmul, as for a dense weight: q and k there), keeps the others
+apart and concatenates their outputs. Each block is packed once for the CPU kernel
 (``kernels/quant_linear.py``) when the kernel takes it; otherwise the dispatcher runs the
 Triton kernel (CUDA) or dequantizes.
 
@@ -26,8 +26,7 @@ class QuantRows:
 
     def __init__(self, blocks: list[QuantWeight]) -> None:
         assert blocks, "a quantized weight needs at least one block of rows"
-        stacked = stack_rows(blocks)
-        blocks = [stacked] if stacked is not None else list(blocks)
+        blocks = _stacked_runs(blocks)
         self.kinds = [b.kind for b in blocks]
         self.n = sum(b.n for b in blocks)
         self.k = blocks[0].k
@@ -48,3 +47,15 @@ class QuantRows:
         y = torch.cat([quant_linear.matmul(x, b, p) for b, p in zip(self.blocks, self.packed)],
                       dim=-1)
         return y if bias is None else y + bias
+
+
+def _stacked_runs(blocks: list[QuantWeight]) -> list[QuantWeight]:
+    """Each run of neighbouring blocks of one layout stacked into one."""
+    runs = [blocks[0]]
+    for block in blocks[1:]:
+        stacked = stack_rows([runs[-1], block])
+        if stacked is None:
+            runs.append(block)
+        else:
+            runs[-1] = stacked
+    return runs

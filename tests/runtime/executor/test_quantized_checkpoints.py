@@ -1,0 +1,150 @@
+"""Quantized checkpoints served whole: a GGUF file and AWQ / GPTQ / compressed-tensors /
+W8A8 / FP8 directories written from the tiny model, each loaded with one argument.
+
+Oracles: a GGUF F32 file gives the float checkpoint's tokens exactly; every quantized
+format's log-probabilities stay within its bound of the same checkpoint dequantized to
+float32 (``load_quantized(dense=True)``), which isolates what the kernels add (x rounded to
+int8 per 32 columns for w4 / w8, bf16 products for fp8) from what the format lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import radixlm
+from radixlm.runtime.distributed.layers import Prepackable
+from radixlm.runtime.executor.quant import loader
+from radixlm.tiny_model import ModelShape, make_tiny_model
+from radixlm.tiny_quant.gguf_writer import write_gguf
+from radixlm.tiny_quant.hf_writer import write_quantized
+
+GREEDY = {"max_new_tokens": 1, "temperature": 0}
+SHAPE = ModelShape(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512)
+# format -> the largest |log-probability| difference from the dequantized float32 model
+# over 4 random 64-token prompts on the tiny model (measured: docs/benchmarks.md
+# "Quantized checkpoints"; the bound is about twice the largest seen). w4 / w8 products
+# round x to int8 per 32 columns (as llama.cpp does), so their error is that rounding's.
+BOUNDS = {"Q8_0": 0.12, "Q4_0": 0.12, "Q4_K": 0.2, "Q5_K": 0.15, "Q6_K": 0.12,
+          "Q4_K_M": 0.2, "awq": 0.2, "gptq": 0.1, "w4a16": 0.1, "w8a8-int8": 0.12,
+          "fp8-block": 0.03, "fp8-tensor": 0.03}
+HF_OPTIONS = {"awq": {"group": 32}, "gptq": {"group": 32, "desc_act": True},
+              "w4a16": {"group": 32}, "w8a8-int8": {}, "fp8-block": {}, "fp8-tensor": {}}
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(10, 2000) for _ in range(64)] for _ in range(4)]
+
+
+@pytest.fixture(scope="module")
+def float_dir(tmp_path_factory) -> Path:
+    """The tiny Llama at hidden 256: rows of whole 256-column k-quant super-blocks (the
+    tiny model's 128 would leave GGUF's K types to fall back to Q8_0)."""
+    return make_tiny_model(tmp_path_factory.mktemp("float256"), shape=SHAPE)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, float_dir):
+    out = tmp_path_factory.mktemp("quantized")
+
+    def make(fmt: str) -> str:
+        if fmt in HF_OPTIONS:
+            path = out / fmt
+            if not path.exists():
+                write_quantized(float_dir, path, fmt, **HF_OPTIONS[fmt])
+            return str(path)
+        path = out / f"tiny-{fmt}.gguf"
+        if not path.exists():
+            write_gguf(float_dir, path, fmt)
+        return str(path)
+
+    return make
+
+
+def _logprobs(engine, prompts) -> list[list[float]]:
+    out = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True,
+                          logprob_start_len=0)
+    return [[t[0] for t in o["meta_info"]["input_token_logprobs"][1:]] for o in out]
+
+
+def _quantized_layers(engine) -> list[Prepackable]:
+    model = engine.scheduler.model_runner.model
+    return [m for m in model.modules() if isinstance(m, Prepackable) and m.quant is not None]
+
+
+def test_gguf_f32_file_gives_the_checkpoints_tokens(make_engine, checkpoints, float_dir):
+    """The file's own config, tokenizer and (un-permuted) q/k rows: the float model."""
+    want = make_engine(model_path=str(float_dir), dtype="float32")
+    got = make_engine(model_path=checkpoints("F32"), dtype="float32")
+    sp = {"max_new_tokens": 12, "temperature": 0}
+    texts = ["The capital of France is", "def fib(n):"]
+    assert [o["output_ids"] for o in got.generate(texts, sp)] == \
+        [o["output_ids"] for o in want.generate(texts, sp)]
+    assert got.tokenizer("hello world").input_ids == want.tokenizer("hello world").input_ids
+
+
+@pytest.mark.parametrize("fmt", list(BOUNDS))
+def test_quantized_logprobs_are_within_the_formats_bound(make_engine, checkpoints, prompts,
+                                                         monkeypatch, fmt):
+    path = checkpoints(fmt)
+    engine = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
+    layers = _quantized_layers(engine)
+    assert layers, f"{fmt}: no layer kept its weight quantized"
+    assert all(p is not None for m in layers for p in m.quant.packed), \
+        f"{fmt}: a layer's block is not in the CPU kernel's packing"
+    got = _logprobs(engine, prompts)
+    monkeypatch.setattr(loader, "load_quantized",
+                        functools.partial(loader.load_quantized, dense=True))
+    reference = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
+    assert not _quantized_layers(reference)
+    want = _logprobs(reference, prompts)
+    err = max(abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb))
+    assert err <= BOUNDS[fmt], f"{fmt}: max |d logprob| {err:.4f} (bound {BOUNDS[fmt]})"
+
+
+def test_q4_k_m_mixes_formats_in_one_fused_projection(make_engine, checkpoints):
+    """q and k in Q4_K, v in Q6_K: the fused qkv keeps two row blocks of two kinds."""
+    engine = make_engine(model_path=checkpoints("Q4_K_M"), dtype="float32")
+    model = engine.scheduler.model_runner.model
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.quant.kinds == ["w4", "w8"] and qkv.weight.is_meta
+    kinds = engine.scheduler.model_runner.quant_kinds
+    assert kinds["w4"] > 0 and kinds["w8"] > 0
+
+
+def test_quantization_flag_must_agree_with_the_checkpoint(checkpoints, float_dir):
+    with pytest.raises(ValueError, match="quant_method"):
+        radixlm.Engine(model_path=checkpoints("awq"), quantization="gptq")
+    with pytest.raises(ValueError, match="no quantization_config"):
+        radixlm.Engine(model_path=str(float_dir), quantization="awq")
+
+
+def test_quantized_checkpoint_is_served_on_one_rank(checkpoints):
+    with pytest.raises(ValueError, match="quantized checkpoint.*one rank"):
+        radixlm.Engine(model_path=checkpoints("gptq"), tp_size=2)
+
+
+def test_weight_updates_of_a_quantized_model_are_refused(make_engine, checkpoints, float_dir):
+    engine = make_engine(model_path=checkpoints("Q8_0"), dtype="float32")
+    ok, message, _ = engine.update_weights_from_disk(str(float_dir))
+    assert not ok and "quantized" in message
+
+
+def test_a_bad_quantized_tensor_is_refused_naming_it(checkpoints, tmp_path):
+    """A linear whose packed weight does not match its scales: one error naming it, at
+    load, before any weight is copied."""
+    src = checkpoints("awq")
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["group_size"] = 64  # the scales hold groups of 32
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model\.layers\.\d+\.\w+\.\w+_proj\.(scales|qzeros)"):
+        radixlm.Engine(model_path=str(bad))
