@@ -800,6 +800,13 @@ def _check_layers(raw: dict[str, RawTensor], arch: str, layers: int, where: str)
 # ---------------------------------------------------------------- the model
 
 
+# tokens llama.cpp's vocabulary treats as the end of generation, by spelling
+END_OF_GENERATION = frozenset((
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<|return|>", "<|call|>", "<EOT>", "[EOT]", "<end_of_utterance>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>"))
+
+
 class GGUFModel:
     """A checked GGUF file (``open_gguf``): its metadata, tensors under our checkpoint names
     and the config.json of the family; the file stays mapped until ``close``."""
@@ -839,6 +846,19 @@ class GGUFModel:
         """config.json as transformers would write it for the family (a copy)."""
         return json.loads(json.dumps(self._config))
 
+    def stop_ids(self) -> list[int]:
+        """The tokens that end generation, as llama.cpp's vocabulary collects them: EOS,
+        the end-of-turn / end-of-message ids, and the tokens spelled as one (old files
+        name no EOT id)."""
+        ids = [i for i in (self._config["eos_token_id"],) if i is not None]
+        for name in ("eot", "eom"):
+            value = self.metadata.get(f"tokenizer.ggml.{name}_token_id")
+            if isinstance(value, int) and 0 <= value < self._config["vocab_size"]:
+                ids.append(value)
+        tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        ids += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
+        return list(dict.fromkeys(ids))
+
     def data(self, info: TensorInfo) -> np.ndarray:
         """The tensor's raw blocks: a read-only uint8 view into the mapped file."""
         return np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
@@ -871,13 +891,8 @@ class GGUFModel:
         cfg["quantization_config"] = {"quant_method": "gguf",
                                       "gguf_file": str(self.path.resolve())}
         _write_json(out / "config.json", cfg)
-        eos = [cfg["eos_token_id"]] if cfg["eos_token_id"] is not None else []
-        for name in ("eot", "eom"):  # end-of-turn tokens stop generation too
-            value = self.metadata.get(f"tokenizer.ggml.{name}_token_id")
-            if isinstance(value, int) and value not in eos:
-                eos.append(value)
         _write_json(out / "generation_config.json",
-                    {"bos_token_id": cfg["bos_token_id"], "eos_token_id": eos,
+                    {"bos_token_id": cfg["bos_token_id"], "eos_token_id": self.stop_ids(),
                      "pad_token_id": cfg["pad_token_id"]})
         write_tokenizer(self, out)
         return out

@@ -233,6 +233,17 @@ def test_bad_special_token_id(tmp_path):
         assert model.hf_config()["eos_token_id"] == 7
 
 
+def test_stop_ids_as_llama_cpp_collects_them(tmp_path):
+    """EOS, the EOT id and, in a file that names none, the tokens spelled as an end of
+    turn (llama.cpp's vocabulary finds them by spelling)."""
+    path = model_gguf(tmp_path / "stop.gguf", keys={"tokenizer.ggml.eos_token_id": 5})
+    with open_gguf(path) as model:
+        assert model.stop_ids() == [5]
+        model.metadata["tokenizer.ggml.tokens"][7] = "<|im_end|>"
+        model.metadata["tokenizer.ggml.eot_token_id"] = 9
+        assert model.stop_ids() == [5, 9, 7]
+
+
 # --- the view directory: the HF checkpoint's config and tokenizer again ---
 
 SAMPLES = ["Hello world, kato ri!", "  two leading spaces", '{"id": 3}\n\tx', "ünï cødé ✓",
