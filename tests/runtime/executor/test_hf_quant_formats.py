@@ -57,6 +57,7 @@ CASES = [  # (fmt, n, k, options): odd shapes and group tails wherever the layou
     ("awq", 24, 128, {"group": 64}),
     ("awq", 16, 256, {"group": 128}),
     ("awq", 64, 100, {"group": -1}),
+    ("awq", 64, 99, {"group": -1}),  # one group: any k, odd too
     ("gptq", 48, 200, {"group": 64}),  # a 8-column tail group
     ("gptq", 48, 200, {"group": 64, "sym": False}),
     ("gptq", 48, 200, {"group": 64, "sym": False, "checkpoint_format": "gptq_v2"}),
@@ -69,6 +70,7 @@ CASES = [  # (fmt, n, k, options): odd shapes and group tails wherever the layou
     ("w4a16", 37, 96, {"group": 32, "sym": False}),
     ("w4a16", 37, 101, {"group": -1}),  # per channel: k not a multiple of 8
     ("w4a16", 40, 128, {"group": 32, "actorder": True}),
+    ("w4a16", 40, 99, {"group": -1, "actorder": True}),  # one group: no reordering
     ("w4a16", 41, 96, {"group": 32, "bits": 8, "sym": False}),
     ("w8a8-int8", 33, 77, {}),
     ("fp8-block", 200, 300, {}),  # partial 128x128 tiles at both edges

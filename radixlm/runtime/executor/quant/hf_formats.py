@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -113,6 +114,35 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
 
 
+def input_pairs(rows: torch.Tensor) -> torch.Tensor:
+    """Codes by input ``[k, n]`` -> QuantWeight w4 bytes ``[n, ceil(k/2)]`` (inputs 2j
+    and 2j + 1 share a byte)."""
+    if rows.shape[0] % 2:
+        rows = torch.cat([rows, torch.zeros_like(rows[:1])])
+    return (rows[0::2] | (rows[1::2] << 4)).T.contiguous()
+
+
+def nibbles(data: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[r, c]`` -> its 4-bit fields ``[r, 2c]``, low nibble first."""
+    return torch.stack((data & 15, data >> 4), dim=-1).reshape(data.shape[0], -1)
+
+
+def word_bytes(words: torch.Tensor) -> torch.Tensor:
+    """int32 ``[r, c]`` -> uint8 ``[r, 4c]``: a word's bytes least significant first, so
+    field i of 4-bit fields sits in byte i // 2 (low nibble for even i), exactly the
+    QuantWeight w4 byte of columns i and i + 1."""
+    assert sys.byteorder == "little", "the packed words are read as little-endian bytes"
+    w = words.to(torch.int32).contiguous()
+    return w.view(torch.uint8).reshape(w.shape[0], -1)
+
+
+def along_k(qweight: torch.Tensor) -> torch.Tensor:
+    """GPTQ's ``qweight [k*b/32, n]`` (word r holds inputs ``32/b*r ..`` of output c) ->
+    uint8 ``[n, k*b/8]``: each output's bytes in input order (a transpose of bytes)."""
+    rows, n = qweight.shape
+    return word_bytes(qweight).reshape(rows, n, 4).transpose(0, 1).reshape(n, rows * 4)
+
+
 def act_order_perm(g_idx: torch.Tensor, k: int, group: int, name: str) -> torch.Tensor | None:
     """GPTQ's ``g_idx`` (the group of each input feature) as QuantWeight ``perm``: the input
     features sorted by group (stable), None when already in order. ValueError naming the
@@ -129,27 +159,34 @@ def act_order_perm(g_idx: torch.Tensor, k: int, group: int, name: str) -> torch.
     return None if torch.equal(perm, torch.arange(k)) else perm
 
 
-def _w4(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group: int,
+def _w4(data: torch.Tensor, k: int, zeros: torch.Tensor, scales: torch.Tensor, group: int,
         perm: torch.Tensor | None) -> QuantWeight:
-    """Unsigned 4-bit ``codes [n, k]`` (input order), ``zeros``/``scales [n, G]``: W = (q-z)*s."""
-    if perm is not None:
-        codes = codes[:, perm]
+    """w4 bytes ``data [n, >= ceil(k/2)]`` of unsigned codes in input order, ``zeros`` /
+    ``scales [n, G]``: W = (q - z) * s; act-order ``perm`` puts the columns in its order."""
+    data = data[:, : -(-k // 2)]
+    if perm is not None:  # rows of [k, n] gather fast; the columns of [n, k] do not
+        rows = nibbles(data)[:, :k].T.contiguous().index_select(0, perm)
+        data = input_pairs(rows)
     s = scales.to(torch.float32)
-    return QuantWeight("w4", codes.shape[0], codes.shape[1], group, pack_nibbles(codes),
-                       s.contiguous(), (-zeros.to(torch.float32) * s).contiguous(), perm)
+    return QuantWeight("w4", data.shape[0], k, group, data.contiguous(), s.contiguous(),
+                       (-zeros.to(torch.float32) * s).contiguous(), perm)
 
 
-def _w8(codes: torch.Tensor, zeros: torch.Tensor | None, scales: torch.Tensor, group: int,
-        perm: torch.Tensor | None) -> QuantWeight:
-    """Signed 8-bit ``codes [n, k]`` (int, input order): W = (q - z) * s."""
+def _w8(codes: torch.Tensor, k: int, zeros: torch.Tensor | None, scales: torch.Tensor,
+        group: int, perm: torch.Tensor | None) -> QuantWeight:
+    """8-bit ``codes [n, >= k]`` in input order, int8 or uint8 stored plus 128 (then
+    ``zeros`` are too): W = (q - z) * s."""
+    codes = codes[:, :k]
+    if codes.dtype == torch.uint8:  # q + 128 -> q: flip the top bit, reinterpret
+        codes = (codes ^ 0x80).view(torch.int8)
+        zeros = None if zeros is None else zeros.to(torch.int32) - 128
     if perm is not None:
         codes = codes[:, perm]
     s = scales.to(torch.float32).contiguous()
     mins = None
     if zeros is not None and bool((zeros != 0).any()):
         mins = (-zeros.to(torch.float32) * s).contiguous()
-    return QuantWeight("w8", codes.shape[0], codes.shape[1], group,
-                       codes.to(torch.int8).contiguous(), s, mins, perm)
+    return QuantWeight("w8", codes.shape[0], k, group, codes.contiguous(), s, mins, perm)
 
 
 # ---------------------------------------------------------------- which modules are quantized
@@ -285,12 +322,29 @@ class AwqScheme(QuantScheme):
         return n, k
 
     def read(self, get: Getter, prefix: str, n: int, k: int) -> QuantWeight:
-        cols = torch.arange(n)
-        order = (cols // 8) * 8 + torch.tensor(AWQ_REVERSE_ORDER)[cols % 8]
-        codes = unpack_int32(get(prefix + ".qweight"), 4, 1)[:, order]  # [k, n]
-        zeros = unpack_int32(get(prefix + ".qzeros"), 4, 1)[:, order]  # [G, n]
+        order = torch.tensor(AWQ_REVERSE_ORDER)
+        zeros = unpack_int32(get(prefix + ".qzeros"), 4, 1).view(-1, n // 8, 8)[:, :, order]
         scales = get(prefix + ".scales")  # [G, n]
-        return _w4(codes.T, zeros.T, scales.T, self.group or k, None)
+        return _w4(awq_bytes(get(prefix + ".qweight")), k, zeros.reshape(-1, n).T, scales.T,
+                   self.group or k, None)
+
+
+def awq_bytes(qweight: torch.Tensor) -> torch.Tensor:
+    """AWQ's ``qweight [k, n/8]`` -> QuantWeight w4 bytes ``[n, ceil(k/2)]``, on bytes:
+    byte b of a word holds fields 2b and 2b+1, i.e. columns ``(0,4,1,5)[b]`` (low
+    nibble) and ``(2,6,3,7)[b]`` (high); the low nibbles of input rows 2j and 2j+1 make
+    one output byte, and so do the high ones."""
+    if qweight.shape[0] % 2:  # an odd k (group_size -1): a zero input row pads the pair
+        qweight = torch.cat([qweight, torch.zeros_like(qweight[:1])])
+    k, words = qweight.shape
+    b = word_bytes(qweight).view(k // 2, 2, words, 4)
+    even, odd = b[:, 0], b[:, 1]  # input rows 2j, 2j+1: [k/2, words, 4]
+    low = (even & 15) | (odd << 4)  # the columns of the low nibbles, by byte
+    high = (even >> 4) | (odd & 0xF0)
+    out = torch.empty(k // 2, words, 2, 4, dtype=torch.uint8)  # column 4h + q at [h, q]
+    out[..., 0:2] = low.view(k // 2, words, 2, 2).transpose(-1, -2)  # byte b = 2q + h
+    out[..., 2:4] = high.view(k // 2, words, 2, 2).transpose(-1, -2)
+    return out.view(k // 2, words * 8).T.contiguous()
 
 
 # ---------------------------------------------------------------- GPTQ (AutoGPTQ, GPTQModel)
@@ -335,7 +389,7 @@ class GptqScheme(QuantScheme):
 
     def read(self, get: Getter, prefix: str, n: int, k: int) -> QuantWeight:
         group = self.group or k
-        codes = unpack_int32(get(prefix + ".qweight"), self.bits, 0).T  # [n, k]
+        data = along_k(get(prefix + ".qweight"))  # [n, k*bits/8]
         qzeros = get(prefix + ".qzeros")
         if self.v1:  # undo v2 -> v1's word-wise subtraction, carries included
             words = qzeros.to(torch.int64) + sum(1 << i for i in range(0, 32, self.bits))
@@ -346,8 +400,8 @@ class GptqScheme(QuantScheme):
         if self.desc_act:
             perm = act_order_perm(get(prefix + ".g_idx"), k, group, prefix + ".g_idx")
         if self.bits == 4:
-            return _w4(codes, zeros, scales, group, perm)
-        return _w8(codes - 128, zeros - 128, scales, group, perm)
+            return _w4(data, k, zeros, scales, group, perm)
+        return _w8(data, k, zeros, scales, group, perm)
 
 
 # ---------------------------------------------------------------- compressed-tensors packed
@@ -390,7 +444,7 @@ class PackedScheme(QuantScheme):
 
     def read(self, get: Getter, prefix: str, n: int, k: int) -> QuantWeight:
         group, offset = self.group or k, 1 << (self.bits - 1)
-        codes = unpack_int32(get(prefix + ".weight_packed"), self.bits, 1)[:, :k]  # q+offset
+        data = word_bytes(get(prefix + ".weight_packed"))  # codes + offset along K
         scales = get(prefix + ".weight_scale")
         if self.symmetric:
             zeros = torch.full(scales.shape, offset, dtype=torch.int32)
@@ -401,8 +455,8 @@ class PackedScheme(QuantScheme):
             perm = act_order_perm(get(prefix + ".weight_g_idx"), k, group,
                                   prefix + ".weight_g_idx")
         if self.bits == 4:
-            return _w4(codes, zeros, scales, group, perm)
-        return _w8(codes - offset, zeros - offset, scales, group, perm)
+            return _w4(data, k, zeros, scales, group, perm)
+        return _w8(data, k, zeros, scales, group, perm)
 
 
 # ---------------------------------------------------------------- one byte a weight
@@ -468,7 +522,7 @@ class UnpackedScheme(QuantScheme):
         if self.kind == "fp8":
             return QuantWeight("fp8", n, k, group, codes.contiguous(), scales.contiguous())
         zeros = rows(get(prefix + ".weight_zero_point")) if self.zero_point else None
-        return _w8(codes, zeros, scales, group, None)
+        return _w8(codes, k, zeros, scales, group, None)
 
 
 # ---------------------------------------------------------------- quantization_config
