@@ -105,15 +105,6 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return v.reshape(p.shape[0], p.shape[1] * f)
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """``[n, k]`` codes 0..15 -> QuantWeight w4 data: uint8 ``[n, ceil(k/2)]``, column 2j in
-    the low nibble."""
-    q = codes.to(torch.uint8)
-    if q.shape[1] % 2:
-        q = torch.cat([q, torch.zeros(q.shape[0], 1, dtype=torch.uint8)], dim=1)
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-
-
 def input_pairs(rows: torch.Tensor) -> torch.Tensor:
     """Codes by input ``[k, n]`` -> QuantWeight w4 bytes ``[n, ceil(k/2)]`` (inputs 2j
     and 2j + 1 share a byte)."""
