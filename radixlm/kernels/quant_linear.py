@@ -21,8 +21,9 @@ AVX512-BF16 and VBMI, and for every kind on a CPU without AVX2, a plain C++ loop
 float32). The error this adds to ``y[j]``: at most ``sum_c |q s|[j, c] * d_b(c) / 2``
 (int8 x), or ``2^-8 sum_c |W x|`` (bf16 x), beside fp16's ``2^-11`` relative on scales.
 
-Past ``dequant_rows(kind)`` rows (prefill) the products are compute-bound: the weight is
-dequantized ``TILE`` rows at a time to x's dtype and multiplied by torch's matmul.
+Past ``dequant_rows(kind)`` rows (``KERNEL_MAX_ROWS``: fp8 prefill, and every product on a
+build whose kernel is the plain C++ loop) the weight is dequantized ``TILE`` rows at a time
+to x's dtype and multiplied by torch's matmul.
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ from radixlm.kernels.qweight import QuantWeight, reference_linear
 PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
 X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
 KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2}
-# rows past which the weight is dequantized tile by tile for torch's matmul
-# (benchmarks/quant_linear.py --prefill; 1B-class and small-preset shapes, bf16 x)
-DEQUANT_ROWS = {"w4": 32, "w8": 32, "fp8": 32}
+# Most rows of x the packed kernel takes, by build (``isa()``) and kind; more go tile by
+# tile through torch's matmul. VNNI's int8 products keep up with oneDNN's bf16 at 512 rows
+# (1B-class gate_up, one thread: 37.6 ms against 38.9) and AVX2's beat the tiles at 128;
+# the fp8 kernel falls behind the tiles between 128 and 512 rows; the plain C++ loop (fp8
+# without VBMI and AVX512-BF16, any kind without AVX2) always does.
+KERNEL_MAX_ROWS = {2: {"w4": 1 << 62, "w8": 1 << 62, "fp8": 128},
+                   1: {"w4": 1 << 62, "w8": 1 << 62, "fp8": 0}}
 TILE = 256  # weight rows dequantized at once (bf16 2048 columns: 1 MiB, in L2)
 __all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
 
@@ -150,16 +155,22 @@ def pack(qw: QuantWeight) -> QuantPacked:
                        None if m is None else relative(m), rowf_pad, qw.perm)
 
 
+@cache
 def dequant_rows(kind: str) -> int:
     """Most rows of x the packed kernel takes; more go tile by tile through torch's matmul."""
-    return DEQUANT_ROWS[kind]
+    rows = KERNEL_MAX_ROWS.get(isa(), {}).get(kind, 0)
+    if kind == "fp8" and not torch.ops.radixlm_cpu.quant_linear_fp8_vector():
+        return 0
+    return rows
 
 
-def _dequant(packed: QuantPacked, row0: int, row1: int) -> torch.Tensor:
-    """Rows [row0, row1) of W as float32 [rows, k], stored column order."""
+def _dequant(packed: QuantPacked, row0: int, row1: int,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows [row0, row1) of W as [rows, k] in dtype (float32 or bfloat16), stored column
+    order."""
     return torch.ops.radixlm_cpu.quant_dequant(
         packed.data, packed.scales, packed.mins, packed.rowf, KIND_CODE[packed.kind], packed.n,
-        packed.k, packed.block, row0, row1)
+        packed.k, packed.block, row0, row1, dtype)
 
 
 def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
@@ -181,7 +192,7 @@ def _tiled(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
         y = torch.empty(x.shape[0], packed.n, dtype=x.dtype)
     for r0 in range(0, packed.n, TILE):
         r1 = min(r0 + TILE, packed.n)
-        torch.matmul(x, _dequant(packed, r0, r1).to(x.dtype).T, out=y[:, r0:r1])
+        torch.matmul(x, _dequant(packed, r0, r1, x.dtype).T, out=y[:, r0:r1])
     return y if bias is None else y.add_(bias.to(x.dtype))
 
 

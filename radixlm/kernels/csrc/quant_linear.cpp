@@ -4,7 +4,8 @@
 //
 //   quant_linear(x [M, K] f32|bf16, data, scales, mins?, rowf, kind, n, block, bias?,
 //                y [M, P * 16] float32 written)
-//   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1) -> W [rows, K] f32
+//   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1, dtype)
+//       -> W rows [rows, K] in dtype (float32 or bfloat16), for the prefill path
 //   quant_linear_isa() -> int   2: AVX512-VNNI (+ BF16/VBMI for fp8), 1: AVX2, 0: plain C++
 //
 // The layout (P = ceil(N / 16) panels, B = block: 32, or 16 for groups of 16; nb = Kpad / B):
@@ -31,6 +32,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -66,6 +68,16 @@ float fp8_value(uint8_t code) {
   return code & 0x80 ? -v : v;
 }
 
+// fp8_value of every code (built once).
+const float* fp8_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = fp8_value(uint8_t(c));
+    return t;
+  }();
+  return table.data();
+}
+
 // Position inside a 64-byte fp8 chunk of (row r, column c of 4): unpacklo_epi8 takes bytes
 // 0-7 of each 128-bit lane, unpackhi 8-15, and a bf16 pair's f32 lane is its row.
 inline int fp8_pos(int r, int c) { return 16 * (r / 4) + (c >= 2 ? 8 : 0) + (r % 4) * 2 + c % 2; }
@@ -87,7 +99,7 @@ struct Weight {
       const uint8_t b = wb[(cc / 4) * 64 + r * 4 + cc % 4];
       return float(half ? b >> 4 : b & 15);
     }
-    return fp8_value(wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]);
+    return fp8_table()[wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]];
   }
 };
 
@@ -154,12 +166,12 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
 #if defined(QL_AVX512)
 // ---------------------------------------------------------------- AVX512-VNNI
 // Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
-// row (two break the chain of dependent vpdpbusd at one or two rows).
+// row (4 at one row, 2 at two: shorter chains of dependent vpdpbusd; more rows interleave).
 template <int R, bool W4, bool MINS, int B>
 void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
   constexpr int S = B / 4;  // 4-column steps per block
-  constexpr int NA = R <= 2 ? 2 : 1;
+  constexpr int NA = R == 1 ? 4 : R == 2 ? 2 : 1;
   constexpr int64_t bytes = W4 ? B * kPanel / 2 : B * kPanel;
   const uint8_t* wp = w.panel(p);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -173,7 +185,7 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       // w8: bytes are q + 128, so the u8 x s8 sum is sum(q x) + 128 sum(x)
       acc[r][0] = W4 ? _mm512_setzero_si512()
                      : _mm512_set1_epi32(-128 * xq.qsum[(i0 + r) * xq.nb + b]);
-      if (NA == 2) acc[r][NA - 1] = _mm512_setzero_si512();
+      for (int a = 1; a < NA; ++a) acc[r][a] = _mm512_setzero_si512();
     }
     const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
     if constexpr (W4) {
@@ -186,8 +198,10 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
           int32_t a, c;
           std::memcpy(&a, xr + 4 * j, 4);
           std::memcpy(&c, xr + B / 2 + 4 * j, 4);
-          acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], lo, _mm512_set1_epi32(a));
-          acc[r][NA - 1] = _mm512_dpbusd_epi32(acc[r][NA - 1], hi, _mm512_set1_epi32(c));
+          __m512i& a0 = acc[r][(2 * j) % NA];
+          __m512i& a1 = acc[r][(2 * j + 1) % NA];
+          a0 = _mm512_dpbusd_epi32(a0, lo, _mm512_set1_epi32(a));
+          a1 = _mm512_dpbusd_epi32(a1, hi, _mm512_set1_epi32(c));
         }
       }
     } else {
@@ -208,7 +222,8 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
-      const __m512i dot = NA == 2 ? _mm512_add_epi32(acc[r][0], acc[r][1]) : acc[r][0];
+      __m512i dot = acc[r][0];
+      for (int a = 1; a < NA; ++a) dot = _mm512_add_epi32(dot, acc[r][a]);
       const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
       accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)),
                                 accf[r]);
@@ -246,6 +261,7 @@ template <int R, bool MINS, int B>
 void panel_fp8(const Weight& w, int64_t p, const Fp8Tables& t, const uint16_t* xbf,
                const float* fsum, int64_t i0, float* y, int64_t ldy) {
   constexpr int S = B / 4;
+  constexpr int NA = R == 1 ? 4 : 2;  // accumulators per row: shorter chains of vdpbf16ps
   constexpr int64_t bytes = B * kPanel;
   const uint8_t* wp = w.panel(p);
   const __m512i sign = _mm512_set1_epi8(char(0x80));
@@ -254,8 +270,9 @@ void panel_fp8(const Weight& w, int64_t p, const Fp8Tables& t, const uint16_t* x
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
     _mm_prefetch(reinterpret_cast<const char*>(wb + 4 * bytes), _MM_HINT_T0);
-    __m512 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 acc[R][NA];
+    for (int r = 0; r < R; ++r)
+      for (int a = 0; a < NA; ++a) acc[r][a] = _mm512_setzero_ps();
     for (int j = 0; j < S; ++j) {
       const __m512i v = _mm512_loadu_si512(wb + 64 * j);
       // high byte: the magnitude's, with the code's sign bit (0xF8: a | (b & c))
@@ -269,15 +286,20 @@ void panel_fp8(const Weight& w, int64_t p, const Fp8Tables& t, const uint16_t* x
         int32_t a, c;
         std::memcpy(&a, xr, 4);
         std::memcpy(&c, xr + 2, 4);
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, (__m512bh)_mm512_set1_epi32(a));
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, (__m512bh)_mm512_set1_epi32(c));
+        __m512& a0 = acc[r][(2 * j) % NA];
+        __m512& a1 = acc[r][(2 * j + 1) % NA];
+        a0 = _mm512_dpbf16_ps(a0, w0, (__m512bh)_mm512_set1_epi32(a));
+        a1 = _mm512_dpbf16_ps(a1, w1, (__m512bh)_mm512_set1_epi32(c));
       }
     }
     const int64_t sb = (p * w.nb + b) * kPanel;
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
         w.scales + sb)));
-    for (int r = 0; r < R; ++r)
-      accf[r] = _mm512_fmadd_ps(_mm512_add_ps(acc[r][0], acc[r][1]), s, accf[r]);
+    for (int r = 0; r < R; ++r) {
+      __m512 dot = acc[r][0];
+      for (int a = 1; a < NA; ++a) dot = _mm512_add_ps(dot, acc[r][a]);
+      accf[r] = _mm512_fmadd_ps(dot, s, accf[r]);
+    }
     if constexpr (MINS) {
       const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
           w.mins + sb)));
@@ -526,32 +548,68 @@ void quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor&
   });
 }
 
-// W rows [row0, row1) as float32 [rows, k] in stored column order (prefill: tile by tile).
-at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
-                         const std::optional<at::Tensor>& mins, const at::Tensor& rowf,
-                         int64_t kind, int64_t n, int64_t k, int64_t block, int64_t row0,
-                         int64_t row1) {
-  const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
-  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_dequant");
-  TORCH_CHECK(0 <= row0 && row0 < row1 && row1 <= n, "quant_dequant: rows ", row0, "-", row1);
-  at::Tensor out = at::empty({row1 - row0, k}, data.options().dtype(at::kFloat));
-  float* op = out.data_ptr<float>();
-  at::parallel_for(row0, row1, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t p = row / kPanel;
-      const int r = int(row % kPanel);
-      const uint8_t* wp = w.panel(p);
-      float* o = op + (row - row0) * k;
-      for (int64_t b = 0; b < w.nb; ++b) {
-        const uint8_t* wb = wp + b * block_bytes(kind, block);
-        const int64_t sb = (p * w.nb + b) * kPanel + r;
-        const float s = float(w.scales[sb]) * w.rowf[row];
-        const float mn = w.mins ? float(w.mins[sb]) * w.rowf[row] : 0.f;
-        const int64_t c1 = std::min(block, k - b * block);
-        for (int64_t c = 0; c < c1; ++c) o[b * block + c] = w.code(wb, r, c) * s + mn;
+// The codes of block b of a panel as floats, [16 rows][B columns] (no per-element branch
+// on the kind: the prefill path decodes every weight of the tiles it multiplies).
+void decode_block(const Weight& w, const uint8_t* wb, const float* fp8, float* out) {
+  const int64_t B = w.block;
+  for (int64_t j = 0; j < B / 4; ++j)
+    for (int r = 0; r < kPanel; ++r)
+      for (int t = 0; t < 4; ++t) {
+        float* o = out + r * B;
+        if (w.kind == kW8) {
+          o[4 * j + t] = float(int(wb[j * 64 + r * 4 + t]) - 128);
+        } else if (w.kind == kW4) {
+          if (j >= B / 8) continue;
+          const uint8_t byte = wb[j * 64 + r * 4 + t];
+          o[4 * j + t] = float(byte & 15);
+          o[B / 2 + 4 * j + t] = float(byte >> 4);
+        } else {
+          o[4 * j + t] = fp8[wb[j * 64 + fp8_pos(r, t)]];
+        }
+      }
+}
+
+// W rows [row0, row1) as [rows, k] of O (float or BFloat16), stored column order.
+template <class O>
+void dequant_rows(const Weight& w, int64_t k, int64_t row0, int64_t row1, O* op) {
+  const float* fp8 = fp8_table();
+  const int64_t B = w.block, bytes = block_bytes(w.kind, B);
+  at::parallel_for(row0 / kPanel, (row1 + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> codes(kPanel * B);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = std::max(row0, p * kPanel), r1 = std::min(row1, (p + 1) * kPanel);
+      for (int64_t b = 0; b < w.nb && b * B < k; ++b) {
+        decode_block(w, w.panel(p) + b * bytes, fp8, codes.data());
+        const int64_t c1 = std::min(B, k - b * B), sb = (p * w.nb + b) * kPanel;
+        for (int64_t row = r0; row < r1; ++row) {
+          const int r = int(row - p * kPanel);
+          const float s = float(w.scales[sb + r]) * w.rowf[row];
+          const float mn = w.mins ? float(w.mins[sb + r]) * w.rowf[row] : 0.f;
+          O* o = op + (row - row0) * k + b * B;
+          const float* c = codes.data() + r * B;
+          for (int64_t i = 0; i < c1; ++i) o[i] = O(c[i] * s + mn);
+        }
       }
     }
   });
+}
+
+// W rows [row0, row1) as [rows, k] in dtype (float32 or bfloat16), stored column order:
+// the prefill path multiplies them tile by tile.
+at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
+                         const std::optional<at::Tensor>& mins, const at::Tensor& rowf,
+                         int64_t kind, int64_t n, int64_t k, int64_t block, int64_t row0,
+                         int64_t row1, at::ScalarType dtype) {
+  const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
+  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_dequant");
+  TORCH_CHECK(0 <= row0 && row0 < row1 && row1 <= n, "quant_dequant: rows ", row0, "-", row1);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "quant_dequant: dtype must be float32 or bfloat16");
+  at::Tensor out = at::empty({row1 - row0, k}, data.options().dtype(dtype));
+  if (dtype == at::kFloat)
+    dequant_rows(w, k, row0, row1, out.data_ptr<float>());
+  else
+    dequant_rows(w, k, row0, row1, out.data_ptr<at::BFloat16>());
   return out;
 }
 
@@ -579,7 +637,7 @@ TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, Tensor rowf, "
         "int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor rowf, int kind, int n, "
-        "int k, int block, int row0, int row1) -> Tensor");
+        "int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
   m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
   m.def("quant_linear_fp8_vector() -> bool", &quant_linear_fp8_vector);
 }
