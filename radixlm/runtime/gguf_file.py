@@ -499,7 +499,7 @@ def _llama3_rope(factors: np.ndarray, head_dim: int, theta: float, where: str
         a, nb = np.polyfit(1 / wavelen[band], s, 1)
         high = low - 1 / nb
         original = int(round(a * (high - low)))
-        high = round(high, 4)
+        high = float(round(high, 4))
     expect = llama3_factors(head_dim, theta, factor, low, high, original)
     if not np.allclose(expect, f, rtol=1e-4, atol=1e-4):
         raise GGUFError(f"{where}: rope_freqs.weight is not a Llama 3 RoPE scaling radixlm "
