@@ -21,6 +21,8 @@ SHARED = ("radixlm.runtime.config", "radixlm.runtime.kv_events_config",
 # room -> the other rooms its modules may import (a module may always import its own room)
 ALLOWED: dict[str, set[str]] = {
     "tiny_model": set(),
+    # writers of tiny quantized checkpoints (GGUF, AWQ, GPTQ, FP8, W8A8) from a float one
+    "tiny_quant": {"tiny_model", "shared"},
     "radix_cache": set(),
     "kernels": set(),
     "shared": {"tiny_model"},
