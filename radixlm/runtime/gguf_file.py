@@ -106,9 +106,12 @@ class TensorInfo:
         return GGMLQuantizationType(self.ggml_type).name
 
 
-def nbytes_of(dims: tuple[int, ...], ggml_type: int) -> int:
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    return math.prod(dims) // block * size
+# GGML types no weight of ours is read from (integer tensors, llama.cpp's activation
+# types, types the gguf package has no dequantizer for): refused by name at open
+NOT_WEIGHT_TYPES = frozenset(int(t) for t in (
+    GGMLQuantizationType.Q8_1, GGMLQuantizationType.Q8_K, GGMLQuantizationType.I8,
+    GGMLQuantizationType.I16, GGMLQuantizationType.I32, GGMLQuantizationType.I64,
+    GGMLQuantizationType.F64, GGMLQuantizationType.Q1_0))
 
 
 # ---------------------------------------------------------------- the container
@@ -220,6 +223,10 @@ def _check_tensor(name: str, dims: tuple[int, ...], ggml_type: int, where: str,
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
         raise GGUFError(f"{where}: tensor {name!r} has unknown GGML type {ggml_type}") from None
+    if ggml_type in NOT_WEIGHT_TYPES:
+        raise GGUFError(f"{where}: tensor {name!r} has GGML type "
+                        f"{GGMLQuantizationType(ggml_type).name}, which radixlm reads no "
+                        "weights from")
     if any(d == 0 for d in dims):
         raise GGUFError(f"{where}: tensor {name!r} has a zero dimension {list(dims)}")
     if dims[0] % block:
@@ -916,7 +923,7 @@ def write_tokenizer(model: GGUFModel, out: Path) -> None:
         arch, vocab, settings = get_gguf_tokenizer(str(model.path))
         backend, extra = convert_gguf_tokenizer(arch, vocab)
         tok = PreTrainedTokenizerFast(tokenizer_object=backend, **{**settings, **extra})
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever the file's vocabulary breaks, by name
         raise GGUFError(f"{model.where}: its tokenizer (tokenizer.ggml.model "
                         f"{model.metadata.get('tokenizer.ggml.model')!r}) cannot be built: "
                         f"{e}") from None

@@ -110,6 +110,7 @@ def test_bad_tensors_name_the_tensor(tmp_path):
     cases = {  # case: (tensor infos, the tensor named, what is said)
         "unknown": ([t("blk.0.attn_q.weight", [32, 2], 99, 0)], "blk.0.attn_q.weight",
                     "unknown GGML type 99"),
+        "i32": ([t("output.weight", [4], 26, 0)], "output.weight", "I32"),
         "dims": ([t("blk.0.attn_k.weight", [1 << 32] * 4, 0, 0)], "blk.0.attn_k.weight",
                  "more bytes"),
         "ndims": ([t("blk.0.attn_v.weight", [1] * 5, 0, 0)], "blk.0.attn_v.weight",
