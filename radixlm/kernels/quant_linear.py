@@ -16,13 +16,14 @@ Q8_0-like w8 g32 1.0625 (bf16: 2).
 
 w4 / w8 quantize x per 32 columns to int8 (d = max|x| / 127, as llama.cpp's Q8_0
 activations) and multiply in integers (AVX512-VNNI ``vpdpbusd``; AVX2 ``maddubs``); fp8
-widens its codes to bf16 exactly and multiplies x rounded to bf16 (``vdpbf16ps``; without
-AVX512-BF16 and VBMI, and for every kind on a CPU without AVX2, a plain C++ loop in
-float32). The error this adds to ``y[j]``: at most ``sum_c |q s|[j, c] * d_b(c) / 2``
-(int8 x), or ``2^-8 sum_c |W x|`` (bf16 x), beside fp16's ``2^-11`` relative on scales.
+widens its codes to bf16 exactly and multiplies x rounded to bf16 (``vdpbf16ps``, with
+AVX512-BF16 and VBMI), or widens them to float32 through fp16 (F16C) for FMAs with float32
+x (AVX2); a CPU without AVX2 runs a plain C++ loop. The error this adds to ``y[j]``: at
+most ``sum_c |q s|[j, c] * d_b(c) / 2`` (int8 x), or ``2^-8 sum_c |q s x|`` (bf16 x),
+beside fp16's ``2^-11`` relative on scales.
 
-Past ``dequant_rows(kind)`` rows (``KERNEL_MAX_ROWS``: fp8 prefill, and every product on a
-build whose kernel is the plain C++ loop) the weight is dequantized ``TILE`` rows at a time
+Past ``dequant_rows(kind)`` rows (fp8 prefill, and every product on a build whose kernel
+is the plain C++ loop) the weight is dequantized ``TILE`` rows at a time
 to x's dtype and multiplied by torch's matmul.
 """
 
@@ -40,13 +41,15 @@ from radixlm.kernels.qweight import QuantWeight, reference_linear
 PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
 X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
 KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2}
-# Most rows of x the packed kernel takes, by build (``isa()``) and kind; more go tile by
-# tile through torch's matmul. VNNI's int8 products keep up with oneDNN's bf16 at 512 rows
-# (1B-class gate_up, one thread: 37.6 ms against 38.9) and AVX2's beat the tiles at 128;
-# the fp8 kernel falls behind the tiles between 128 and 512 rows; the plain C++ loop (fp8
-# without VBMI and AVX512-BF16, any kind without AVX2) always does.
-KERNEL_MAX_ROWS = {2: {"w4": 1 << 62, "w8": 1 << 62, "fp8": 128},
-                   1: {"w4": 1 << 62, "w8": 1 << 62, "fp8": 0}}
+# Most rows of x the packed kernel takes, by build; more go tile by tile through torch's
+# matmul (one thread, a [4096, 2048] weight, bf16 x on AVX-512, float32 x on the AVX2
+# build run on the same Zen 4): VNNI's int8 products keep up with oneDNN's bf16 at 512
+# rows (37.6 ms against 38.9; the tiles 48.8) and AVX2's beat the tiles 2x at 128; fp8's
+# vdpbf16ps falls behind the tiles between 128 and 512 rows (13.2 / 18.2 ms at 128, 62.3 /
+# 51.5 at 512), its AVX2 FMAs between 16 and 32 (4.4 / 8.8 at 8, 15.9 / 13.2 at 32); the
+# plain C++ loop (a CPU without AVX2) always does.
+KERNEL_MAX_ROWS = {2: 1 << 62, 1: 1 << 62}  # by isa(): w4, w8
+FP8_KERNEL_MAX_ROWS = {2: 128, 1: 16}  # by fp8_isa()
 TILE = 256  # weight rows dequantized at once (bf16 2048 columns: 1 MiB, in L2)
 __all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
 
@@ -78,6 +81,11 @@ def _ready() -> bool:
 def isa() -> int:
     """2: AVX512-VNNI, 1: AVX2, 0: plain C++ (or -1: no library)."""
     return int(torch.ops.radixlm_cpu.quant_linear_isa()) if _ready() else -1
+
+
+def fp8_isa() -> int:
+    """fp8's kernel: 2: vdpbf16ps (x rounded to bf16), 1: FMAs, 0: plain C++ (-1: none)."""
+    return int(torch.ops.radixlm_cpu.quant_linear_fp8_isa()) if _ready() else -1
 
 
 def block_of(qw: QuantWeight) -> int | None:
@@ -158,10 +166,9 @@ def pack(qw: QuantWeight) -> QuantPacked:
 @cache
 def dequant_rows(kind: str) -> int:
     """Most rows of x the packed kernel takes; more go tile by tile through torch's matmul."""
-    rows = KERNEL_MAX_ROWS.get(isa(), {}).get(kind, 0)
-    if kind == "fp8" and not torch.ops.radixlm_cpu.quant_linear_fp8_vector():
-        return 0
-    return rows
+    if kind == "fp8":
+        return FP8_KERNEL_MAX_ROWS.get(fp8_isa(), 0)
+    return KERNEL_MAX_ROWS.get(isa(), 0)
 
 
 def _dequant(packed: QuantPacked, row0: int, row1: int,

@@ -109,7 +109,7 @@ def mode_of(kind: str, tiled: bool, dtype: torch.dtype) -> str:
     if tiled:
         return "bf16w" if dtype == torch.bfloat16 else "exact"
     if kind == "fp8":
-        return "bf16x" if torch.ops.radixlm_cpu.quant_linear_fp8_vector() else "exact"
+        return "bf16x" if quant_linear.fp8_isa() == 2 else "exact"
     return "int8" if quant_linear.isa() > 0 else "exact"
 
 

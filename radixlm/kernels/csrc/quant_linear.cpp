@@ -6,7 +6,8 @@
 //                y [M, P * 16] float32 written)
 //   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1, dtype)
 //       -> W rows [rows, K] in dtype (float32 or bfloat16), for the prefill path
-//   quant_linear_isa() -> int   2: AVX512-VNNI (+ BF16/VBMI for fp8), 1: AVX2, 0: plain C++
+//   quant_linear_isa() -> int      w4 / w8: 2 AVX512-VNNI, 1 AVX2, 0 plain C++
+//   quant_linear_fp8_isa() -> int  fp8: 2 AVX512-BF16 + VBMI, 1 AVX2 (FMAs), 0 plain C++
 //
 // The layout (P = ceil(N / 16) panels, B = block: 32, or 16 for groups of 16; nb = Kpad / B):
 //   data    uint8 [P][nb][chunks][64]: a chunk holds 4 consecutive columns of 16 rows,
@@ -22,7 +23,8 @@
 // adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq). A block's sum then
 // goes to float, times scale * d, and mins add min * sum(x) (x's float sum of the block).
 // fp8: two 128-entry byte lookups (vpermt2b) give the high and low bytes of the code's
-// bf16 (exact: zero, denormals and NaN too), interleaved, then vdpbf16ps with x in bf16.
+// bf16 (exact: zero, denormals and NaN too), interleaved, then vdpbf16ps with x in bf16;
+// on AVX2 the code's bits placed as an fp16's, widened by F16C, FMAs with float32 x.
 // Threads take panels; x's rows go in blocks of up to 8 (4 for fp8) per pass of a panel.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -383,6 +385,81 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
 }
 #endif
 
+#if defined(QL_AVX2)
+// 16 fp8 codes -> 16 floats times 2^-8 (two halves of 8), exact, NaN too: the code's bits
+// placed as an fp16's (the same mantissa bits; fp16's exponent bias is 8 more, and its
+// denormals line up with e4m3's), then F16C's conversion.
+inline void fp8x16(__m128i bytes, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_cvtepu8_epi16(bytes);
+  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7F));
+  __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                              _mm256_and_si256(_mm256_slli_epi16(v, 8),
+                                               _mm256_set1_epi16(short(0x8000))));
+  h = _mm256_or_si256(h, _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)),
+                                          _mm256_set1_epi16(0x7E00)));  // NaN: fp16 exponent 31
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// fp8 on FMAs, rows [i0, i0 + R) of x (float32 [M][kpad], zeros past K) by panel p. A chunk's
+// 8 vectors of 8 codes hold rows 4L..4L+3 x columns {2h, 2h+1} (vector 2L + h, as
+// fp8_pos lays them out for AVX-512), so each meets x's pair of those columns and a row's
+// two lanes are summed at the block's end (hadd).
+template <int R, bool MINS, int B>
+void panel_fp8_avx2(const Weight& w, int64_t p, const float* x, const float* fsum, int64_t i0,
+                    float* y, int64_t ldy) {
+  constexpr int S = B / 4;
+  const uint8_t* wp = w.panel(p);
+  const __m256 unit = _mm256_set1_ps(256.f);  // the codes came out times 2^-8
+  __m256 accf[R][2];
+  for (int r = 0; r < R; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* wb = wp + b * B * kPanel;
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int l = 0; l < 4; ++l) acc[r][l] = _mm256_setzero_ps();
+    for (int j = 0; j < S; ++j) {
+      __m256 wv[8];
+      for (int q = 0; q < 4; ++q)
+        fp8x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 64 * j + 16 * q)),
+               wv[2 * q], wv[2 * q + 1]);
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + (i0 + r) * w.kpad + b * B + 4 * j;
+        const __m256 x0 = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(xr)));
+        const __m256 x1 =
+            _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(xr + 2)));
+        for (int l = 0; l < 4; ++l) {
+          acc[r][l] = _mm256_fmadd_ps(wv[2 * l], x0, acc[r][l]);
+          acc[r][l] = _mm256_fmadd_ps(wv[2 * l + 1], x1, acc[r][l]);
+        }
+      }
+    }
+    const int64_t sb = (p * w.nb + b) * kPanel;
+    __m256 s[2], mn[2];
+    for (int h = 0; h < 2; ++h) {
+      s[h] = _mm256_mul_ps(unit, _mm256_cvtph_ps(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(w.scales + sb + 8 * h))));
+      if constexpr (MINS)
+        mn[h] = _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(w.mins + sb + 8 * h)));
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        // hadd: rows 0 1 4 5 2 3 6 7 of the pair of vectors -> 0..7
+        const __m256 rows = _mm256_castpd_ps(_mm256_permute4x64_pd(
+            _mm256_castps_pd(_mm256_hadd_ps(acc[r][2 * h], acc[r][2 * h + 1])), 0xD8));
+        accf[r][h] = _mm256_fmadd_ps(rows, s[h], accf[r][h]);
+        if constexpr (MINS)
+          accf[r][h] = _mm256_fmadd_ps(mn[h], _mm256_set1_ps(fsum[(i0 + r) * w.nb + b]),
+                                       accf[r][h]);
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(y + (i0 + r) * ldy + p * kPanel + 8 * h, accf[r][h]);
+}
+#endif
+
 // Calls F<R>(i0) over rows [0, m) in blocks of at most RMAX (a switch on the remainder).
 template <int RMAX, class F>
 void row_blocks(int64_t m, F&& f) {
@@ -501,6 +578,30 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
   }
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
+#if defined(QL_AVX2)
+  if (w.kind == kFP8) {
+    at::Tensor xp = at::zeros({m, w.kpad}, xf.options());  // zeros past K (0 * code, no NaN)
+    xp.narrow(1, 0, k).copy_(xf);
+    std::vector<float> fsum;
+    if (w.mins) fsum = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block).fsum;
+    const float* xd = xp.data_ptr<float>();
+    auto go = [&](auto mins, auto blk) {
+      over_panels(w, [&](int64_t p) {
+        row_blocks<2>(m, [&](auto rows, int64_t i0) {
+          panel_fp8_avx2<decltype(rows)::value, decltype(mins)::value, decltype(blk)::value>(
+              w, p, xd, fsum.data(), i0, y, ldy);
+        });
+      });
+    };
+    using B16 = std::integral_constant<int, 16>;
+    using B32 = std::integral_constant<int, 32>;
+    if (w.mins)
+      w.block == 32 ? go(std::true_type{}, B32{}) : go(std::true_type{}, B16{});
+    else
+      w.block == 32 ? go(std::false_type{}, B32{}) : go(std::false_type{}, B16{});
+    return;
+  }
+#endif
 #if defined(QL_AVX512) || defined(QL_AVX2)
   if (w.kind != kFP8) {
     const XQuant xq = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block);
@@ -623,11 +724,14 @@ int64_t quant_linear_isa() {
 #endif
 }
 
-bool quant_linear_fp8_vector() {
+// 2: fp8 by vdpbf16ps (x rounded to bf16), 1: by FMAs (float32 x), 0: the plain loop.
+int64_t quant_linear_fp8_isa() {
 #if defined(QL_FP8_AVX512)
-  return true;
+  return 2;
+#elif defined(QL_AVX2)
+  return 1;
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -639,7 +743,7 @@ TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
   m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor rowf, int kind, int n, "
         "int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
   m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
-  m.def("quant_linear_fp8_vector() -> bool", &quant_linear_fp8_vector);
+  m.def("quant_linear_fp8_isa() -> int", &quant_linear_fp8_isa);
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
