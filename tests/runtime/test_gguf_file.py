@@ -141,6 +141,29 @@ def test_truncated_anywhere(tmp_path, tiny_llama_dir):
         assert any(w in message for w in ("truncated", "past the end", "too short")), message
 
 
+def test_random_header_corruption_is_a_gguf_error(tmp_path, tiny_llama_dir):
+    """Bytes of the header flipped at random: the file opens (a value that still fits) or
+    is a GGUFError, never another exception."""
+    good = write_gguf(tiny_llama_dir, tmp_path / "good.gguf", "Q8_0")
+    data = bytearray(good.read_bytes())
+    with open_gguf(good) as model:
+        header_end = min(info.offset for info in model.tensors.values())
+    rng = np.random.default_rng(0)
+    path = tmp_path / "bad.gguf"
+    outcomes = {"opened": 0, "refused": 0}
+    for _ in range(150):
+        bad = bytearray(data)
+        for at in rng.integers(0, header_end, size=rng.integers(1, 4)):
+            bad[at] = rng.integers(0, 256)
+        path.write_bytes(bad)
+        try:
+            open_gguf(path).close()
+            outcomes["opened"] += 1
+        except GGUFError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0, outcomes
+
+
 # --- the model: metadata that disagrees with the tensors ---
 
 H, LAYERS, HEADS, KV, FF, VOCAB = 64, 2, 4, 2, 128, 300
