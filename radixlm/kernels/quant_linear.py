@@ -182,10 +182,10 @@ def _dequant(packed: QuantPacked, row0: int, row1: int,
 
 def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
             y: torch.Tensor | None = None) -> torch.Tensor:
-    """x [m, k] (stored column order) @ W.T + bias by the packed kernel, float32
-    [m, panels * 16] (``y``: where to write it; the tests pass it NaN-filled)."""
+    """x [m, k] (stored column order) @ W.T + bias by the packed kernel, [m, n] in x's dtype
+    (``y``: where to write it; the tests pass it NaN-filled)."""
     if y is None:
-        y = torch.empty(x.shape[0], packed.rowf.shape[0], dtype=torch.float32)
+        y = torch.empty(x.shape[0], packed.n, dtype=x.dtype)
     torch.ops.radixlm_cpu.quant_linear(x, packed.data, packed.scales, packed.mins, packed.rowf,
                                        KIND_CODE[packed.kind], packed.n, packed.block, bias, y)
     return y
@@ -215,8 +215,7 @@ def linear(x: torch.Tensor, packed: QuantPacked,
     if rows.shape[0] > dequant_rows(packed.kind):
         y = _tiled(rows.contiguous(), packed, bias)
     else:
-        y = _kernel(rows, packed, bias)[:, : packed.n].to(x.dtype)
-        y = y if y.is_contiguous() else y.contiguous()
+        y = _kernel(rows, packed, bias)
     return y.reshape(*lead, packed.n)
 
 

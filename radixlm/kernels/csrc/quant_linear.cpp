@@ -3,7 +3,7 @@
 // once, so its time is the bytes read: 4-bit codes are a quarter of bf16's, 8-bit half.
 //
 //   quant_linear(x [M, K] f32|bf16, data, scales, mins?, rowf, kind, n, block, bias?,
-//                y [M, P * 16] float32 written)
+//                y [M, N] in x's dtype, written)
 //   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1, dtype)
 //       -> W rows [rows, K] in dtype (float32 or bfloat16), for the prefill path
 //   quant_linear_isa() -> int      w4 / w8: 2 AVX512-VNNI, 1 AVX2, 0 plain C++
@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -114,24 +115,25 @@ struct XQuant {
   int64_t kpad, nb;
 };
 
-XQuant quantize_x(const float* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
+template <class T>  // float or c10::BFloat16 (widened as read: exact)
+XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
   XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * kpad / kXBlock, 0.f),
             std::vector<float>(m * kpad / block, 0.f), std::vector<int32_t>(m * kpad / block, 0),
             kpad, kpad / block};
   at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * k;
+      const T* xr = x + r * k;
       for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
         const int64_t c1 = std::min(c0 + kXBlock, k);
         float amax = 0.f;
-        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(xr[c]));
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(float(xr[c])));
         const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
         xq.d[r * kpad / kXBlock + c0 / kXBlock] = d;
         for (int64_t c = c0; c < c1; ++c) {
-          const int v = int(std::nearbyint(xr[c] * inv));
+          const int v = int(std::nearbyint(float(xr[c]) * inv));
           xq.q[r * kpad + c] = int8_t(std::clamp(v, -127, 127));
           xq.qsum[r * xq.nb + c / block] += xq.q[r * kpad + c];
-          xq.fsum[r * xq.nb + c / block] += xr[c];
+          xq.fsum[r * xq.nb + c / block] += float(xr[c]);
         }
       }
     }
@@ -577,9 +579,9 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
     return;
   }
 #endif
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
 #if defined(QL_AVX2)
   if (w.kind == kFP8) {
+    const at::Tensor xf = x.to(at::kFloat);
     at::Tensor xp = at::zeros({m, w.kpad}, xf.options());  // zeros past K (0 * code, no NaN)
     xp.narrow(1, 0, k).copy_(xf);
     std::vector<float> fsum;
@@ -604,7 +606,9 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
 #endif
 #if defined(QL_AVX512) || defined(QL_AVX2)
   if (w.kind != kFP8) {
-    const XQuant xq = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block);
+    const XQuant xq = x.scalar_type() == at::kFloat
+        ? quantize_x(x.data_ptr<float>(), m, k, w.kpad, w.block)
+        : quantize_x(x.data_ptr<at::BFloat16>(), m, k, w.kpad, w.block);
 #if defined(QL_AVX512)
     run_int<Vnni, 8>(w, xq, m, y, ldy);
 #else
@@ -613,28 +617,27 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
     return;
   }
 #endif
+  const at::Tensor xf = x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   over_panels(w, [&](int64_t p) { panel_plain(w, p, xp, k, 0, m, y, ldy); });
 }
 
-// y [M, P * 16] float32 (written; columns past N are padding) = x W^T + bias.
-void quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
+// y [M, N] (x's dtype, written) = x W^T + bias.
+void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& scales,
                   const std::optional<at::Tensor>& mins, const at::Tensor& rowf, int64_t kind,
                   int64_t n, int64_t block, const std::optional<at::Tensor>& bias,
                   const at::Tensor& y) {
-  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+  const auto dt = x_in.scalar_type();
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() &&
+                  (dt == at::kFloat || dt == at::kBFloat16),
               "quant_linear: x must be a 2-D float32 or bfloat16 CPU tensor");
+  const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
   const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_linear");
-  const int64_t ldy = w.panels * kPanel;
-  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.dim() == 2 &&
-                  y.size(0) == m && y.size(1) == ldy,
-              "quant_linear: y must be float32 [", m, ", ", ldy, "]");
-  if (m == 0) return;
-  float* yp = y.data_ptr<float>();
-  products(w, x.contiguous(), yp, ldy);
+  TORCH_CHECK(y.scalar_type() == dt && y.is_contiguous() && y.dim() == 2 && y.size(0) == m &&
+                  y.size(1) == n,
+              "quant_linear: y must be [", m, ", ", n, "] in x's dtype");
   const float* bp = nullptr;
   at::Tensor bias_f;
   if (bias.has_value()) {
@@ -642,11 +645,22 @@ void quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor&
     bias_f = bias->to(at::kFloat).contiguous();
     bp = bias_f.data_ptr<float>();
   }
-  at::parallel_for(0, m, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
+  if (m == 0) return;
+  // the panels' sums, 16 columns a panel (the last one's past N are padding)
+  const int64_t ldy = w.panels * kPanel;
+  const at::Tensor acc = at::empty({m, ldy}, x.options().dtype(at::kFloat));
+  const float* ap = acc.data_ptr<float>();
+  products(w, x, acc.data_ptr<float>(), ldy);
+  auto finish = [&](auto* yp) {  // times the rows' factors, plus bias, in y's dtype
+    using O = std::remove_pointer_t<decltype(yp)>;
+    for (int64_t i = 0; i < m; ++i)
       for (int64_t c = 0; c < n; ++c)
-        yp[i * ldy + c] = yp[i * ldy + c] * w.rowf[c] + (bp ? bp[c] : 0.f);
-  });
+        yp[i * n + c] = O(ap[i * ldy + c] * w.rowf[c] + (bp ? bp[c] : 0.f));
+  };
+  if (dt == at::kFloat)
+    finish(y.data_ptr<float>());
+  else
+    finish(y.data_ptr<at::BFloat16>());
 }
 
 // The codes of block b of a panel as floats, [16 rows][B columns] (no per-element branch
