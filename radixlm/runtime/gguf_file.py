@@ -951,13 +951,18 @@ def open_gguf(path: str | os.PathLike) -> GGUFModel:
     return GGUFModel(path, meta, raw, version)
 
 
+VIEW_VERSION = 2  # bump whenever write_view writes something else: old views are not reused
+
+
 def view_dir_for(path: str | os.PathLike) -> Path:
     """The cached view directory of the GGUF file at ``path`` (``write_view``), under
-    $RADIXLM_CACHE_DIR or ~/.cache/radixlm: ``gguf/<digest of the path, size and mtime>``,
+    $RADIXLM_CACHE_DIR or ~/.cache/radixlm: ``gguf/<digest of VIEW_VERSION, the path, size
+    and mtime>``,
     private (0700), written in a temporary directory renamed into place, reused after."""
     path = Path(path).resolve()
     st = path.stat()
-    key = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{VIEW_VERSION}\0{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+                         ).hexdigest()[:16]
     root = Path(os.environ.get("RADIXLM_CACHE_DIR") or Path.home() / ".cache" / "radixlm")
     view = root / "gguf" / key
     if (view / "config.json").is_file():
