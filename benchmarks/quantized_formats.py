@@ -203,6 +203,8 @@ def summarize(rounds: list[dict[str, dict]]) -> dict[str, dict]:
                           "x_base": med / base[m] if base[m] else None}
         row["file_bytes"] = ok[0]["file_bytes"]
         row["resident_bytes"] = statistics.median(x["resident_bytes"] for x in ok)
+        row["engine_bytes"] = {k: ok[0].get(k) for k in (
+            "weight_bytes", "prepacked_weight_bytes", "kv_cache_bytes")}
         out[name] = row
     return out
 
@@ -397,7 +399,8 @@ def radixlm_worker(spec: dict) -> dict:
         eng.shutdown()
     return {**out, "rss_bare_kib": bare, "rss_loaded_kib": loaded,
             "resident_bytes": (loaded["VmRSS"] - bare["VmRSS"]) * 1024,
-            "weight_bytes": info.get("weight_bytes"), "load_s": load_s}
+            "load_s": load_s, **{k: info.get(k) for k in (
+                "weight_bytes", "prepacked_weight_bytes", "kv_cache_bytes")}}
 
 
 def vllm_worker(spec: dict) -> dict:
@@ -428,9 +431,12 @@ def run_worker(python: str, flag: str, spec: dict, timeout_s: float, env: dict) 
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     try:
-        return parse_result(proc.stdout)
+        result = parse_result(proc.stdout)
     except ValueError:
         return {"error": f"exit {proc.returncode}: {first_error_line(proc.stderr)}"}
+    if "error" in result:  # vLLM's engine core names the cause on stderr, not in the raise
+        result["stderr_error"] = first_error_line(proc.stderr)
+    return result
 
 
 def worker_main(flag: str) -> int:
