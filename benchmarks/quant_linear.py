@@ -3,7 +3,7 @@ dense bf16 through oneDNN's prepacked linear (what the engine runs for a bf16 mo
 ``distributed/layers.py``: ``Prepackable``) and the per-channel int8 of ``int8_linear.py``.
 
     .venv/bin/python benchmarks/quant_linear.py [--threads 2] [--rows 1 8 128]
-        [--preset small 1b] [--runs 15] [--stream-mb 300]
+        [--preset small 1b] [--runs 15] [--stream-mb 300] [--cpu-time]
 
 One transformer layer's four products (qkv, o, gate_up, down) of each preset: ``small``
 (hidden 768, 12/4 heads of 64, intermediate 2048) and ``1b`` (hidden 2048, 32/8 heads of
@@ -75,7 +75,7 @@ def methods(preset: str, g: torch.Generator
             for name, fs in out.items()}
 
 
-def bench(preset: str, rows: list[int], runs: int, stream_mb: int) -> None:
+def bench(preset: str, rows: list[int], runs: int, stream_mb: int, cpu_time: bool) -> None:
     g = torch.Generator().manual_seed(0)
     layer_mb = sum(n * k for _, n, k in shapes(preset)) * 2 / 2**20
     copies = max(1, round(stream_mb / layer_mb))
@@ -87,13 +87,14 @@ def bench(preset: str, rows: list[int], runs: int, stream_mb: int) -> None:
     for m in rows:
         x = {k: torch.randn(m, k, generator=g).to(torch.bfloat16) for k in ins}
         times: dict[str, list[float]] = {name: [] for name in stacks[0]}
+        clock = time.thread_time if cpu_time else time.perf_counter
         for r in range(runs + 1):
             for name in times:
-                t0 = time.perf_counter()
+                t0 = clock()
                 for stack in stacks:
                     stack[name](x)
                 if r:  # the first round warms up
-                    times[name].append((time.perf_counter() - t0) / copies * 1e3)
+                    times[name].append((clock() - t0) / copies * 1e3)
         med = {name: statistics.median(t) for name, t in times.items()}
         cells = [f"{v:.3f} ({v / med['bf16']:.2f})" for v in med.values()]
         print(f"| {m} | " + " | ".join(cells) + " |", flush=True)
@@ -106,17 +107,23 @@ def main() -> None:
     ap.add_argument("--preset", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--stream-mb", type=int, default=300)
+    ap.add_argument("--cpu-time", action="store_true", help="time the thread's CPU time, "
+                    "not the wall clock (with --threads 1: figures that hold on a busy host)")
     a = ap.parse_args()
+    if a.cpu_time and a.threads != 1:
+        raise SystemExit("--cpu-time measures one thread: pass --threads 1")
     torch.set_num_threads(a.threads)
     if not all(quant_linear.supports(random_qweight(kind, 16, 64, group, mins,
                                                     torch.Generator()))
                for kind, group, mins in KINDS.values()):
         raise SystemExit("the CPU kernel library is not built (see kernels/cpu_paged.py)")
+    clock = "CPU time" if a.cpu_time else "wall clock"
     print(f"torch {torch.__version__}, {a.threads} threads, x bf16, quant_linear isa "
-          f"{quant_linear.isa()}; median of {a.runs} rounds")
+          f"{quant_linear.isa()} (fp8 {quant_linear.fp8_isa()}); median of {a.runs} rounds, "
+          f"{clock}")
     with torch.inference_mode():
         for preset in a.preset:
-            bench(preset, a.rows, a.runs, a.stream_mb)
+            bench(preset, a.rows, a.runs, a.stream_mb, a.cpu_time)
 
 
 if __name__ == "__main__":
