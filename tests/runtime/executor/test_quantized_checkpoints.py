@@ -1,10 +1,11 @@
 """Quantized checkpoints served whole: a GGUF file and AWQ / GPTQ / compressed-tensors /
 W8A8 / FP8 directories written from the tiny model, each loaded with one argument.
 
-Oracles: a GGUF F32 file gives the float checkpoint's tokens exactly; every quantized
-format's log-probabilities stay within its bound of the same checkpoint dequantized to
-float32 (``load_quantized(dense=True)``), which isolates what the kernels add (x rounded to
-int8 per 32 columns for w4 / w8, bf16 products for fp8) from what the format lost.
+Oracles: a GGUF F32 file gives the float checkpoint's tokens exactly; in every quantized
+format each product of a real forward equals the CPU kernel's arithmetic computed in
+float64 from the unpacked weight (x rounded to int8 per 32 columns for w4 / w8, to bf16 for
+fp8), and the log-probabilities stay within the format's bound of the same checkpoint
+dequantized to float32 (``load_quantized(dense=True)``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 import radixlm
+from radixlm.kernels import quant_linear
+from radixlm.kernels.qweight import QuantWeight
 from radixlm.runtime.distributed.layers import Prepackable
 from radixlm.runtime.executor.quant import loader
 from radixlm.tiny_model import ModelShape, make_tiny_model
@@ -26,13 +31,18 @@ from radixlm.tiny_quant.hf_writer import write_quantized
 
 GREEDY = {"max_new_tokens": 1, "temperature": 0}
 SHAPE = ModelShape(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512)
-# format -> the largest |log-probability| difference from the dequantized float32 model
-# over 4 random 64-token prompts on the tiny model (measured: docs/benchmarks.md
-# "Quantized checkpoints"; the bound is about twice the largest seen). w4 / w8 products
-# round x to int8 per 32 columns (as llama.cpp does), so their error is that rounding's.
-BOUNDS = {"Q8_0": 0.12, "Q4_0": 0.12, "Q4_K": 0.2, "Q5_K": 0.15, "Q6_K": 0.12,
-          "Q4_K_M": 0.2, "awq": 0.2, "gptq": 0.1, "w4a16": 0.1, "w8a8-int8": 0.12,
-          "fp8-block": 0.03, "fp8-tensor": 0.03}
+# format -> the largest mean |log-probability| difference from the file dequantized to
+# float32, over 4 random 64-token prompts on a random 2-layer model (measured on an AMD
+# Zen 4 host: Q8_0 0.16, Q4_0 0.58, Q4_K 0.72, Q5_K 0.62, Q6_K 0.25, Q4_K_M 0.64, awq 0.50,
+# gptq 0.63, w4a16 0.61, w8a8 0.23, fp8 block 0.004 / tensor 0.00003; about 1.5x here). w4 /
+# w8 products round x to int8 per 32 columns, as llama.cpp does: about 0.5% of a product.
+BOUNDS = {"Q8_0": 0.25, "Q4_0": 0.9, "Q4_K": 1.1, "Q5_K": 0.95, "Q6_K": 0.4, "Q4_K_M": 1.0,
+          "awq": 0.75, "gptq": 0.95, "w4a16": 0.9, "w8a8-int8": 0.35, "fp8-block": 0.01,
+          "fp8-tensor": 0.001}
+# a product against the kernel's arithmetic in float64, relative to its largest output: the
+# packed scales and offsets are fp16 relative to their row's largest (2^-11 each), and an
+# offset that cancels most of the scaled sum (Q4_0's -8d) magnifies that to ~1e-2
+KERNEL_BOUND = 2e-2
 HF_OPTIONS = {"awq": {"group": 32}, "gptq": {"group": 32, "desc_act": True},
               "w4a16": {"group": 32}, "w8a8-int8": {}, "fp8-block": {}, "fp8-tensor": {}}
 
@@ -90,23 +100,77 @@ def test_gguf_f32_file_gives_the_checkpoints_tokens(make_engine, checkpoints, fl
     assert got.tokenizer("hello world").input_ids == want.tokenizer("hello world").input_ids
 
 
+def _emulated(x: torch.Tensor, qw: QuantWeight, packed: object,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The CPU kernel's arithmetic in float64 from the unpacked weight: w4 / w8 multiply x
+    rounded to int8 per 32 stored columns (d = max|x| / 127, ``nearbyint(x * 127 / max)``)
+    and add the offsets times x's float sum; fp8 multiplies x rounded to bf16."""
+    xs = x if qw.perm is None else x.index_select(-1, qw.perm)
+    g = torch.arange(qw.k) // qw.group
+    a = qw.codes().double() * qw.scales.double()[:, g]  # stored column order
+    if qw.kind == "fp8":
+        y = xs.to(torch.bfloat16).double() @ a.T
+    else:
+        pad = -qw.k % 32
+        blocks = F.pad(xs.float(), (0, pad)).unflatten(-1, (-1, 32))
+        amax = blocks.abs().amax(dim=-1, keepdim=True)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        q = torch.round(blocks * inv).clamp(-127, 127)
+        xq = (q * (amax / 127.0)).double().flatten(-2)[..., : qw.k]
+        y = xq @ a.T
+        if qw.mins is not None:
+            y = y + xs.double() @ qw.mins.double()[:, g].T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)
+
+
 @pytest.mark.parametrize("fmt", list(BOUNDS))
-def test_quantized_logprobs_are_within_the_formats_bound(make_engine, checkpoints, prompts,
-                                                         monkeypatch, fmt):
+def test_quantized_model_follows_the_kernels_arithmetic(make_engine, checkpoints, prompts,
+                                                        monkeypatch, fmt):
+    """Every product of a forward through the real loader (every block packed) equals the
+    kernel's arithmetic in float64 (``_emulated``) on the same activations, within fp16's
+    rounding of the packed scales; and the format's error against the file dequantized to
+    float32 (int8 or bf16 x included) is within its bound, as a mean over positions: a
+    random tiny model is chaotic (its peaked attention turns a 1e-3 change of one product
+    into nats at a few positions), so the largest difference says little."""
     path = checkpoints(fmt)
-    engine = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
-    layers = _quantized_layers(engine)
-    assert layers, f"{fmt}: no layer kept its weight quantized"
-    assert all(p is not None for m in layers for p in m.quant.packed), \
-        f"{fmt}: a layer's block is not in the CPU kernel's packing"
-    got = _logprobs(engine, prompts)
-    monkeypatch.setattr(loader, "load_quantized",
-                        functools.partial(loader.load_quantized, dense=True))
-    reference = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
-    assert not _quantized_layers(reference)
-    want = _logprobs(reference, prompts)
-    err = max(abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb))
-    assert err <= BOUNDS[fmt], f"{fmt}: max |d logprob| {err:.4f} (bound {BOUNDS[fmt]})"
+    packs, errors = {}, []
+    pack, linear = quant_linear.pack, quant_linear.linear
+
+    def packing(qw: QuantWeight):
+        packed = pack(qw)
+        packs[id(packed)] = qw
+        return packed
+
+    def checked(x, packed, bias=None):
+        y = linear(x, packed, bias)
+        want = _emulated(x, packs[id(packed)], None, bias).double()
+        errors.append(float((y.double() - want).abs().max() / want.abs().max().clamp(min=1e-30)))
+        return y
+
+    with monkeypatch.context() as patch:
+        patch.setattr(quant_linear, "pack", packing)
+        patch.setattr(quant_linear, "linear", checked)
+        engine = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
+        layers = _quantized_layers(engine)
+        assert layers, f"{fmt}: no layer kept its weight quantized"
+        assert all(p is not None for m in layers for p in m.quant.packed), \
+            f"{fmt}: a layer's block is not in the CPU kernel's packing"
+        got = _logprobs(engine, prompts)
+    assert len(errors) >= len(layers) and max(errors) <= KERNEL_BOUND, \
+        f"{fmt}: a product differs from the kernel's arithmetic by {max(errors):.2e}"
+    with monkeypatch.context() as patch:
+        patch.setattr(loader, "load_quantized",
+                      functools.partial(loader.load_quantized, dense=True))
+        reference = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
+        assert not _quantized_layers(reference)
+        want = _logprobs(reference, prompts)
+    diffs = [abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb)]
+    mean = sum(diffs) / len(diffs)
+    print(f"{fmt}: products within {max(errors):.1e} of the kernel's arithmetic; "
+          f"|d logprob| vs float32 mean {mean:.4f} max {max(diffs):.4f}")
+    assert mean <= BOUNDS[fmt], f"{fmt}: mean |d logprob| {mean:.4f} (bound {BOUNDS[fmt]})"
 
 
 def test_q4_k_m_mixes_formats_in_one_fused_projection(make_engine, checkpoints):
