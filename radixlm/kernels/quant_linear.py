@@ -140,7 +140,19 @@ def _panels(codes: torch.Tensor, kind: str, block: int) -> torch.Tensor:
 
 
 def pack(qw: QuantWeight) -> QuantPacked:
-    """``qw`` in the kernel's layout (see the module docstring)."""
+    """``qw`` in the kernel's layout (see the module docstring), in one C++ pass
+    (``_pack_torch`` is its torch twin, ~10x slower)."""
+    block = block_of(qw)
+    assert block is not None, f"group {qw.group} of k {qw.k}: not a multiple of 16"
+    data = qw.data.view(torch.uint8) if qw.kind == "fp8" else qw.data
+    packed, scales, mins, rowf = torch.ops.radixlm_cpu.quant_pack(
+        data, qw.scales, qw.mins, KIND_CODE[qw.kind], qw.n, qw.k, qw.group, block)
+    return QuantPacked(qw.kind, qw.n, qw.k, block, packed, scales,
+                       None if qw.mins is None else mins, rowf, qw.perm)
+
+
+def _pack_torch(qw: QuantWeight) -> QuantPacked:
+    """``pack`` in torch ops (the tests compare the two)."""
     block = block_of(qw)
     assert block is not None, f"group {qw.group} of k {qw.k}: not a multiple of 16"
     npad, kpad = -(-qw.n // PANEL) * PANEL, -(-qw.k // X_BLOCK) * X_BLOCK

@@ -165,6 +165,22 @@ def test_kernel_fills_nan_poisoned_rows(kind, rows):
     assert y3.shape == (1, rows, n)
 
 
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+def test_pack_matches_torch_twin(kind, case):
+    """The C++ packing is ``_pack_torch``'s: the same bytes, factors, and fp16 scales (a
+    division by the row's factor may round to a neighbouring fp16 under the library's
+    -freciprocal-math: one fp16 ulp, 2^-10 relative)."""
+    qw = make_qweight(kind, *case)
+    a, b = quant_linear.pack(qw), quant_linear._pack_torch(qw)
+    assert (a.block, a.n, a.k) == (b.block, b.n, b.k) and torch.equal(a.data, b.data)
+    assert torch.equal(a.rowf, b.rowf) and (a.mins is None) == (b.mins is None)
+    for x, y in ((a.scales, b.scales), (a.mins, b.mins)):
+        if x is not None:
+            assert x.shape == y.shape
+            assert ((x.float() - y.float()).abs() <= y.float().abs() * 2.0**-10 + 2.0**-24).all()
+
+
 def test_fp8_every_code():
     """Each of the 254 finite e4m3fn codes (zeros, denormals, normals, both signs) decodes to
     its value exactly: one-hot x picks a weight column, scale 1 keeps it."""

@@ -6,6 +6,7 @@
 //                y [M, N] in x's dtype, written)
 //   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1, dtype)
 //       -> W rows [rows, K] in dtype (float32 or bfloat16), for the prefill path
+//   quant_pack(data, scales, mins?, kind, n, k, group, block) -> (data, scales, mins, rowf)
 //   quant_linear_isa() -> int      w4 / w8: 2 AVX512-VNNI, 1 AVX2, 0 plain C++
 //   quant_linear_fp8_isa() -> int  fp8: 2 AVX512-BF16 + VBMI, 1 AVX2 (FMAs), 0 plain C++
 //
@@ -29,6 +30,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -39,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -728,6 +731,86 @@ at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
   return out;
 }
 
+// A QuantWeight's codes and scales in the layout above, in one pass (the torch twin is
+// quant_linear._pack_torch). data: w4 uint8 [n, ceil(k/2)], w8 int8 [n, k], fp8 bytes
+// [n, k]; scales / mins float32 [n, groups]. Returns (data, scales, mins or an empty
+// tensor, rowf).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
+    const at::Tensor& data_in, const at::Tensor& scales_in,
+    const std::optional<at::Tensor>& mins_in, int64_t kind, int64_t n, int64_t k,
+    int64_t group, int64_t block) {
+  TORCH_CHECK(kind >= 0 && kind <= 2 && (block == 16 || block == 32) && group > 0,
+              "quant_pack: kind ", kind, " block ", block, " group ", group);
+  const at::Tensor data = data_in.contiguous(), sc = scales_in.contiguous();
+  const int64_t groups = (k + group - 1) / group, cols = kind == kW4 ? (k + 1) / 2 : k;
+  TORCH_CHECK(data.numel() == n * cols && data.element_size() == 1,
+              "quant_pack: data must be one byte a code, [", n, ", ", cols, "]");
+  TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.numel() == n * groups,
+              "quant_pack: scales must be float32 [", n, ", ", groups, "]");
+  at::Tensor mn;
+  if (mins_in.has_value()) {
+    mn = mins_in->contiguous();
+    TORCH_CHECK(mn.scalar_type() == at::kFloat && mn.numel() == n * groups,
+                "quant_pack: mins must be float32 [", n, ", ", groups, "]");
+  }
+  const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock, nb = kpad / block;
+  const int64_t panels = (n + kPanel - 1) / kPanel, bytes = block_bytes(kind, block);
+  const auto u8 = data.options().dtype(at::kByte);
+  at::Tensor out = at::empty({panels, nb, bytes / 64, 64}, u8);
+  at::Tensor s16 = at::zeros({panels, nb, kPanel}, sc.options().dtype(at::kHalf));
+  at::Tensor m16 = mn.defined() ? at::zeros({panels, nb, kPanel}, s16.options())
+                                : at::empty({0}, s16.options());
+  at::Tensor rowf = at::ones({panels * kPanel}, sc.options());
+  const auto* src = reinterpret_cast<const uint8_t*>(data.data_ptr());
+  const float* sp = sc.data_ptr<float>();
+  const float* mp = mn.defined() ? mn.data_ptr<float>() : nullptr;
+  uint8_t* op = out.data_ptr<uint8_t>();
+  auto* s16p = s16.data_ptr<c10::Half>();
+  auto* m16p = mn.defined() ? m16.data_ptr<c10::Half>() : nullptr;
+  float* rp = rowf.data_ptr<float>();
+  // the code at (row, col) as its byte in the layout (w8: q + 128), padding meaning zero
+  auto code = [&](int64_t row, int64_t col) -> uint8_t {
+    if (row >= n || col >= k) return kind == kW8 ? 128 : 0;
+    if (kind == kW4) return (src[row * cols + col / 2] >> (4 * (col & 1))) & 15;
+    return kind == kW8 ? uint8_t(src[row * cols + col] + 128) : src[row * cols + col];
+  };
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int r = 0; r < kPanel; ++r) {  // the rows' factors, then their scales
+        const int64_t row = p * kPanel + r;
+        if (row >= n) continue;
+        float f = 0.f;
+        for (int64_t g = 0; g < groups; ++g) {
+          f = std::max(f, std::fabs(sp[row * groups + g]));
+          if (mp) f = std::max(f, std::fabs(mp[row * groups + g]));
+        }
+        rp[row] = f > 0.f ? f : 1.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t g = std::min(b * block / group, groups - 1);
+          s16p[(p * nb + b) * kPanel + r] = c10::Half(sp[row * groups + g] / rp[row]);
+          if (mp) m16p[(p * nb + b) * kPanel + r] = c10::Half(mp[row * groups + g] / rp[row]);
+        }
+      }
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* ob = op + (p * nb + b) * bytes;
+        const int64_t c0 = b * block;
+        for (int64_t j = 0; j < bytes / 64; ++j)
+          for (int r = 0; r < kPanel; ++r)
+            for (int t = 0; t < 4; ++t) {
+              const int64_t row = p * kPanel + r, col = c0 + 4 * j + t;
+              if (kind == kW4)
+                ob[j * 64 + r * 4 + t] = code(row, col) | (code(row, col + block / 2) << 4);
+              else if (kind == kW8)
+                ob[j * 64 + r * 4 + t] = code(row, col);
+              else
+                ob[j * 64 + fp8_pos(r, t)] = code(row, col);
+            }
+      }
+    }
+  });
+  return {out, s16, m16, rowf};
+}
+
 int64_t quant_linear_isa() {
 #if defined(QL_AVX512)
   return 2;
@@ -756,6 +839,8 @@ TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
         "int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor rowf, int kind, int n, "
         "int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
+  m.def("quant_pack(Tensor data, Tensor scales, Tensor? mins, int kind, int n, int k, "
+        "int group, int block) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
   m.def("quant_linear_fp8_isa() -> int", &quant_linear_fp8_isa);
 }
@@ -763,4 +848,5 @@ TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
   m.impl("quant_linear", &quant_linear);
   m.impl("quant_dequant", &quant_dequant);
+  m.impl("quant_pack", &quant_pack);
 }
