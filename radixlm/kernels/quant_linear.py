@@ -41,6 +41,7 @@ from radixlm.kernels.qweight import QuantWeight, reference_linear
 PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
 X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
 KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2}
+X_DTYPES = (torch.float32, torch.bfloat16)  # what the packed kernel multiplies
 # Most rows of x the packed kernel takes, by build; more go tile by tile through torch's
 # matmul (one thread, a [4096, 2048] weight, bf16 x on AVX-512, float32 x on the AVX2
 # build run on the same Zen 4): VNNI's int8 products keep up with oneDNN's bf16 at 512
@@ -218,7 +219,7 @@ def _tiled(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
 def linear(x: torch.Tensor, packed: QuantPacked,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., k] @ W.T + bias`` in x's dtype (float32 or bfloat16, CPU)."""
-    assert x.shape[-1] == packed.k and x.dtype in (torch.float32, torch.bfloat16), \
+    assert x.shape[-1] == packed.k and x.dtype in X_DTYPES, \
         f"x {tuple(x.shape)} {x.dtype} against a [{packed.n}, {packed.k}] quantized weight"
     lead = x.shape[:-1]
     rows = x.reshape(-1, packed.k)
@@ -234,12 +235,13 @@ def linear(x: torch.Tensor, packed: QuantPacked,
 def matmul(x: torch.Tensor, qw: QuantWeight, packed: QuantPacked | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """What a layer calls: the Triton kernel for CUDA tensors, the packed CPU kernel where
-    there is a packing, else ``qw`` dequantized to x's dtype for one ``F.linear``."""
+    there is a packing (and x is float32 or bfloat16), else ``qw`` dequantized to x's dtype
+    for one ``F.linear``."""
     if x.is_cuda:
         from radixlm.kernels import quant_linear_triton  # imports triton: CUDA hosts only
 
         return quant_linear_triton.linear(x, qw, bias)
-    if packed is not None:
+    if packed is not None and x.dtype in X_DTYPES:
         return linear(x, packed, bias)
     return F.linear(x, qw.dequantize(x.dtype), None if bias is None else bias.to(x.dtype))
 

@@ -228,6 +228,9 @@ def test_matmul_dispatch_and_unsupported_group():
     y = quant_linear.matmul(x[:, :64], qw, quant_linear.pack(qw), torch.ones(10))
     ref = quant_linear.reference(x[:, :64], qw, torch.ones(10))
     assert (y.double() - ref).abs().max() < 0.05 * ref.abs().max()
+    y16 = quant_linear.matmul(x[:, :64].half(), qw, quant_linear.pack(qw))  # not the kernel's
+    assert y16.dtype == torch.float16
+    assert (y16.double() + 1 - ref).abs().max() < 0.05 * ref.abs().max()
 
 
 def test_ops_in_the_library():
