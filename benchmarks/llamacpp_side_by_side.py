@@ -17,7 +17,10 @@ then runs, the systems alternating round by round, each in a subprocess of its o
   radixlm: one ``Engine.generate`` of N prompts;
 - served (``--modes served``): ``radixlm serve`` against the binding's server
   (``llama_cpp.server``, one request at a time), ``radixlm bench serve`` at
-  ``--serve-rates``: TTFT and TPOT p50 / p99.
+  ``--serve-rates``: TTFT and TPOT p50 / p99;
+- tokens (``--modes tokens``): greedy tokens of 3 prompts x 16 from both on each file,
+  equal up to each prompt's first difference, which may only come where llama.cpp's top-2
+  margin is under ``--token-bound``.
 
 radixlm loads the GGUF file itself (``Engine(model_path="file.gguf")``); with
 ``--radixlm-source hf`` it loads the Hugging Face directory the file was made from, in
@@ -53,16 +56,18 @@ from llamacpp_side.report import (  # noqa: E402
     add_offline,
     add_served,
     add_token_match,
+    add_tokens,
     match_table,
     offline_table,
     served_table,
+    tokens_table,
 )
 from llamacpp_side.served import Served, run_served  # noqa: E402
 from llamacpp_side.workers import Tools, run_llama_worker, run_radixlm_worker  # noqa: E402
 from vllm_side.probe import machine_probe  # noqa: E402
 from vllm_side.served import ServedLoad  # noqa: E402
 
-MODES = ("offline", "served")
+MODES = ("offline", "served", "tokens")
 FIRST_ID = 3  # after the built-in tokenizer's special tokens (0-2)
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
@@ -97,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-unified", action="store_true",
                     help="llama.cpp's N streams in one unified KV buffer (default: one "
                          "stream each)")
+    ap.add_argument("--token-bound", type=float, default=2.5,
+                    help="tokens mode: llama.cpp's top-2 logit margin under which the two "
+                         "may pick different tokens")
     ap.add_argument("--seed", type=int, default=0, help="of the prompts' token ids")
     ap.add_argument("--out", type=Path, default=Path("llamacpp_side_by_side.json"))
     ap.add_argument("--log", type=Path, default=Path("llamacpp_side_by_side.log"),
@@ -148,18 +156,21 @@ def bench_spec(args: argparse.Namespace, vocab: int) -> dict:
 
 
 def host_info() -> dict:
-    """The CPU's model name and the flags that matter to these kernels (/proc/cpuinfo)."""
-    model, flags = "unknown", set()
+    """The CPU's name, family and model (a VM may hide the rest of the name) and the flags
+    that matter to these kernels, from the first processor in /proc/cpuinfo."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
+            if not key.strip() and fields:
+                break  # the first processor's block ends
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"cpu": model, "flags": [f for f in CPU_FLAGS if f in flags]}
+    cpu = (f"{fields.get('model name', 'unknown')} family {fields.get('cpu family', '?')} "
+           f"model {fields.get('model', '?')}")
+    flags = set(fields.get("flags", "").split())
+    return {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags]}
 
 
 def run_system(system: str, args: argparse.Namespace, tools: Tools, spec: dict) -> dict:
@@ -198,6 +209,22 @@ def model_round(args: argparse.Namespace, tools: Tools, load: ServedLoad, model:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
+def compare_tokens(args: argparse.Namespace, tools: Tools, model: str, hf: Path,
+                   files: dict[str, Path], results: dict) -> None:
+    """Greedy tokens of 3 prompts x 16 from both systems on each file, compared up to each
+    prompt's first difference (report.greedy_agreement)."""
+    rng = random.Random(args.seed + 1)
+    spec = {"mode": "greedy", "threads": args.threads, "tokens": 16,
+            "prompts": prompts(rng, vocab_size(hf), 3, 32), "near": args.token_bound}
+    for fmt, path in files.items():
+        theirs = run_llama_worker(tools, {**spec, "model": str(path)}, args.log)
+        ours = run_radixlm_worker({**spec, "model": str(hf), "dtype": "bfloat16"}
+                                  if args.radixlm_source == "hf"
+                                  else {**spec, "model": str(path)}, args.log)
+        add_tokens(results, model, fmt, theirs, ours["output_ids"], args.token_bound)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def run(args: argparse.Namespace) -> dict:
     load = check(args)
     tools = default_tools(args.threads)
@@ -212,6 +239,8 @@ def run(args: argparse.Namespace) -> dict:
         files = {fmt: gguf_file(tools, hf, fmt, gguf_dir(hf), args.log)
                  for fmt in args.formats}
         results["files"][model] = {fmt: p.stat().st_size for fmt, p in files.items()}
+        if "tokens" in args.modes:
+            compare_tokens(args, tools, model, hf, files, results)
         for r in range(args.rounds):
             model_round(args, tools, load, model, hf, files, r, results)
     return results
@@ -229,6 +258,10 @@ def print_report(args: argparse.Namespace, results: dict) -> None:
               f"N streams {args.stream_prompt_len} in / {args.stream_decode_len} out each\n")
         print(offline_table(results, results["files"]) + "\n")
         print(match_table(results) + "\n")
+    if "tokens" in results:
+        print(f"greedy tokens, 3 prompts of 32 x 16 tokens, each compared up to its first "
+              f"difference (allowed where llama.cpp's margin <= {args.token_bound})\n")
+        print(tokens_table(results) + "\n")
     if "served" in results:
         print(f"served: random {args.serve_input_len} in / {args.serve_output_len} out, "
               f"{args.serve_prompts} requests per rate; llama.cpp: the binding's server, "

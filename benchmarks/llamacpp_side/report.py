@@ -125,3 +125,27 @@ def greedy_agreement(theirs: dict, ours: list[list[int]], bound: float
                                 f"{near[k]})")
             break
     return equal, problems
+
+
+def add_tokens(results: dict, model: str, fmt: str, theirs: dict, ours: list[list[int]],
+               bound: float) -> None:
+    """A greedy comparison's figures: tokens equal before the first differences, llama.cpp's
+    margin at each first difference, and the differences beyond ``bound``."""
+    equal, problems = greedy_agreement(theirs, ours, bound)
+    firsts = [round(margins[k], 2) for ids, margins, mine in zip(
+        theirs["output_ids"], theirs["margins"], ours) for k, (a, b) in enumerate(zip(ids, mine))
+        if a != b and ids[:k] == mine[:k]]
+    results.setdefault("tokens", {}).setdefault(model, {})[fmt] = {
+        "equal": equal, "of": sum(map(len, theirs["output_ids"])), "bound": bound,
+        "first_difference_margins": firsts, "problems": problems}
+
+
+def tokens_table(results: dict) -> str:
+    rows = [[model, fmt, f"{t['equal']}/{t['of']}",
+             ", ".join(f"{m:.2f}" for m in t["first_difference_margins"]) or "-",
+             str(len(t["problems"]))]
+            for model, formats in results.get("tokens", {}).items()
+            for fmt, t in formats.items()]
+    return markdown_table(["model", "format", "greedy tokens equal to the first difference",
+                           "llama.cpp's top-2 margin there", "differences beyond the bound"],
+                          rows)

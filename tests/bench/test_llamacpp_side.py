@@ -121,6 +121,9 @@ def test_greedy_agreement():
     # a token outside llama.cpp's near set fails even at a small margin
     assert report.greedy_agreement(theirs, [[5, 7, 7], [1, 2, 3]], 1.0)[1]
     assert "2 tokens" in report.greedy_agreement(theirs, [[5, 6], [1, 2, 3]], 1.0)[1][0]
+    results: dict = {}
+    report.add_tokens(results, "small", "Q8_0", theirs, [[5, 8, 0], [1, 9, 3]], 1.0)
+    assert report.tokens_table(results).splitlines()[2] == "| small | Q8_0 | 2/6 | 0.40, 4.00 | 1 |"
 
 
 class _TextModel:
