@@ -24,7 +24,9 @@ import radixlm
 from radixlm.kernels import quant_linear
 from radixlm.kernels.qweight import QuantWeight
 from radixlm.runtime.distributed.layers import Prepackable
+from radixlm.runtime.executor.layers.moe import FusedExperts
 from radixlm.runtime.executor.quant import loader
+from radixlm.tiny_families import make_family_model
 from radixlm.tiny_model import ModelShape, make_tiny_model
 from radixlm.tiny_quant.gguf_writer import write_gguf
 from radixlm.tiny_quant.hf_writer import write_quantized
@@ -125,16 +127,9 @@ def _emulated(x: torch.Tensor, qw: QuantWeight, packed: object,
     return y.to(x.dtype)
 
 
-@pytest.mark.parametrize("fmt", list(BOUNDS))
-def test_quantized_model_follows_the_kernels_arithmetic(make_engine, checkpoints, prompts,
-                                                        monkeypatch, fmt):
-    """Every product of a forward through the real loader (every block packed) equals the
-    kernel's arithmetic in float64 (``_emulated``) on the same activations, within fp16's
-    rounding of the packed scales; and the format's error against the file dequantized to
-    float32 (int8 or bf16 x included) is within its bound, as a mean over positions: a
-    random tiny model is chaotic (its peaked attention turns a 1e-3 change of one product
-    into nats at a few positions), so the largest difference says little."""
-    path = checkpoints(fmt)
+def _checked_forward(make_engine, path: str, prompts, monkeypatch):
+    """An engine on ``path`` whose every packed product is also computed by ``_emulated``:
+    (engine, the prompts' log-probabilities, each product's relative difference)."""
     packs, errors = {}, []
     pack, linear = quant_linear.pack, quant_linear.linear
 
@@ -154,11 +149,47 @@ def test_quantized_model_follows_the_kernels_arithmetic(make_engine, checkpoints
         patch.setattr(quant_linear, "linear", checked)
         engine = make_engine(model_path=path, dtype="float32", disable_radix_cache=True)
         layers = _quantized_layers(engine)
-        assert layers, f"{fmt}: no layer kept its weight quantized"
+        assert layers, f"{path}: no layer kept its weight quantized"
         assert all(p is not None for m in layers for p in m.quant.packed), \
-            f"{fmt}: a layer's block is not in the CPU kernel's packing"
+            f"{path}: a layer's block is not in the CPU kernel's packing"
         got = _logprobs(engine, prompts)
-    assert len(errors) >= len(layers) and max(errors) <= KERNEL_BOUND, \
+    assert len(errors) >= len(layers), "the products did not go through the packed kernel"
+    return engine, got, errors
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "gptq", "fp8-block"])
+def test_moe_experts_stay_quantized(make_engine, tmp_path_factory, prompts, monkeypatch, fmt):
+    """Qwen3-MoE (a dense layer among sparse ones): every expert's gate_up and down stay
+    quantized, each product the kernel's arithmetic; GGUF's stacked experts split per
+    expert."""
+    src = make_family_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe")
+    out = tmp_path_factory.mktemp("moe-q")
+    if fmt == "Q8_0":
+        path = str(write_gguf(src, out / "moe.gguf", fmt))
+    else:
+        write_quantized(src, out / fmt, fmt, **HF_OPTIONS[fmt])
+        path = str(out / fmt)
+    engine, _, errors = _checked_forward(make_engine, path, [p[:48] for p in prompts],
+                                         monkeypatch)
+    experts = [m for m in engine.scheduler.model_runner.model.modules()
+               if isinstance(m, FusedExperts)]
+    assert experts and all(m.quant_experts is not None and m.gate_up_proj.is_meta
+                           for m in experts)
+    assert max(errors) <= KERNEL_BOUND, f"{fmt}: {max(errors):.2e}"
+
+
+@pytest.mark.parametrize("fmt", list(BOUNDS))
+def test_quantized_model_follows_the_kernels_arithmetic(make_engine, checkpoints, prompts,
+                                                        monkeypatch, fmt):
+    """Every product of a forward through the real loader (every block packed) equals the
+    kernel's arithmetic in float64 (``_emulated``) on the same activations, within fp16's
+    rounding of the packed scales; and the format's error against the file dequantized to
+    float32 (int8 or bf16 x included) is within its bound, as a mean over positions: a
+    random tiny model is chaotic (its peaked attention turns a 1e-3 change of one product
+    into nats at a few positions), so the largest difference says little."""
+    path = checkpoints(fmt)
+    engine, got, errors = _checked_forward(make_engine, path, prompts, monkeypatch)
+    assert max(errors) <= KERNEL_BOUND, \
         f"{fmt}: a product differs from the kernel's arithmetic by {max(errors):.2e}"
     with monkeypatch.context() as patch:
         patch.setattr(loader, "load_quantized",
