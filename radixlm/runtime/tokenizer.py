@@ -19,7 +19,10 @@ def resolve_model_path(model_path: str | None, load_format: str = "auto") -> str
         return str(default_tiny_model_path())
     if os.path.isfile(model_path) and (load_format == "gguf" or (
             load_format == "auto" and model_path.lower().endswith(".gguf"))):
-        return str(gguf_file.view_dir_for(model_path))
+        try:
+            return str(gguf_file.view_dir_for(model_path))
+        except gguf_file.GGUFError as e:  # one line at start-up, like a bad directory's
+            raise ModelDirError(str(e)) from None
     if load_format == "gguf":
         raise ModelDirError(f"load_format gguf needs model_path to be a GGUF file, got "
                             f"{model_path!r}")

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -243,3 +247,35 @@ def test_a_bad_quantized_tensor_is_refused_naming_it(checkpoints, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"model\.layers\.\d+\.\w+\.\w+_proj\.(scales|qzeros)"):
         radixlm.Engine(model_path=str(bad))
+
+
+def test_a_gguf_file_serves_chat_with_its_own_template(make_server, checkpoints, float_dir):
+    """``radixlm serve --model-path file.gguf``: the chat template and tokenizer come from
+    the file, so a chat request's prompt is the float checkpoint's rendering, token for
+    token."""
+    from transformers import AutoTokenizer
+
+    server = make_server(["--model-path", checkpoints("Q4_K_M"), "--dtype", "float32",
+                          "--max-total-tokens", "2048", "--log-level", "warning"], "gguf")
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name a colour."}]
+    reply = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                       json={"model": "any", "messages": messages, "max_tokens": 4})
+    assert reply.status_code == 200, reply.text
+    want = AutoTokenizer.from_pretrained(float_dir).apply_chat_template(
+        messages, add_generation_prompt=True)
+    assert reply.json()["usage"]["prompt_tokens"] == len(want)
+
+
+def test_a_hostile_gguf_file_stops_the_server_with_one_line(tmp_path, checkpoints):
+    """A GGUF file cut short: ``radixlm serve`` exits 1 naming the file and what is wrong,
+    before any child process starts (no traceback)."""
+    good = Path(checkpoints("Q8_0")).read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(good[: len(good) // 2])
+    done = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", "--model-path",
+                           str(bad), "--port", "0"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RADIXLM_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 1
+    assert "radixlm serve:" in done.stderr and "cut.gguf" in done.stderr
+    assert "Traceback" not in done.stderr
