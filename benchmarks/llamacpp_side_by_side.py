@@ -59,6 +59,7 @@ from llamacpp_side.report import (  # noqa: E402
     add_tokens,
     match_table,
     offline_table,
+    probe_table,
     served_table,
     tokens_table,
 )
@@ -173,8 +174,13 @@ def host_info() -> dict:
     return {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags]}
 
 
-def run_system(system: str, args: argparse.Namespace, tools: Tools, spec: dict) -> dict:
+def run_system(system: str, args: argparse.Namespace, tools: Tools, spec: dict,
+               probes: list[float]) -> dict:
+    """One offline bench of ``system``; the machine probe taken before it (GFLOP/s of a
+    float32 matmul on the same threads: a low figure marks a slow spell of a shared host)
+    appended to ``probes``."""
     before = machine_probe(args.threads)
+    probes.append(before)
     t0 = time.perf_counter()
     if system == "llamacpp":
         out = run_llama_worker(tools, spec, args.log)
@@ -197,7 +203,9 @@ def model_round(args: argparse.Namespace, tools: Tools, load: ServedLoad, model:
             for system in order:
                 spec = {**base, "model": str(path) if system == "llamacpp" else radixlm_model,
                         "dtype": None if system == "llamacpp" else hf_dtype}
-                benches[system] = run_system(system, args, tools, spec)
+                probes = results.setdefault("probe", {}).setdefault(model, {}).setdefault(
+                    fmt, {}).setdefault(system, [])
+                benches[system] = run_system(system, args, tools, spec, probes)
                 add_offline(results, model, fmt, system, benches[system])
             add_token_match(results, model, fmt, benches)
         if "served" in args.modes:
@@ -258,6 +266,9 @@ def print_report(args: argparse.Namespace, results: dict) -> None:
               f"N streams {args.stream_prompt_len} in / {args.stream_decode_len} out each\n")
         print(offline_table(results, results["files"]) + "\n")
         print(match_table(results) + "\n")
+        print(f"machine probe before each offline run (float32 matmul GFLOP/s on "
+              f"{args.threads} threads; the host is shared: a low figure marks a slow "
+              "spell)\n\n" + probe_table(results) + "\n")
     if "tokens" in results:
         print(f"greedy tokens, 3 prompts of 32 x 16 tokens, each compared up to its first "
               f"difference (allowed where llama.cpp's margin <= {args.token_bound})\n")

@@ -149,3 +149,12 @@ def tokens_table(results: dict) -> str:
     return markdown_table(["model", "format", "greedy tokens equal to the first difference",
                            "llama.cpp's top-2 margin there", "differences beyond the bound"],
                           rows)
+
+
+def probe_table(results: dict) -> str:
+    """The machine probe before each system's offline runs (GFLOP/s, median (min-max))."""
+    rows = [[model, fmt, *(_cell(by_system.get(s), 0) for s in SYSTEMS)]
+            for model, formats in results.get("probe", {}).items()
+            for fmt, by_system in formats.items()]
+    return markdown_table(["model", "format", "probe before radixlm", "probe before llama.cpp"],
+                          rows)

@@ -87,6 +87,8 @@ def test_metrics_and_offline_table():
     assert table[3] == ("| small | Q8_0 | 128 | decode tok/s, 1 stream | 10.0 (10.0-10.0) | "
                         "7.5 (5.0-10.0) | 1.33x | 1.50 (1.00-2.00)x |")
     assert table[4].startswith("| small | Q8_0 | 128 | 8 streams, output tok/s | 30.0 ")
+    results["probe"] = {"small": {"Q8_0": {"radixlm": [40.0, 60.0], "llamacpp": [55.0]}}}
+    assert report.probe_table(results).splitlines()[2] == "| small | Q8_0 | 50 (40-60) | 55 |"
     report.add_offline(results, "1b", "BF16", "llamacpp", _bench(1.0, 2.0, 8.0))
     assert report.offline_table(results).splitlines()[-1] == (
         "| 1b | BF16 | - | 8 streams, output tok/s | - | 10.0 | - | - |")  # one system
