@@ -17,7 +17,8 @@ from transformers import AutoTokenizer
 
 from radixlm.runtime.executor.layers.moe import num_experts_of
 from radixlm.runtime.executor.models.weights import SWAP_FIELDS
-from radixlm.runtime.gguf_file import GGUFError, open_gguf, view_dir_for
+from radixlm.runtime.gguf_container import GGUFError
+from radixlm.runtime.gguf_file import open_gguf, view_dir_for
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.tiny_quant.gguf_writer import write_gguf
 

@@ -21,7 +21,8 @@ from radixlm.runtime.executor.quant.gguf_weights import (
     read_tensor,
     reference_dequantize,
 )
-from radixlm.runtime.gguf_file import TensorInfo, open_gguf
+from radixlm.runtime.gguf_families import TensorInfo
+from radixlm.runtime.gguf_file import open_gguf
 from radixlm.tiny_model import ModelShape, make_tiny_model
 from radixlm.tiny_quant.gguf_writer import write_gguf
 

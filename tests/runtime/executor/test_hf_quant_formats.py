@@ -14,12 +14,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from radixlm.runtime.executor.quant.hf_formats import (
-    QuantScheme,
-    TensorInfo,
-    act_order_perm,
-    scheme_for,
-)
+from radixlm.runtime.executor.quant.hf_formats import scheme_for
+from radixlm.runtime.executor.quant.hf_layouts import QuantScheme, TensorInfo
+from radixlm.runtime.executor.quant.hf_packing import act_order_perm
 from radixlm.tiny_model import default_tiny_model_path
 from radixlm.tiny_quant.hf_writer import (
     QuantizedLinear,

@@ -33,7 +33,9 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from radixlm.kernels.qweight import QuantWeight
-from radixlm.runtime.gguf_file import GGUFError, GGUFModel, TensorInfo
+from radixlm.runtime.gguf_container import GGUFError
+from radixlm.runtime.gguf_families import TensorInfo
+from radixlm.runtime.gguf_file import GGUFModel
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from safetensors import safe_open
 
 from radixlm.kernels.qweight import QuantWeight
 from radixlm.runtime.executor.models.weights import safetensors_files
-from radixlm.runtime.executor.quant.hf_formats import QuantScheme, TensorInfo, scheme_for
+from radixlm.runtime.executor.quant.hf_formats import scheme_for
+from radixlm.runtime.executor.quant.hf_layouts import QuantScheme, TensorInfo
 from radixlm.runtime.model_config import ModelConfig
 
 WEIGHT = ".weight"
