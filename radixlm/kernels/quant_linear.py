@@ -2,7 +2,8 @@
 its packed layout (``csrc/quant_linear.cpp``), and the dispatcher the layers call.
 
     supports(qw) -> bool          the compiled kernel takes it (CPU tensors, group 16k or k)
-    pack(qw) -> QuantPacked       the kernel's layout, made once at load
+    pack(qw, weight_only=False)   the kernel's layout (QuantPacked), made once at load
+    integer_zeros(qw)             int8 zero points z where every offset is -z * scale, or None
     linear(x [..., k], packed, bias [n] | None) -> [..., n] in x's dtype (f32 or bf16)
     matmul(x, qw, packed, bias)   CUDA: quant_linear_triton; CPU packed: linear; else torch
     reference(x, qw, bias)        float64 (qweight.reference_linear)
@@ -12,13 +13,22 @@ the codes (w4: half a byte, w8 and fp8: one) in panels of 16 output rows, one sc
 block of 32 columns (16 for groups of 16) in fp16 relative to the row's largest (so fp16
 keeps 11 bits of each whatever the scales' range; the row's float32 factor is applied to
 y), and offsets the same way: Q4_K-like w4 g32 with offsets reads 0.625 bytes a weight,
-Q8_0-like w8 g32 1.0625 (bf16: 2).
+Q8_0-like w8 g32 1.0625 (bf16: 2). Where every offset of a w4 / w8 weight is an integer
+zero point, ``mins == -z * scales`` exactly in float32 with z in the codes' range (GGUF
+Q4_0's ``-8 d``, AWQ / GPTQ), z is kept instead as one int8 a block and subtracted from the
+codes in the integer sums, ``s d (sum(q xq) - z sum(xq))``: fp16's rounding of an offset
+that cancels most of the scaled sum is then not magnified (w4 g32 with zero points: 0.59
+bytes a weight).
 
 w4 / w8 quantize x per 32 columns to int8 (d = max|x| / 127, as llama.cpp's Q8_0
 activations) and multiply in integers (AVX512-VNNI ``vpdpbusd``; AVX2 ``maddubs``); fp8
 widens its codes to bf16 exactly and multiplies x rounded to bf16 (``vdpbf16ps``, with
 AVX512-BF16 and VBMI), or widens them to float32 through fp16 (F16C) for FMAs with float32
-x (AVX2); a CPU without AVX2 runs a plain C++ loop. The error this adds to ``y[j]``: at
+x (AVX2); a CPU without AVX2 runs a plain C++ loop. ``pack(qw, weight_only=True)`` of a w8
+per-channel weight with codes in -127..127 (``int8_linear``'s, ``--torchao-config int8wo``)
+gives kind ``w8wo``: x is not quantized; the codes are widened exactly to bf16 for
+``vdpbf16ps`` with x rounded to bf16 (fp8's kernel with other tables; on AVX2 to float32
+for FMAs), the row's scale applied to y. The error this adds to ``y[j]``: at
 most ``sum_c |q s|[j, c] * d_b(c) / 2`` (int8 x), or ``2^-8 sum_c |q s x|`` (bf16 x),
 beside fp16's ``2^-11`` relative on scales.
 
@@ -40,7 +50,9 @@ from radixlm.kernels.qweight import QuantWeight, reference_linear
 
 PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
 X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
-KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2}
+KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2, "w8wo": 3}
+BF16_KINDS = ("fp8", "w8wo")  # x rounded to bf16 (AVX-512) for codes widened to bf16
+ZERO_RANGE = {"w4": (0, 15), "w8": (-128, 127)}  # integer zero points in the codes' range
 X_DTYPES = (torch.float32, torch.bfloat16)  # what the packed kernel multiplies
 # Most rows of x the packed kernel takes, by build; more go tile by tile through torch's
 # matmul (one thread, a [4096, 2048] weight, bf16 x on AVX-512, float32 x on the AVX2
@@ -59,7 +71,7 @@ __all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
 class QuantPacked:
     """The kernel's layout of one ``QuantWeight`` (see ``csrc/quant_linear.cpp``)."""
 
-    kind: str
+    kind: str  # w4, w8, fp8 or w8wo (w8 weight-only: x in bf16, not int8)
     n: int
     k: int
     block: int  # columns per scale: 32, or 16 for groups of 16
@@ -68,10 +80,11 @@ class QuantPacked:
     mins: torch.Tensor | None  # fp16 [panels, blocks, 16], relative to rowf
     rowf: torch.Tensor  # float32 [panels * 16]
     perm: torch.Tensor | None  # int64 [k]: stored column j multiplies input feature perm[j]
+    zeros: torch.Tensor | None = None  # int8 [panels, blocks, 16] (then mins is None)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.data, self.scales, self.mins, self.rowf, self.perm)
-                   if t is not None)
+        return sum(t.nbytes for t in (self.data, self.scales, self.mins, self.zeros, self.rowf,
+                                      self.perm) if t is not None)
 
 
 @cache
@@ -85,7 +98,8 @@ def isa() -> int:
 
 
 def fp8_isa() -> int:
-    """fp8's kernel: 2: vdpbf16ps (x rounded to bf16), 1: FMAs, 0: plain C++ (-1: none)."""
+    """fp8's and w8wo's kernel: 2: vdpbf16ps (x rounded to bf16), 1: FMAs, 0: plain C++
+    (-1: none)."""
     return int(torch.ops.radixlm_cpu.quant_linear_fp8_isa()) if _ready() else -1
 
 
@@ -103,13 +117,30 @@ def supports(qw: QuantWeight) -> bool:
     return qw.data.device.type == "cpu" and block_of(qw) is not None and _ready()
 
 
-def _codes(qw: QuantWeight, npad: int, kpad: int) -> torch.Tensor:
-    """The stored codes as bytes [npad, kpad] (w8: q + 128), padding meaning zero."""
-    if qw.kind == "w4":
+def integer_zeros(qw: QuantWeight) -> torch.Tensor | None:
+    """int8 z [n, groups] when every offset of a w4 / w8 weight is ``-z * scale`` exactly
+    in float32 with z an integer in the codes' range, else None (float offsets kept)."""
+    if qw.mins is None or qw.kind not in ZERO_RANGE:
+        return None
+    lo, hi = ZERO_RANGE[qw.kind]
+    z = torch.where(qw.scales != 0, -qw.mins / qw.scales, torch.zeros_like(qw.mins))
+    z = z.round().clamp_(lo, hi)  # the candidate, then the exact check
+    if not torch.equal(-z * qw.scales, qw.mins):
+        return None
+    return z.to(torch.int8)
+
+
+def _codes(qw: QuantWeight, npad: int, kpad: int, kind: str) -> torch.Tensor:
+    """The stored codes as bytes [npad, kpad] (w8: q + 128, w8wo: sign and magnitude),
+    padding meaning zero."""
+    if kind == "w4":
         codes = torch.stack((qw.data & 0x0F, qw.data >> 4), dim=-1).reshape(qw.n, -1)
         codes, fill = codes[:, : qw.k], 0
-    elif qw.kind == "w8":
+    elif kind == "w8":
         codes, fill = (qw.data.to(torch.int16) + 128).to(torch.uint8), 128
+    elif kind == "w8wo":
+        q = qw.data.to(torch.int16)
+        codes, fill = (q.abs() | torch.where(q < 0, 0x80, 0)).to(torch.uint8), 0
     else:
         codes, fill = qw.data.view(torch.uint8), 0
     out = torch.full((npad, kpad), fill, dtype=torch.uint8)
@@ -135,51 +166,71 @@ def _panels(codes: torch.Tensor, kind: str, block: int) -> torch.Tensor:
         p, nb, block // 4, 64)
     if kind == "w8":
         return v.contiguous()
-    out = torch.empty_like(v)
+    out = torch.empty_like(v)  # fp8, w8wo
     out[..., _fp8_positions()] = v
     return out
 
 
-def pack(qw: QuantWeight) -> QuantPacked:
+def packed_kind(qw: QuantWeight, weight_only: bool = False) -> str:
+    """The packing's kind: ``qw.kind``, or w8wo for a weight-only w8 (asserted to be
+    one: codes in -127..127, no offsets)."""
+    if not weight_only:
+        return qw.kind
+    assert qw.kind == "w8" and qw.mins is None and bool((qw.data != -128).all()), \
+        "weight-only packing takes w8 codes in -127..127 without offsets"
+    return "w8wo"
+
+
+def pack(qw: QuantWeight, weight_only: bool = False) -> QuantPacked:
     """``qw`` in the kernel's layout (see the module docstring), in one C++ pass
-    (``_pack_torch`` is its torch twin, ~10x slower)."""
+    (``_pack_torch`` is its torch twin, ~10x slower). ``weight_only``: a w8 weight whose x
+    stays in bf16 (kind w8wo)."""
     block = block_of(qw)
     assert block is not None, f"group {qw.group} of k {qw.k}: not a multiple of 16"
+    kind = packed_kind(qw, weight_only)
     data = qw.data.view(torch.uint8) if qw.kind == "fp8" else qw.data
-    packed, scales, mins, rowf = torch.ops.radixlm_cpu.quant_pack(
-        data, qw.scales, qw.mins, KIND_CODE[qw.kind], qw.n, qw.k, qw.group, block)
-    return QuantPacked(qw.kind, qw.n, qw.k, block, packed, scales,
-                       None if qw.mins is None else mins, rowf, qw.perm)
+    zeros = integer_zeros(qw)
+    mins = None if zeros is not None else qw.mins
+    packed, scales, mins16, zeros8, rowf = torch.ops.radixlm_cpu.quant_pack(
+        data, qw.scales, mins, zeros, KIND_CODE[kind], qw.n, qw.k, qw.group, block)
+    return QuantPacked(kind, qw.n, qw.k, block, packed, scales,
+                       None if mins is None else mins16, rowf, qw.perm,
+                       None if zeros is None else zeros8)
 
 
-def _pack_torch(qw: QuantWeight) -> QuantPacked:
+def _pack_torch(qw: QuantWeight, weight_only: bool = False) -> QuantPacked:
     """``pack`` in torch ops (the tests compare the two)."""
     block = block_of(qw)
     assert block is not None, f"group {qw.group} of k {qw.k}: not a multiple of 16"
+    kind = packed_kind(qw, weight_only)
     npad, kpad = -(-qw.n // PANEL) * PANEL, -(-qw.k // X_BLOCK) * X_BLOCK
     nb, p = kpad // block, npad // PANEL
     group_of = (torch.arange(nb) * block // qw.group).clamp_(max=qw.groups - 1)
     s = qw.scales[:, group_of]  # [n, nb]
-    m = None if qw.mins is None else qw.mins[:, group_of]
+    zeros = integer_zeros(qw)
+    m = None if qw.mins is None or zeros is not None else qw.mins[:, group_of]
     rowf = s.abs().amax(1) if m is None else torch.maximum(s.abs().amax(1), m.abs().amax(1))
     rowf = torch.where(rowf > 0, rowf, torch.ones_like(rowf))
     rowf_pad = torch.ones(npad, dtype=torch.float32)
     rowf_pad[: qw.n] = rowf
 
-    def relative(t: torch.Tensor) -> torch.Tensor:  # [n, nb] -> fp16 [p, nb, 16]
-        out = torch.zeros(npad, nb, dtype=torch.float16)
-        out[: qw.n] = (t / rowf[:, None]).half()
+    def panels(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [n, nb] -> [p, nb, 16]
+        out = torch.zeros(npad, nb, dtype=dtype)
+        out[: qw.n] = t.to(dtype)
         return out.view(p, PANEL, nb).permute(0, 2, 1).contiguous()
 
-    data = _panels(_codes(qw, npad, kpad), qw.kind, block)
-    return QuantPacked(qw.kind, qw.n, qw.k, block, data, relative(s),
-                       None if m is None else relative(m), rowf_pad, qw.perm)
+    data = _panels(_codes(qw, npad, kpad, kind), kind, block)
+    return QuantPacked(kind, qw.n, qw.k, block, data,
+                       panels(s / rowf[:, None], torch.float16),
+                       None if m is None else panels(m / rowf[:, None], torch.float16),
+                       rowf_pad, qw.perm,
+                       None if zeros is None else panels(zeros[:, group_of], torch.int8))
 
 
 @cache
 def dequant_rows(kind: str) -> int:
     """Most rows of x the packed kernel takes; more go tile by tile through torch's matmul."""
-    if kind == "fp8":
+    if kind in BF16_KINDS:
         return FP8_KERNEL_MAX_ROWS.get(fp8_isa(), 0)
     return KERNEL_MAX_ROWS.get(isa(), 0)
 
@@ -189,8 +240,8 @@ def _dequant(packed: QuantPacked, row0: int, row1: int,
     """Rows [row0, row1) of W as [rows, k] in dtype (float32 or bfloat16), stored column
     order."""
     return torch.ops.radixlm_cpu.quant_dequant(
-        packed.data, packed.scales, packed.mins, packed.rowf, KIND_CODE[packed.kind], packed.n,
-        packed.k, packed.block, row0, row1, dtype)
+        packed.data, packed.scales, packed.mins, packed.zeros, packed.rowf,
+        KIND_CODE[packed.kind], packed.n, packed.k, packed.block, row0, row1, dtype)
 
 
 def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
@@ -199,8 +250,9 @@ def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
     (``y``: where to write it; the tests pass it NaN-filled)."""
     if y is None:
         y = torch.empty(x.shape[0], packed.n, dtype=x.dtype)
-    torch.ops.radixlm_cpu.quant_linear(x, packed.data, packed.scales, packed.mins, packed.rowf,
-                                       KIND_CODE[packed.kind], packed.n, packed.block, bias, y)
+    torch.ops.radixlm_cpu.quant_linear(x, packed.data, packed.scales, packed.mins, packed.zeros,
+                                       packed.rowf, KIND_CODE[packed.kind], packed.n,
+                                       packed.block, bias, y)
     return y
 
 

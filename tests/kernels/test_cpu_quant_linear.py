@@ -1,5 +1,6 @@
 """CPU products by quantized weights (``kernels/quant_linear.py``, ``csrc/quant_linear.cpp``)
-against float64 oracles: every kind, with and without offsets, groups 16 / 32 / 64 / 128 / k,
+against float64 oracles: every kind (w8wo: ``int8_linear``'s weight-only w8), with float
+offsets, integer zero points (``mins = -z * scales``) and none, groups 16 / 32 / 64 / 128 / k,
 odd n, a short last group, k not a multiple of 32, 1-200 rows, float32 and bfloat16 x,
 bias and act-order permutation. The kernel writes into NaN-filled outputs, so a row or
 panel it skips fails. fp8's decoding is checked code by code (zero, denormals, NaN).
@@ -7,7 +8,8 @@ Skipped where the library is not built.
 
 Each product is checked twice (``W`` in stored column order, ``x`` permuted to it):
 1. against float64 over x as the path rounds it (x quantized per 32 columns to int8 as the
-   kernel does for w4 / w8; x rounded to bf16 for fp8's ``vdpbf16ps``), within the
+   kernel does for w4 / w8, integer zero points' term included; x rounded to bf16 for fp8's
+   and w8wo's ``vdpbf16ps``; float offsets times x's float sums), within the
    roundings left: scales and offsets in fp16 relative to the row's largest (``2^-11`` of
    each, ``2^-25`` of the row's factor below fp16's normal range), float32 sums
    (``k 2^-24``), a bf16 y (``2^-8``), one code of x one off at a float32 tie
@@ -32,8 +34,10 @@ pytestmark = pytest.mark.skipif(
                                           torch.ones(16, 1))),
     reason="the CPU kernel library is not built here")
 
-# (n, k, group, offsets, act-order)
+# (n, k, group, offsets, act-order); offsets "z": integer zero points (Q4_0, AWQ, GPTQ)
 CASES = [(33, 96, 32, True, False),  # odd n, Q4_K-like
+         (35, 96, 32, "z", False),  # Q4_0-like
+         (21, 300, 64, "z", True),  # GPTQ-like, act-order, a last group of 44
          (20, 100, 16, False, False),  # groups of 16, a last group of 4, k % 32 = 4
          (17, 300, 64, True, False),  # a last group of 44, k % 32 = 12
          (40, 256, 128, False, True),  # FP8-block-like, act-order
@@ -41,16 +45,20 @@ CASES = [(33, 96, 32, True, False),  # odd n, Q4_K-like
          (48, 64, 32, False, True),
          (5, 40, 16, True, True)]
 ROWS = [1, 2, 3, 7, 16, 33, 200]
+KINDS = ["w4", "w8", "fp8", "w8wo"]
 
 
-def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool, perm: bool,
+def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool | str, perm: bool,
                  seed: int = 0) -> QuantWeight:
+    """A random weight of ``kind``; w8wo: a w8 one with codes in -127..127 and no offsets
+    (pack it with ``packing``)."""
     g = torch.Generator().manual_seed(seed)
     groups = -(-k // group)
     if kind == "w4":
         data = torch.randint(0, 256, (n, -(-k // 2)), dtype=torch.uint8, generator=g)
-    elif kind == "w8":
-        data = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    elif kind in ("w8", "w8wo"):
+        low = -127 if kind == "w8wo" else -128
+        data = torch.randint(low, 128, (n, k), dtype=torch.int8, generator=g)
     else:  # zeros, denormals (|v| < 2^-6) and normals up to 448
         v = torch.randn(n, k, generator=g) * torch.tensor([0.004, 1.0, 60.0])[
             torch.randint(0, 3, (n, k), generator=g)]
@@ -58,8 +66,17 @@ def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool, perm: boo
     scales = (torch.rand(n, groups, generator=g) + 0.1) * 0.01
     scales = scales * torch.where(torch.rand(n, groups, generator=g) < 0.2, -1.0, 1.0)
     mins = torch.randn(n, groups, generator=g) * 0.05 if offsets else None
+    if offsets == "z" and kind != "fp8":  # fp8 keeps them as float offsets
+        lo, hi = quant_linear.ZERO_RANGE["w4" if kind == "w4" else "w8"]
+        mins = -torch.randint(lo, hi + 1, (n, groups), generator=g).float() * scales
+    if kind == "w8wo":
+        mins = None
     order = torch.randperm(k, generator=g) if perm else None
-    return QuantWeight(kind, n, k, group, data, scales, mins, order)
+    return QuantWeight("w8" if kind == "w8wo" else kind, n, k, group, data, scales, mins, order)
+
+
+def packing(qw: QuantWeight, kind: str) -> quant_linear.QuantPacked:
+    return quant_linear.pack(qw, weight_only=kind == "w8wo")
 
 
 def int8_x(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +85,8 @@ def int8_x(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = xs.shape
     xb = torch.nn.functional.pad(xs.float(), (0, -k % 32)).view(m, -1, 32)
     amax = xb.abs().amax(2, keepdim=True)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    # a tensor's quotient (torch computes ``127 / amax`` as 127 * (1 / amax): an ulp off)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(xb * inv).clamp(-127, 127)
     d = (amax / 127).double()
     return ((q.double() * d).view(m, -1)[:, :k],
@@ -80,7 +98,8 @@ def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 y for x as the path rounds it, the module docstring's bound on |y - it|).
     mode: "int8" (x quantized per 32 columns), "bf16x" (x rounded to bf16), "bf16w" (W
-    rounded to bf16) or "exact"; the offsets' term always uses x's float sums."""
+    rounded to bf16) or "exact"; float offsets' term uses x's float sums, integer zero
+    points' (``packed.zeros``) x as rounded."""
     xs = x.double() if qw.perm is None else x.double()[:, qw.perm]  # stored column order
     cols = torch.arange(qw.k) // qw.group
     qs = qw.codes().double() * qw.scales.double()[:, cols]
@@ -95,7 +114,8 @@ def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
         x_hat = xs.bfloat16().double()
     elif mode == "bf16w":
         slack = absdot * 2.0**-8
-    y = x_hat @ qs.T + xs @ mins.T + (0 if bias is None else bias.double())
+    x_mins = x_hat if packed.zeros is not None else xs
+    y = x_hat @ qs.T + x_mins @ mins.T + (0 if bias is None else bias.double())
     rowf = packed.rowf[: qw.n].double()
     out = (absdot * (2.0**-11 + qw.k * 2.0**-24) + slack
            + xs.abs().sum(1, keepdim=True) * rowf * 2.0**-24)
@@ -108,7 +128,7 @@ def mode_of(kind: str, tiled: bool, dtype: torch.dtype) -> str:
     """How the path taken rounds x or W (see ``expected``)."""
     if tiled:
         return "bf16w" if dtype == torch.bfloat16 else "exact"
-    if kind == "fp8":
+    if kind in quant_linear.BF16_KINDS:
         return "bf16x" if quant_linear.fp8_isa() == 2 else "exact"
     return "int8" if quant_linear.isa() > 0 else "exact"
 
@@ -121,7 +141,11 @@ def check(y: torch.Tensor, x: torch.Tensor, qw: QuantWeight,
         f"{mode}: max error {err.max():.3g}, error / bound {(err / bound).max():.3g}"
     # and that product against the oracle, within what x's rounding can move it
     xs = x.double() if qw.perm is None else x.double()[:, qw.perm]
-    qs = (qw.codes().double() * qw.scales.double()[:, torch.arange(qw.k) // qw.group]).abs()
+    cols = torch.arange(qw.k) // qw.group
+    qs = qw.codes().double() * qw.scales.double()[:, cols]
+    if packed.zeros is not None:  # (q - z) s: what x's rounding multiplies
+        qs = qs + qw.mins.double()[:, cols]
+    qs = qs.abs()
     moved = {"int8": (int8_x(xs)[1] / 2) @ qs.T, "bf16x": xs.abs() @ qs.T * 2.0**-8}
     oracle = quant_linear.reference(x, qw, bias)  # W rounded to float32 there: 2^-23
     w32 = xs.abs() @ (qw.dequantize().double().abs() if qw.perm is None else
@@ -132,11 +156,12 @@ def check(y: torch.Tensor, x: torch.Tensor, qw: QuantWeight,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_matches_reference(kind, case, rows, dtype):
     n, k, group, offsets, perm = case
     qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
-    packed = quant_linear.pack(qw)
+    packed = packing(qw, kind)
+    assert (packed.zeros is not None) == (offsets == "z" and kind in ("w4", "w8"))
     g = torch.Generator().manual_seed(100 + rows)
     x = (torch.randn(rows, k, generator=g) * torch.rand(1, k, generator=g) * 3).to(dtype)
     bias = torch.randn(n, generator=g) if rows % 2 else None
@@ -145,14 +170,41 @@ def test_matches_reference(kind, case, rows, dtype):
     check(y, x, qw, packed, bias, mode_of(kind, rows > quant_linear.dequant_rows(kind), dtype))
 
 
+def test_integer_zero_points_are_exact_in_the_sums():
+    """Q4_0's ``-8 d`` cancels most of a block's scaled sum: kept as integers, the zero
+    points leave y within fp16's 2^-11 of each ``|(q - z) s x|`` (float offsets would add
+    fp16's rounding of ``8 d`` times x's whole block sums)."""
+    n, k = 64, 512
+    g = torch.Generator().manual_seed(3)
+    scales = torch.rand(n, k // 32, generator=g) * 0.01 + 0.005
+    data = torch.full((n, k // 2), 0x88, dtype=torch.uint8)  # q = 8 = z: W is zero...
+    data[:, :4] = torch.randint(0, 256, (n, 4), dtype=torch.uint8, generator=g)  # ...mostly
+    qw = QuantWeight("w4", n, k, 32, data, scales, -8 * scales)
+    assert torch.equal(quant_linear.integer_zeros(qw),
+                       torch.full((n, k // 32), 8, dtype=torch.int8))
+    x = torch.randn(1, k, generator=g) + 3  # large block sums of x
+    packed = quant_linear.pack(qw)
+    mode = mode_of("w4", False, x.dtype)
+    want, _ = expected(x, qw, packed, None, mode, False)
+    xs, cols = x.double(), torch.arange(k) // 32
+    w_abs = ((qw.codes().double() - 8) * scales.double()[:, cols]).abs()
+    x_abs = (int8_x(xs)[0] if mode == "int8" else xs).abs()
+    bound = (x_abs @ w_abs.T) * (2.0**-11 + k * 2.0**-24)
+    if mode == "int8":  # one code of x one off at a float32 tie
+        bound += (int8_x(xs)[1][:, None, :] * w_abs[None]).amax(2)
+    err = (quant_linear.linear(x, packed).double() - want).abs()
+    assert (err <= bound * 1.01 + 1e-12).all(), f"error / bound {(err / bound).max():.3g}"
+
+
 @pytest.mark.parametrize("rows", [1, 5, 8, 9, 33, 200])
-@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_kernel_fills_nan_poisoned_rows(kind, rows):
     """The packed kernel at every row count (blocks of 8 / 4 and their tails) and the tiled
     path write every element of y; 3-D x keeps its leading shape."""
-    n, k, group, offsets, perm = 37, 160, 32, kind == "w4", False
+    n, k, group, perm = 37, 160, 32, False
+    offsets = {"w4": True, "w8": "z"}.get(kind, False)
     qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
-    packed = quant_linear.pack(qw)
+    packed = packing(qw, kind)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(n)
     y = torch.full((rows, n), float("nan"))
@@ -166,19 +218,36 @@ def test_kernel_fills_nan_poisoned_rows(kind, rows):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_pack_matches_torch_twin(kind, case):
-    """The C++ packing is ``_pack_torch``'s: the same bytes, factors, and fp16 scales (a
-    division by the row's factor may round to a neighbouring fp16 under the library's
-    -freciprocal-math: one fp16 ulp, 2^-10 relative)."""
+    """The C++ packing is ``_pack_torch``'s: the same bytes, factors, zero points and fp16
+    scales (a division by the row's factor may round to a neighbouring fp16 under the
+    library's -freciprocal-math: one fp16 ulp, 2^-10 relative)."""
     qw = make_qweight(kind, *case)
-    a, b = quant_linear.pack(qw), quant_linear._pack_torch(qw)
+    wo = kind == "w8wo"
+    a, b = packing(qw, kind), quant_linear._pack_torch(qw, weight_only=wo)
+    assert a.kind == b.kind == ("w8wo" if wo else qw.kind)
     assert (a.block, a.n, a.k) == (b.block, b.n, b.k) and torch.equal(a.data, b.data)
     assert torch.equal(a.rowf, b.rowf) and (a.mins is None) == (b.mins is None)
+    assert (a.zeros is None and b.zeros is None) or torch.equal(a.zeros, b.zeros)
     for x, y in ((a.scales, b.scales), (a.mins, b.mins)):
         if x is not None:
             assert x.shape == y.shape
             assert ((x.float() - y.float()).abs() <= y.float().abs() * 2.0**-10 + 2.0**-24).all()
+
+
+def test_w8wo_every_code():
+    """Each weight-only code -127..127 is multiplied exactly (one-hot x, scale 1), and a
+    -128 code or offsets are refused by the weight-only packing."""
+    codes = torch.arange(-127, 128, dtype=torch.int8).view(1, 255).repeat(3, 1)
+    qw = QuantWeight("w8", 3, 255, 255, codes, torch.ones(3, 1))
+    y = torch.full((255, 3), float("nan"))
+    quant_linear._kernel(torch.eye(255), quant_linear.pack(qw, weight_only=True), None, y)
+    assert torch.equal(y, qw.dequantize().T)
+    with pytest.raises(AssertionError, match="-127..127"):
+        quant_linear.pack(QuantWeight("w8", 1, 32, 32, torch.full((1, 32), -128,
+                                                                  dtype=torch.int8),
+                                      torch.ones(1, 1)), weight_only=True)
 
 
 def test_fp8_every_code():
@@ -203,16 +272,20 @@ def test_fp8_nan_code():
     assert y[:, 3].isnan().all() and not y[:, [0, 1, 2, 4, 19]].isnan().any()
 
 
-@pytest.mark.parametrize("kind", ["w4", "w8", "fp8"])
-def test_dequant_matches(kind):
-    """The tiles the prefill path multiplies are W (fp16-rounded relative scales aside)."""
-    qw = make_qweight(kind, 21, 100, 16, True, False)
-    packed = quant_linear.pack(qw)
+@pytest.mark.parametrize("offsets", [True, "z"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequant_matches(kind, offsets):
+    """The tiles the prefill path multiplies are W (fp16-rounded relative scales aside;
+    with integer zero points, of ``(q - z) s``)."""
+    qw = make_qweight(kind, 21, 100, 16, offsets, False)
+    packed = packing(qw, kind)
     w = qw.dequantize().double()
     rows = quant_linear._dequant(packed, 3, 21).double()
     cols = torch.arange(qw.k) // qw.group
-    tol = ((qw.codes().double() * qw.scales.double()[:, cols]).abs()
-           + qw.mins.double()[:, cols].abs()) * 2.0**-11 + 1e-9
+    qs = qw.codes().double() * qw.scales.double()[:, cols]
+    mins = torch.zeros_like(qs) if qw.mins is None else qw.mins.double()[:, cols]
+    exact = packed.zeros is not None or qw.mins is None
+    tol = ((qs + mins).abs() if exact else qs.abs() + mins.abs()) * 2.0**-11 + 1e-9
     assert ((rows - w[3:]).abs() <= tol[3:]).all()
 
 
@@ -235,9 +308,10 @@ def test_matmul_dispatch_and_unsupported_group():
 
 def test_ops_in_the_library():
     """The ops load with the one kernel library (csrc/*.cpp), and pack sizes are as stated:
-    w4 g32 with offsets 0.625 bytes a weight, w8 g32 1.0625."""
+    w4 g32 with offsets 0.625 bytes a weight (with zero points 0.59375), w8 g32 1.0625."""
     assert cpu_paged.available() and hasattr(torch.ops.radixlm_cpu, "quant_linear")
-    for kind, offsets, per_weight in (("w4", True, 0.625), ("w8", False, 1.0625)):
+    for kind, offsets, per_weight in (("w4", True, 0.625), ("w4", "z", 0.59375),
+                                      ("w8", False, 1.0625)):
         qw = make_qweight(kind, 64, 256, 32, offsets, False)
         packed = quant_linear.pack(qw)
         assert packed.nbytes() - packed.rowf.nbytes == 64 * 256 * per_weight

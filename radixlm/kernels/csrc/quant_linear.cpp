@@ -2,13 +2,17 @@
 // kernels/quant_linear.py into panels of 16 output rows. A decode step reads every weight
 // once, so its time is the bytes read: 4-bit codes are a quarter of bf16's, 8-bit half.
 //
-//   quant_linear(x [M, K] f32|bf16, data, scales, mins?, rowf, kind, n, block, bias?,
-//                y [M, N] in x's dtype, written)
-//   quant_dequant(data, scales, mins?, rowf, kind, n, k, block, row0, row1, dtype)
+//   quant_linear(x [M, K] f32|bf16, data, scales, mins?, zeros?, rowf, kind, n, block,
+//                bias?, y [M, N] in x's dtype, written)
+//   quant_dequant(data, scales, mins?, zeros?, rowf, kind, n, k, block, row0, row1, dtype)
 //       -> W rows [rows, K] in dtype (float32 or bfloat16), for the prefill path
-//   quant_pack(data, scales, mins?, kind, n, k, group, block) -> (data, scales, mins, rowf)
+//   quant_pack(data, scales, mins?, zeros?, kind, n, k, group, block)
+//       -> (data, scales, mins, zeros, rowf)
 //   quant_linear_isa() -> int      w4 / w8: 2 AVX512-VNNI, 1 AVX2, 0 plain C++
-//   quant_linear_fp8_isa() -> int  fp8: 2 AVX512-BF16 + VBMI, 1 AVX2 (FMAs), 0 plain C++
+//   quant_linear_fp8_isa() -> int  fp8 / w8wo: 2 AVX512-BF16 + VBMI, 1 AVX2 (FMAs), 0 plain
+//
+// Kinds: 0 w4, 1 w8 (x rounded to int8), 2 fp8, 3 w8wo: weight-only int8 (codes -127..127
+// as sign and magnitude bytes, multiplied exactly as bf16 by x in bf16, as fp8 is).
 //
 // The layout (P = ceil(N / 16) panels, B = block: 32, or 16 for groups of 16; nb = Kpad / B):
 //   data    uint8 [P][nb][chunks][64]: a chunk holds 4 consecutive columns of 16 rows,
@@ -16,16 +20,22 @@
 //           of the block's first half, the high one of its second (B/8 chunks), fp8: the
 //           code bytes in the order unpacklo/hi_epi8 of two lookups leaves them (below).
 //   scales  fp16 [P][nb][16]: the block's group scale / rowf, mins (optional) the same;
+//   zeros   int8 [P][nb][16] (optional, w4 / w8, instead of mins): integer zero points z,
+//           W = (q - z) * scale, where every offset of the weight is -z * scale exactly
+//           (GGUF Q4_0's -8 d, AWQ / GPTQ zeros): subtracted as integers (below);
 //   rowf    float32 [P * 16]: per row max |scale|, |min| (fp16 then holds them in [-1, 1]).
 //
 // w4 / w8 (llama.cpp's scheme): x is quantized per 32 columns to int8 (d = amax / 127);
 // a block's integer dot products use vpdpbusd (u8 weights x s8 x, 16 rows in the lanes,
 // 4 columns a step, x's 4 bytes broadcast), no horizontal sums. w8's unsigned q + 128
-// adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq). A block's sum then
-// goes to float, times scale * d, and mins add min * sum(x) (x's float sum of the block).
+// adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq); integer zero points
+// start it at -z * sum(xq) too, so a block's sum is sum((q - z) xq), exact, before it goes
+// to float, times scale * d; float mins add min * sum(x) (x's float sum of the block).
 // fp8: two 128-entry byte lookups (vpermt2b) give the high and low bytes of the code's
 // bf16 (exact: zero, denormals and NaN too), interleaved, then vdpbf16ps with x in bf16;
 // on AVX2 the code's bits placed as an fp16's, widened by F16C, FMAs with float32 x.
+// w8wo is the same kernel with other tables (the bf16 of magnitudes 0-127: exact) and on
+// AVX2 the magnitude given its sign and widened to float.
 // Threads take panels; x's rows go in blocks of up to 8 (4 for fp8) per pass of a panel.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -60,7 +70,13 @@ namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel (one zmm of int32 / float lanes)
 constexpr int64_t kXBlock = 32;  // columns of x per int8 scale
-enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2 };
+enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2, kW8WO = 3 };
+
+// The kinds multiplied in bf16 (x rounded to bf16; codes widened by table lookups).
+inline bool bf16_kind(int64_t kind) { return kind == kFP8 || kind == kW8WO; }
+
+// Offsets of an integer kernel: none, float mins, integer zero points.
+enum Ofs : int { kNone = 0, kMins = 1, kZeros = 2 };
 
 // Bytes of a block of one panel.
 inline int64_t block_bytes(int64_t kind, int64_t block) {
@@ -74,14 +90,20 @@ float fp8_value(uint8_t code) {
   return code & 0x80 ? -v : v;
 }
 
-// fp8_value of every code (built once).
-const float* fp8_table() {
-  static const auto table = [] {
-    std::array<float, 256> t{};
-    for (int c = 0; c < 256; ++c) t[c] = fp8_value(uint8_t(c));
+// w8wo's byte (sign bit, 7-bit magnitude) -> its value.
+float int7_value(uint8_t code) { return code & 0x80 ? -float(code & 0x7F) : float(code); }
+
+// The value of every code of a bf16 kind (built once).
+const float* code_table(int64_t kind) {
+  static const auto tables = [] {
+    std::array<float, 512> t{};
+    for (int c = 0; c < 256; ++c) {
+      t[c] = fp8_value(uint8_t(c));
+      t[256 + c] = int7_value(uint8_t(c));
+    }
     return t;
   }();
-  return table.data();
+  return tables.data() + (kind == kW8WO ? 256 : 0);
 }
 
 // Position inside a 64-byte fp8 chunk of (row r, column c of 4): unpacklo_epi8 takes bytes
@@ -92,12 +114,13 @@ inline int fp8_pos(int r, int c) { return 16 * (r / 4) + (c >= 2 ? 8 : 0) + (r %
 struct Weight {
   const uint8_t* data;
   const c10::Half* scales;
-  const c10::Half* mins;  // null: no offsets
+  const c10::Half* mins;  // null: no float offsets
+  const int8_t* zeros;    // null: no integer zero points
   const float* rowf;
   int64_t kind, n, kpad, block, nb, panels;
 
   const uint8_t* panel(int64_t p) const { return data + p * nb * block_bytes(kind, block); }
-  // W[row of panel p][column c] (stored order), unscaled by rowf: code * scale' + min'.
+  // The code at row r of a panel's block, column c (stored order), zero point not taken.
   float code(const uint8_t* wb, int r, int64_t c) const {
     if (kind == kW8) return float(int(wb[(c / 4) * 64 + r * 4 + c % 4]) - 128);
     if (kind == kW4) {
@@ -105,7 +128,11 @@ struct Weight {
       const uint8_t b = wb[(cc / 4) * 64 + r * 4 + cc % 4];
       return float(half ? b >> 4 : b & 15);
     }
-    return fp8_table()[wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]];
+    return code_table(kind)[wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]];
+  }
+  // Block b's zero points of panel p (16 rows), or null.
+  const int8_t* zero_points(int64_t p, int64_t b) const {
+    return zeros ? zeros + (p * nb + b) * kPanel : nullptr;
   }
 };
 
@@ -155,12 +182,14 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
       const uint8_t* wb = wp + b * block_bytes(w.kind, w.block);
       const c10::Half* s = w.scales + (p * w.nb + b) * kPanel;
       const c10::Half* mn = w.mins ? w.mins + (p * w.nb + b) * kPanel : nullptr;
+      const int8_t* z = w.zero_points(p, b);
       const int64_t c1 = std::min(w.block, k - b * w.block);
       for (int r = 0; r < kPanel; ++r) {
         float dot = 0.f, xs = 0.f;
+        const float zr = z ? float(z[r]) : 0.f;
         for (int64_t c = 0; c < c1; ++c) {
           const float xv = x[i * k + b * w.block + c];
-          dot += w.code(wb, r, c) * xv;
+          dot += (w.code(wb, r, c) - zr) * xv;  // q - z: exact
           xs += xv;
         }
         acc[r] += dot * float(s[r]) + (mn ? float(mn[r]) * xs : 0.f);
@@ -174,7 +203,7 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
 // ---------------------------------------------------------------- AVX512-VNNI
 // Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
 // row (4 at one row, 2 at two: shorter chains of dependent vpdpbusd; more rows interleave).
-template <int R, bool W4, bool MINS, int B>
+template <int R, bool W4, int OFS, int B>
 void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
   constexpr int S = B / 4;  // 4-column steps per block
@@ -188,10 +217,17 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
     const uint8_t* wb = wp + b * bytes;
     _mm_prefetch(reinterpret_cast<const char*>(wb + 8 * bytes), _MM_HINT_T0);
     __m512i acc[R][NA];
+    // the sums start at -off * sum(xq): w8's bytes are q + 128 (the u8 x s8 sum is
+    // sum(q x) + 128 sum(x)), and zero points add z
+    __m512i off = _mm512_set1_epi32(W4 ? 0 : 128);
+    if constexpr (OFS == kZeros)
+      off = _mm512_add_epi32(off, _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                      reinterpret_cast<const __m128i*>(w.zero_points(p, b)))));
     for (int r = 0; r < R; ++r) {
-      // w8: bytes are q + 128, so the u8 x s8 sum is sum(q x) + 128 sum(x)
-      acc[r][0] = W4 ? _mm512_setzero_si512()
-                     : _mm512_set1_epi32(-128 * xq.qsum[(i0 + r) * xq.nb + b]);
+      if constexpr (W4 && OFS != kZeros)
+        acc[r][0] = _mm512_setzero_si512();
+      else
+        acc[r][0] = _mm512_mullo_epi32(off, _mm512_set1_epi32(-xq.qsum[(i0 + r) * xq.nb + b]));
       for (int a = 1; a < NA; ++a) acc[r][a] = _mm512_setzero_si512();
     }
     const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
@@ -225,7 +261,7 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
         w.scales + sb)));
     __m512 mn;
-    if constexpr (MINS)
+    if constexpr (OFS == kMins)
       mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
@@ -234,7 +270,7 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
       accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)),
                                 accf[r]);
-      if constexpr (MINS)
+      if constexpr (OFS == kMins)
         accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.fsum[i * xq.nb + b]), accf[r]);
     }
   }
@@ -248,13 +284,15 @@ struct Fp8Tables {
   __m512i hi0, hi1, lo0, lo1;  // high / low byte of the bf16 of magnitudes 0-63, 64-127
 };
 
-Fp8Tables fp8_tables() {
+// fp8's or w8wo's tables (the sign bit is the code's own in both).
+Fp8Tables fp8_tables(int64_t kind) {
   alignas(64) uint8_t hi[128], lo[128];
   for (int c = 0; c < 128; ++c) {
-    const float v = fp8_value(uint8_t(c));
+    const float v = code_table(kind)[c];
     uint32_t bits;
     std::memcpy(&bits, &v, 4);
-    const uint16_t bf = std::isnan(v) ? 0x7FC0 : uint16_t(bits >> 16);  // exact: 3 mantissa bits
+    // exact: fp8 has 3 mantissa bits, magnitudes up to 127 need 7
+    const uint16_t bf = std::isnan(v) ? 0x7FC0 : uint16_t(bits >> 16);
     hi[c] = uint8_t(bf >> 8);
     lo[c] = uint8_t(bf & 0xFF);
   }
@@ -328,7 +366,7 @@ inline __m256i dot4(__m256i u, __m256i s) {
 // As panel_vnni, 16 rows in two halves of 8. w8's u8 q + 128 x s8 x could overflow
 // maddubs' int16 pairs, so it multiplies |q| (0-128) by x with q's sign (|x| <= 127, so
 // negating it cannot wrap, and a pair sums to at most 2 * 128 * 127 < 2^15).
-template <int R, bool W4, bool MINS, int B>
+template <int R, bool W4, int OFS, int B>
 void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
   constexpr int S = B / 4;
@@ -340,7 +378,16 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
     __m256i acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    if constexpr (OFS == kZeros) {  // the sums start at -z * sum(xq)
+      const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero_points(p, b)));
+      const __m256i zh[2] = {_mm256_cvtepi8_epi32(z), _mm256_cvtepi8_epi32(_mm_srli_si128(z, 8))};
+      for (int r = 0; r < R; ++r) {
+        const __m256i qs = _mm256_set1_epi32(-xq.qsum[(i0 + r) * xq.nb + b]);
+        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_mullo_epi32(zh[h], qs);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    }
     const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
     for (int j = 0; j < (W4 ? S / 2 : S); ++j) {
       for (int h = 0; h < 2; ++h) {
@@ -371,7 +418,7 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
           w.scales + sb + 8 * h)));
       __m256 mn;
-      if constexpr (MINS)
+      if constexpr (OFS == kMins)
         mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
             w.mins + sb + 8 * h)));
       for (int r = 0; r < R; ++r) {
@@ -379,7 +426,7 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
         const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
         accf[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]),
                                      _mm256_mul_ps(s, _mm256_set1_ps(d)), accf[r][h]);
-        if constexpr (MINS)
+        if constexpr (OFS == kMins)
           accf[r][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xq.fsum[i * xq.nb + b]), accf[r][h]);
       }
     }
@@ -406,16 +453,25 @@ inline void fp8x16(__m128i bytes, __m256& lo, __m256& hi) {
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-// fp8 on FMAs, rows [i0, i0 + R) of x (float32 [M][kpad], zeros past K) by panel p. A chunk's
+// 16 w8wo codes (sign and magnitude) -> 16 floats (two halves of 8), exact.
+inline void int7x16(__m128i bytes, __m256& lo, __m256& hi) {
+  // sign_epi8 negates where the byte is negative as an int8: where its sign bit is set
+  const __m128i q = _mm_sign_epi8(_mm_and_si128(bytes, _mm_set1_epi8(0x7F)), bytes);
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+
+// fp8 (or w8wo: INT7) on FMAs, rows [i0, i0 + R) of x (float32 [M][kpad], zeros past K) by
+// panel p. A chunk's
 // 8 vectors of 8 codes hold rows 4L..4L+3 x columns {2h, 2h+1} (vector 2L + h, as
 // fp8_pos lays them out for AVX-512), so each meets x's pair of those columns and a row's
 // two lanes are summed at the block's end (hadd).
-template <int R, bool MINS, int B>
+template <int R, bool MINS, int B, bool INT7>
 void panel_fp8_avx2(const Weight& w, int64_t p, const float* x, const float* fsum, int64_t i0,
                     float* y, int64_t ldy) {
   constexpr int S = B / 4;
   const uint8_t* wp = w.panel(p);
-  const __m256 unit = _mm256_set1_ps(256.f);  // the codes came out times 2^-8
+  const __m256 unit = _mm256_set1_ps(INT7 ? 1.f : 256.f);  // fp8 codes came out times 2^-8
   __m256 accf[R][2];
   for (int r = 0; r < R; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
@@ -425,9 +481,14 @@ void panel_fp8_avx2(const Weight& w, int64_t p, const float* x, const float* fsu
       for (int l = 0; l < 4; ++l) acc[r][l] = _mm256_setzero_ps();
     for (int j = 0; j < S; ++j) {
       __m256 wv[8];
-      for (int q = 0; q < 4; ++q)
-        fp8x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 64 * j + 16 * q)),
-               wv[2 * q], wv[2 * q + 1]);
+      for (int q = 0; q < 4; ++q) {
+        const __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 64 * j + 16 * q));
+        if constexpr (INT7)
+          int7x16(bytes, wv[2 * q], wv[2 * q + 1]);
+        else
+          fp8x16(bytes, wv[2 * q], wv[2 * q + 1]);
+      }
       for (int r = 0; r < R; ++r) {
         const float* xr = x + (i0 + r) * w.kpad + b * B + 4 * j;
         const __m256 x0 = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(xr)));
@@ -488,51 +549,53 @@ void over_panels(const Weight& w, F&& f) {
 }
 
 // Dispatch on (kind, mins, block) to the templated integer kernel of this ISA.
-template <template <int, bool, bool, int> class K, int RMAX>
+template <template <int, bool, int, int> class K, int RMAX>
 void run_int(const Weight& w, const XQuant& xq, int64_t m, float* y, int64_t ldy) {
-  auto go = [&](auto w4, auto mins, auto blk) {
+  auto go = [&](auto w4, auto ofs, auto blk) {
     over_panels(w, [&](int64_t p) {
       row_blocks<RMAX>(m, [&](auto rows, int64_t i0) {
-        K<decltype(rows)::value, decltype(w4)::value, decltype(mins)::value,
+        K<decltype(rows)::value, decltype(w4)::value, decltype(ofs)::value,
           decltype(blk)::value>::run(w, p, xq, i0, y, ldy);
       });
     });
   };
-  using T = std::true_type;
-  using F = std::false_type;
-  using B16 = std::integral_constant<int, 16>;
-  using B32 = std::integral_constant<int, 32>;
-  const bool w4 = w.kind == kW4, mins = w.mins != nullptr, b32 = w.block == 32;
-  if (w4 && mins) b32 ? go(T{}, T{}, B32{}) : go(T{}, T{}, B16{});
-  else if (w4) b32 ? go(T{}, F{}, B32{}) : go(T{}, F{}, B16{});
-  else if (mins) b32 ? go(F{}, T{}, B32{}) : go(F{}, T{}, B16{});
-  else b32 ? go(F{}, F{}, B32{}) : go(F{}, F{}, B16{});
+  auto by_block = [&](auto w4, auto ofs) {
+    w.block == 32 ? go(w4, ofs, std::integral_constant<int, 32>{})
+                  : go(w4, ofs, std::integral_constant<int, 16>{});
+  };
+  auto by_offsets = [&](auto w4) {
+    if (w.zeros) by_block(w4, std::integral_constant<int, kZeros>{});
+    else if (w.mins) by_block(w4, std::integral_constant<int, kMins>{});
+    else by_block(w4, std::integral_constant<int, kNone>{});
+  };
+  w.kind == kW4 ? by_offsets(std::true_type{}) : by_offsets(std::false_type{});
 }
 
 #if defined(QL_AVX512)
-template <int R, bool W4, bool MINS, int B>
+template <int R, bool W4, int OFS, int B>
 struct Vnni {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_vnni<R, W4, MINS, B>(w, p, xq, i0, y, ldy);
+    panel_vnni<R, W4, OFS, B>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
 #if defined(QL_AVX2)
-template <int R, bool W4, bool MINS, int B>
+template <int R, bool W4, int OFS, int B>
 struct Avx2 {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_avx2<R, W4, MINS, B>(w, p, xq, i0, y, ldy);
+    panel_avx2<R, W4, OFS, B>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
 
 Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
-                 const std::optional<at::Tensor>& mins, const at::Tensor& rowf, int64_t kind,
-                 int64_t n, int64_t kpad, int64_t block, const char* op) {
+                 const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& zeros,
+                 const at::Tensor& rowf, int64_t kind, int64_t n, int64_t kpad, int64_t block,
+                 const char* op) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK(kind >= 0 && kind <= 2 && (block == 16 || block == 32) && kpad % kXBlock == 0,
+  TORCH_CHECK(kind >= 0 && kind <= 3 && (block == 16 || block == 32) && kpad % kXBlock == 0,
               op, ": kind ", kind, " block ", block, " padded K ", kpad);
   const int64_t nb = kpad / block;
   TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() &&
@@ -542,10 +605,17 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() &&
                     t->numel() == panels * nb * kPanel,
                 op, ": scales / mins must be fp16 [", panels, ", ", nb, ", 16]");
+  TORCH_CHECK(!zeros.has_value() || ((kind == kW4 || kind == kW8) && !mins.has_value() &&
+                                     zeros->scalar_type() == at::kChar &&
+                                     zeros->is_contiguous() &&
+                                     zeros->numel() == panels * nb * kPanel),
+              op, ": zeros must be int8 [", panels, ", ", nb, ", 16], of w4 / w8, without mins");
+  TORCH_CHECK(kind != kW8WO || !mins.has_value(), op, ": w8wo has no offsets");
   TORCH_CHECK(rowf.scalar_type() == at::kFloat && rowf.is_contiguous() &&
                   rowf.numel() == panels * kPanel, op, ": rowf must be float32 [", panels * 16, "]");
   return {data.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(),
-          mins.has_value() ? mins->data_ptr<c10::Half>() : nullptr, rowf.data_ptr<float>(),
+          mins.has_value() ? mins->data_ptr<c10::Half>() : nullptr,
+          zeros.has_value() ? zeros->data_ptr<int8_t>() : nullptr, rowf.data_ptr<float>(),
           kind, n, kpad, block, nb, panels};
 }
 
@@ -553,12 +623,12 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
 void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
   const int64_t m = x.size(0), k = x.size(1);
 #if defined(QL_FP8_AVX512)
-  if (w.kind == kFP8) {
+  if (bf16_kind(w.kind)) {
     // x rounded to bf16 once (nearest even), zero past K
     at::Tensor xb = at::zeros({m, w.kpad}, x.options().dtype(at::kBFloat16));
     xb.narrow(1, 0, k).copy_(x);
     const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
-    const Fp8Tables t = fp8_tables();
+    const Fp8Tables t = fp8_tables(w.kind);
     // with offsets: x's float sum per block (as the integer kinds')
     std::vector<float> fsum;
     if (w.mins) {
@@ -583,32 +653,36 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
   }
 #endif
 #if defined(QL_AVX2)
-  if (w.kind == kFP8) {
+  if (bf16_kind(w.kind)) {
     const at::Tensor xf = x.to(at::kFloat);
     at::Tensor xp = at::zeros({m, w.kpad}, xf.options());  // zeros past K (0 * code, no NaN)
     xp.narrow(1, 0, k).copy_(xf);
     std::vector<float> fsum;
     if (w.mins) fsum = quantize_x(xf.data_ptr<float>(), m, k, w.kpad, w.block).fsum;
     const float* xd = xp.data_ptr<float>();
-    auto go = [&](auto mins, auto blk) {
+    auto go = [&](auto mins, auto blk, auto int7) {
       over_panels(w, [&](int64_t p) {
         row_blocks<2>(m, [&](auto rows, int64_t i0) {
-          panel_fp8_avx2<decltype(rows)::value, decltype(mins)::value, decltype(blk)::value>(
-              w, p, xd, fsum.data(), i0, y, ldy);
+          panel_fp8_avx2<decltype(rows)::value, decltype(mins)::value, decltype(blk)::value,
+                         decltype(int7)::value>(w, p, xd, fsum.data(), i0, y, ldy);
         });
       });
     };
     using B16 = std::integral_constant<int, 16>;
     using B32 = std::integral_constant<int, 32>;
-    if (w.mins)
-      w.block == 32 ? go(std::true_type{}, B32{}) : go(std::true_type{}, B16{});
+    using T = std::true_type;
+    using F = std::false_type;
+    if (w.kind == kW8WO)  // no offsets
+      w.block == 32 ? go(F{}, B32{}, T{}) : go(F{}, B16{}, T{});
+    else if (w.mins)
+      w.block == 32 ? go(T{}, B32{}, F{}) : go(T{}, B16{}, F{});
     else
-      w.block == 32 ? go(std::false_type{}, B32{}) : go(std::false_type{}, B16{});
+      w.block == 32 ? go(F{}, B32{}, F{}) : go(F{}, B16{}, F{});
     return;
   }
 #endif
 #if defined(QL_AVX512) || defined(QL_AVX2)
-  if (w.kind != kFP8) {
+  if (!bf16_kind(w.kind)) {
     const XQuant xq = x.scalar_type() == at::kFloat
         ? quantize_x(x.data_ptr<float>(), m, k, w.kpad, w.block)
         : quantize_x(x.data_ptr<at::BFloat16>(), m, k, w.kpad, w.block);
@@ -627,9 +701,9 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
 
 // y [M, N] (x's dtype, written) = x W^T + bias.
 void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& scales,
-                  const std::optional<at::Tensor>& mins, const at::Tensor& rowf, int64_t kind,
-                  int64_t n, int64_t block, const std::optional<at::Tensor>& bias,
-                  const at::Tensor& y) {
+                  const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& zeros,
+                  const at::Tensor& rowf, int64_t kind, int64_t n, int64_t block,
+                  const std::optional<at::Tensor>& bias, const at::Tensor& y) {
   const auto dt = x_in.scalar_type();
   TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() &&
                   (dt == at::kFloat || dt == at::kBFloat16),
@@ -637,7 +711,8 @@ void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tens
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
-  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_linear");
+  const Weight w =
+      weight_of(data, scales, mins, zeros, rowf, kind, n, kpad, block, "quant_linear");
   TORCH_CHECK(y.scalar_type() == dt && y.is_contiguous() && y.dim() == 2 && y.size(0) == m &&
                   y.size(1) == n,
               "quant_linear: y must be [", m, ", ", n, "] in x's dtype");
@@ -668,7 +743,7 @@ void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tens
 
 // The codes of block b of a panel as floats, [16 rows][B columns] (no per-element branch
 // on the kind: the prefill path decodes every weight of the tiles it multiplies).
-void decode_block(const Weight& w, const uint8_t* wb, const float* fp8, float* out) {
+void decode_block(const Weight& w, const uint8_t* wb, const float* table, float* out) {
   const int64_t B = w.block;
   for (int64_t j = 0; j < B / 4; ++j)
     for (int r = 0; r < kPanel; ++r)
@@ -682,7 +757,7 @@ void decode_block(const Weight& w, const uint8_t* wb, const float* fp8, float* o
           o[4 * j + t] = float(byte & 15);
           o[B / 2 + 4 * j + t] = float(byte >> 4);
         } else {
-          o[4 * j + t] = fp8[wb[j * 64 + fp8_pos(r, t)]];
+          o[4 * j + t] = table[wb[j * 64 + fp8_pos(r, t)]];
         }
       }
 }
@@ -690,22 +765,24 @@ void decode_block(const Weight& w, const uint8_t* wb, const float* fp8, float* o
 // W rows [row0, row1) as [rows, k] of O (float or BFloat16), stored column order.
 template <class O>
 void dequant_rows(const Weight& w, int64_t k, int64_t row0, int64_t row1, O* op) {
-  const float* fp8 = fp8_table();
+  const float* table = code_table(w.kind);
   const int64_t B = w.block, bytes = block_bytes(w.kind, B);
   at::parallel_for(row0 / kPanel, (row1 + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> codes(kPanel * B);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t r0 = std::max(row0, p * kPanel), r1 = std::min(row1, (p + 1) * kPanel);
       for (int64_t b = 0; b < w.nb && b * B < k; ++b) {
-        decode_block(w, w.panel(p) + b * bytes, fp8, codes.data());
+        decode_block(w, w.panel(p) + b * bytes, table, codes.data());
         const int64_t c1 = std::min(B, k - b * B), sb = (p * w.nb + b) * kPanel;
+        const int8_t* z = w.zero_points(p, b);
         for (int64_t row = r0; row < r1; ++row) {
           const int r = int(row - p * kPanel);
           const float s = float(w.scales[sb + r]) * w.rowf[row];
           const float mn = w.mins ? float(w.mins[sb + r]) * w.rowf[row] : 0.f;
+          const float zr = z ? float(z[r]) : 0.f;
           O* o = op + (row - row0) * k + b * B;
           const float* c = codes.data() + r * B;
-          for (int64_t i = 0; i < c1; ++i) o[i] = O(c[i] * s + mn);
+          for (int64_t i = 0; i < c1; ++i) o[i] = O((c[i] - zr) * s + mn);
         }
       }
     }
@@ -715,11 +792,13 @@ void dequant_rows(const Weight& w, int64_t k, int64_t row0, int64_t row1, O* op)
 // W rows [row0, row1) as [rows, k] in dtype (float32 or bfloat16), stored column order:
 // the prefill path multiplies them tile by tile.
 at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
-                         const std::optional<at::Tensor>& mins, const at::Tensor& rowf,
+                         const std::optional<at::Tensor>& mins,
+                         const std::optional<at::Tensor>& zeros, const at::Tensor& rowf,
                          int64_t kind, int64_t n, int64_t k, int64_t block, int64_t row0,
                          int64_t row1, at::ScalarType dtype) {
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
-  const Weight w = weight_of(data, scales, mins, rowf, kind, n, kpad, block, "quant_dequant");
+  const Weight w =
+      weight_of(data, scales, mins, zeros, rowf, kind, n, kpad, block, "quant_dequant");
   TORCH_CHECK(0 <= row0 && row0 < row1 && row1 <= n, "quant_dequant: rows ", row0, "-", row1);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "quant_dequant: dtype must be float32 or bfloat16");
@@ -732,14 +811,14 @@ at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
 }
 
 // A QuantWeight's codes and scales in the layout above, in one pass (the torch twin is
-// quant_linear._pack_torch). data: w4 uint8 [n, ceil(k/2)], w8 int8 [n, k], fp8 bytes
-// [n, k]; scales / mins float32 [n, groups]. Returns (data, scales, mins or an empty
-// tensor, rowf).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
+// quant_linear._pack_torch). data: w4 uint8 [n, ceil(k/2)], w8 and w8wo int8 [n, k] (w8wo:
+// -127..127), fp8 bytes [n, k]; scales / mins float32 [n, groups], zeros (instead of mins)
+// int8 [n, groups]. Returns (data, scales, mins, zeros (each or an empty tensor), rowf).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
     const at::Tensor& data_in, const at::Tensor& scales_in,
-    const std::optional<at::Tensor>& mins_in, int64_t kind, int64_t n, int64_t k,
-    int64_t group, int64_t block) {
-  TORCH_CHECK(kind >= 0 && kind <= 2 && (block == 16 || block == 32) && group > 0,
+    const std::optional<at::Tensor>& mins_in, const std::optional<at::Tensor>& zeros_in,
+    int64_t kind, int64_t n, int64_t k, int64_t group, int64_t block) {
+  TORCH_CHECK(kind >= 0 && kind <= 3 && (block == 16 || block == 32) && group > 0,
               "quant_pack: kind ", kind, " block ", block, " group ", group);
   const at::Tensor data = data_in.contiguous(), sc = scales_in.contiguous();
   const int64_t groups = (k + group - 1) / group, cols = kind == kW4 ? (k + 1) / 2 : k;
@@ -753,6 +832,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
     TORCH_CHECK(mn.scalar_type() == at::kFloat && mn.numel() == n * groups,
                 "quant_pack: mins must be float32 [", n, ", ", groups, "]");
   }
+  at::Tensor zr;
+  if (zeros_in.has_value()) {
+    zr = zeros_in->contiguous();
+    TORCH_CHECK((kind == kW4 || kind == kW8) && !mn.defined() &&
+                    zr.scalar_type() == at::kChar && zr.numel() == n * groups,
+                "quant_pack: zeros must be int8 [", n, ", ", groups, "], of w4 / w8, "
+                "without mins");
+  }
+  TORCH_CHECK(kind != kW8WO || (!mn.defined() && data.scalar_type() == at::kChar &&
+                                data.ne(-128).all().item<bool>()),
+              "quant_pack: w8wo takes int8 codes in -127..127 and no offsets");
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock, nb = kpad / block;
   const int64_t panels = (n + kPanel - 1) / kPanel, bytes = block_bytes(kind, block);
   const auto u8 = data.options().dtype(at::kByte);
@@ -760,6 +850,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
   at::Tensor s16 = at::zeros({panels, nb, kPanel}, sc.options().dtype(at::kHalf));
   at::Tensor m16 = mn.defined() ? at::zeros({panels, nb, kPanel}, s16.options())
                                 : at::empty({0}, s16.options());
+  at::Tensor z8 = at::zeros({zr.defined() ? panels * nb * kPanel : 0}, u8.dtype(at::kChar));
   at::Tensor rowf = at::ones({panels * kPanel}, sc.options());
   const auto* src = reinterpret_cast<const uint8_t*>(data.data_ptr());
   const float* sp = sc.data_ptr<float>();
@@ -767,12 +858,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
   uint8_t* op = out.data_ptr<uint8_t>();
   auto* s16p = s16.data_ptr<c10::Half>();
   auto* m16p = mn.defined() ? m16.data_ptr<c10::Half>() : nullptr;
+  const int8_t* zp = zr.defined() ? zr.data_ptr<int8_t>() : nullptr;
+  int8_t* z8p = zr.defined() ? z8.data_ptr<int8_t>() : nullptr;
   float* rp = rowf.data_ptr<float>();
-  // the code at (row, col) as its byte in the layout (w8: q + 128), padding meaning zero
+  // the code at (row, col) as its byte in the layout (w8: q + 128, w8wo: sign and
+  // magnitude), padding meaning zero
   auto code = [&](int64_t row, int64_t col) -> uint8_t {
     if (row >= n || col >= k) return kind == kW8 ? 128 : 0;
     if (kind == kW4) return (src[row * cols + col / 2] >> (4 * (col & 1))) & 15;
-    return kind == kW8 ? uint8_t(src[row * cols + col] + 128) : src[row * cols + col];
+    const uint8_t byte = src[row * cols + col];
+    if (kind == kW8) return uint8_t(byte + 128);
+    if (kind == kW8WO) return int8_t(byte) < 0 ? uint8_t(0x80 | -int8_t(byte)) : byte;
+    return byte;
   };
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -789,6 +886,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
           const int64_t g = std::min(b * block / group, groups - 1);
           s16p[(p * nb + b) * kPanel + r] = c10::Half(sp[row * groups + g] / rp[row]);
           if (mp) m16p[(p * nb + b) * kPanel + r] = c10::Half(mp[row * groups + g] / rp[row]);
+          if (zp) z8p[(p * nb + b) * kPanel + r] = zp[row * groups + g];
         }
       }
       for (int64_t b = 0; b < nb; ++b) {
@@ -808,7 +906,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
       }
     }
   });
-  return {out, s16, m16, rowf};
+  return {out, s16, m16, z8.view({-1, nb, kPanel}), rowf};
 }
 
 int64_t quant_linear_isa() {
@@ -835,12 +933,12 @@ int64_t quant_linear_fp8_isa() {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
-  m.def("quant_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, Tensor rowf, "
-        "int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
-  m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor rowf, int kind, int n, "
-        "int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
-  m.def("quant_pack(Tensor data, Tensor scales, Tensor? mins, int kind, int n, int k, "
-        "int group, int block) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quant_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, "
+        "Tensor rowf, int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, Tensor rowf, "
+        "int kind, int n, int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
+  m.def("quant_pack(Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, int kind, int n, "
+        "int k, int group, int block) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
   m.def("quant_linear_fp8_isa() -> int", &quant_linear_fp8_isa);
 }
