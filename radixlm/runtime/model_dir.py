@@ -72,7 +72,7 @@ def check_model_dir(model_dir: str | Path, tokenizer_dir: str | Path | None = No
 
 
 def _gguf_weights(config: dict[str, Any]) -> bool:
-    """Whether config.json says the weights are a GGUF file (a ``gguf_file.view_dir``)
+    """Whether config.json says the weights are a GGUF file (a ``gguf_file.view_dir_for``)
     that exists."""
     quant = config.get("quantization_config")
     return (isinstance(quant, dict) and quant.get("quant_method") == "gguf"

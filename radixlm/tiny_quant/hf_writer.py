@@ -14,8 +14,8 @@ weight they stand for, dequantized in float32 (the readers' oracle);
 ``.weight`` under ``model.layers.`` but MoE routers; lm_head and embeddings stay float)
 and returns those dequantized weights by tensor name.
 
-This packing is written apart from the reader (``runtime/executor/quant/hf_formats.py``)
-on purpose: a test that reads what the same code wrote could not catch a shared mistake.
+This packing is written apart from the reader (``runtime/executor/quant/hf_layouts.py`` and
+``hf_packing.py``) on purpose: a test that reads what the same code wrote could not catch a shared mistake.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ float checkpoint of the same model would have (``model.layers.0.self_attn.q_proj
 
     GGUFSource          runtime/gguf_file.py (validated container, names mapped to the
                         family's) + gguf_weights.py (blocks -> QuantWeight, exact)
-    SafetensorsSource   hf_formats.py: AWQ, GPTQ, compressed-tensors, FP8, W8A8 int8
+    SafetensorsSource   hf_formats.py (the scheme from the config) + hf_layouts.py /
+                        hf_packing.py (each linear read): AWQ, GPTQ, compressed-tensors,
+                        FP8, W8A8 int8
 """
 
 from __future__ import annotations
