@@ -15,7 +15,8 @@ weight they stand for, dequantized in float32 (the readers' oracle);
 and returns those dequantized weights by tensor name.
 
 This packing is written apart from the reader (``runtime/executor/quant/hf_layouts.py`` and
-``hf_packing.py``) on purpose: a test that reads what the same code wrote could not catch a shared mistake.
+``hf_packing.py``) on purpose: a test that reads what the same code wrote could not catch
+a shared mistake.
 """
 
 from __future__ import annotations
