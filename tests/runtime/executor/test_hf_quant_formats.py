@@ -1,8 +1,8 @@
 """hf_formats.py, hf_layouts.py and hf_packing.py read what the tools write: each format
 written by tiny_quant/hf_writer.py (packing code of its own) and, where the tool installs
-here, by the tool itself (compressed-tensors' compressors; AutoAWQ's unpacker), then read back into a QuantWeight
-whose dequantization must equal the writer's bit for bit. Header checks name the tensor;
-detection refuses what is not supported by the field's name."""
+here, by the tool itself (compressed-tensors' compressors; AutoAWQ's unpacker), then read
+back into a QuantWeight whose dequantization must equal the writer's bit for bit. Header
+checks name the tensor; detection refuses what is not supported by the field's name."""
 
 from __future__ import annotations
 
