@@ -38,3 +38,11 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def gguf_served_name(model_path: str | None, resolved: str) -> str | None:
+    """The name a GGUF file serves under when ``--served-model-name`` is not given: the
+    file's name (the view directory's is a digest); None for a directory."""
+    if model_path is None or resolved == model_path:
+        return None
+    return os.path.basename(model_path)

@@ -24,7 +24,7 @@ from radixlm.runtime.entrypoints.child_processes import (
 )
 from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.runtime.model_dir import ModelDirError, check_model_dir
-from radixlm.runtime.tokenizer import resolve_model_path
+from radixlm.runtime.tokenizer import gguf_served_name, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ def launch_server(args: ServerArgs, sock: socket.socket | None = None) -> int:
     try:
         model_path = resolve_model_path(args.model_path, args.load_format)
         check_model_dir(model_path, args.tokenizer_path)
+        if args.served_model_name is None:  # a GGUF file serves under its own name
+            name = gguf_served_name(args.model_path, model_path)
+            args = dataclasses.replace(args, served_model_name=name) if name else args
     except ModelDirError as e:  # one line and exit 1, before any child starts (as listener.py)
         raise SystemExit(f"radixlm serve: {e}") from None
     if args.node_rank > 0:  # --nnodes: this machine runs only its tensor-parallel ranks

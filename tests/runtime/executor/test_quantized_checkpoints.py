@@ -266,11 +266,13 @@ def test_a_gguf_file_serves_chat_with_its_own_template(make_server, checkpoints,
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Name a colour."}]
     reply = httpx.post(server.url + "/v1/chat/completions", timeout=120,
-                       json={"model": "any", "messages": messages, "max_tokens": 4})
+                       json={"model": "tiny-Q4_K_M.gguf", "messages": messages,
+                             "max_tokens": 4})
     assert reply.status_code == 200, reply.text
     want = AutoTokenizer.from_pretrained(float_dir).apply_chat_template(
-        messages, add_generation_prompt=True)
+        messages, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert reply.json()["usage"]["prompt_tokens"] == len(want)
+    assert reply.json()["model"] == "tiny-Q4_K_M.gguf"
 
 
 def test_a_hostile_gguf_file_stops_the_server_with_one_line(tmp_path, checkpoints):

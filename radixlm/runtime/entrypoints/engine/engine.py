@@ -10,6 +10,7 @@ already (``engine_loop.py``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -67,7 +68,7 @@ from radixlm.runtime.managers.validation import (
 )
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_dir import check_model_dir
-from radixlm.runtime.tokenizer import load_tokenizer, resolve_model_path
+from radixlm.runtime.tokenizer import gguf_served_name, load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class Engine(EngineEncode):
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self.model_path = resolve_model_path(model_path, self.server_args.load_format)
+        name = gguf_served_name(model_path, self.model_path)
+        if name and self.server_args.served_model_name is None:  # a GGUF file's own name
+            self.server_args = dataclasses.replace(self.server_args, served_model_name=name)
         check_model_dir(self.model_path, self.server_args.tokenizer_path)  # one clear error
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_path)
         self.sampling_defaults = sampling_defaults(self.server_args, self.model_path)
