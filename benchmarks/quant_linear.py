@@ -1,6 +1,9 @@
 """The CPU products by quantized weights (``radixlm/kernels/quant_linear.py``) against
 dense bf16 through oneDNN's prepacked linear (what the engine runs for a bf16 model,
-``distributed/layers.py``: ``Prepackable``) and the per-channel int8 of ``int8_linear.py``.
+``distributed/layers.py``: ``Prepackable``) and the per-channel int8 of ``int8_linear.py``:
+``int8`` torch's packed int8 kernel (``aten._weight_int8pack_mm``), ``int8wo`` what
+``--torchao-config int8wo`` runs on a bf16 model with AVX512-BF16 (``quant_linear``'s
+weight-only w8 kernel, x in bf16).
 
     .venv/bin/python benchmarks/quant_linear.py [--threads 2] [--rows 1 8 128]
         [--preset small 1b] [--runs 15] [--stream-mb 300] [--cpu-time]
@@ -67,6 +70,11 @@ def methods(preset: str, g: torch.Generator
             x, p, None, "none", [], ""))
         q, s = int8_linear.quantize_per_channel(w)
         out["int8"].append(lambda x, q=q, s=s: int8_linear.int8_linear(x, q, s))
+        wo = int8_linear.pack(q, s)
+        if wo is not None:
+            qp = int8_linear.packed_weight(q, wo)
+            out.setdefault("int8wo", []).append(
+                lambda x, q=qp, s=s: int8_linear.int8_linear(x, q, s))
         for name, (kind, group, mins) in KINDS.items():
             packed = quant_linear.pack(random_qweight(kind, n, k, group, mins, g))
             out.setdefault(name, []).append(lambda x, p=packed: quant_linear.linear(x, p))

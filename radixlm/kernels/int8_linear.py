@@ -1,6 +1,8 @@
 """Weight-only int8 linear: ``y = x @ (q * scales[:, None]).T (+ bias)``.
 
     quantize_per_channel(w [N, K] float) -> (q [N, K] int8, scales [N] in w's dtype)
+    pack(q, scales) -> QuantPacked | None     the weight-only kernel's layout (bf16, CPU)
+    packed_weight(q, packed) -> meta int8 [N, K] carrying the packing (q itself dropped)
     int8_linear(x [M, K], q, scales, bias [N] | None) -> y [M, N] in x's dtype
     int8_linear_reference(...)  the same in float64 (the tests' oracle)
 
@@ -10,8 +12,21 @@ in [-127, 127]. A tensor-parallel shard of rows quantizes on its own; a shard of
 needs the whole rows' maxima (``row_max``, one all-reduce), so every rank holds exactly
 its slice of the single-rank int8 weights.
 
-In bfloat16 and float16, up to ``PACKED_MAX_ROWS`` rows (decode steps) and for in-features
-a multiple of 16, torch's packed
+A bfloat16 weight on a CPU with AVX512-BF16 is packed at quantize time for
+``quant_linear``'s weight-only w8 kernel (kind ``w8wo``): the codes widened exactly to bf16
+in registers and ``vdpbf16ps`` with x in bf16 (x is not rounded to int8: weight-only, as
+torchao's), the row's scale applied to y, 1.06 bytes a weight read. Then the row-major int8
+weight is not kept: ``q`` is a ``meta`` tensor carrying the packing (``packed_weight``), and
+every product takes ``quant_linear.linear`` (its kernel up to 128 rows, bf16 tiles of the
+weight for torch's matmul beyond). Measured on one Zen 4 thread (a busy host), CPU time, the
+small preset's four projections of one layer (``benchmarks/quant_linear.py --threads 1
+--cpu-time``), w8wo kernel / torch's int8 kernel / oneDNN-prepacked bf16: 1 row 0.42 / 0.99
+/ 1.05 ms; 8 rows 1.09 / 2.05 / 1.17; 16 rows 1.84 / 3.72 / 1.68; past 16 rows the kernel
+falls behind bf16 (32: 3.0 against 2.6; 128: 10.9 against 8.3) but not as far as the
+widened int8 weight did.
+
+Otherwise, in bfloat16 and float16, up to ``PACKED_MAX_ROWS`` rows (decode steps) and for
+in-features a multiple of 16, torch's packed
 int8 CPU kernel (``aten._weight_int8pack_mm``: the int8 weight widened in registers, the
 scales applied to the output, scales in x's dtype). It reads half of a bf16 weight's
 bytes, which is what a step of a row or two is bound by, but has no blocking along the
@@ -28,6 +43,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import quant_linear
+from radixlm.kernels.qweight import QuantWeight
+
 # most rows for the packed kernel: the widened dense matmul overtakes it between 16 and 32
 # (small preset's shapes, bf16; docs/benchmarks.md "Weight-only int8")
 PACKED_MAX_ROWS = 16
@@ -36,6 +54,7 @@ PACKED_DTYPES = (torch.bfloat16, torch.float16)
 # (garbage or a segfault in torch 2.13, measured), so they take the widened path
 PACKED_K_MULTIPLE = 16
 QMAX = 127
+PACKED_ATTR = "wo_packed"  # the attribute of a meta q that holds its QuantPacked
 
 
 def quantize_per_channel(w: torch.Tensor,
@@ -54,12 +73,45 @@ def quantize_per_channel(w: torch.Tensor,
     return q.to(torch.int8).contiguous(), scales.contiguous()
 
 
+def pack(q: torch.Tensor, scales: torch.Tensor) -> quant_linear.QuantPacked | None:
+    """``q * scales`` in the weight-only kernel's layout (kind w8wo), for a bfloat16 weight
+    on a CPU whose kernel multiplies it by ``vdpbf16ps``; None elsewhere (float32 keeps the
+    widened path, which transformers' float32 matches token for token)."""
+    if not (q.device.type == "cpu" and scales.dtype == torch.bfloat16
+            and quant_linear.fp8_isa() == 2):
+        return None
+    qw = QuantWeight("w8", q.shape[0], q.shape[1], q.shape[1], q, scales.float()[:, None])
+    return quant_linear.pack(qw, weight_only=True) if quant_linear.supports(qw) else None
+
+
+def packed_weight(q: torch.Tensor, packed: quant_linear.QuantPacked) -> torch.Tensor:
+    """A ``meta`` int8 tensor of ``q``'s shape carrying ``packed`` (``PACKED_ATTR``): what a
+    layer holds as its int8 weight once packed, so the row-major copy is freed."""
+    meta = torch.empty(q.shape, dtype=torch.int8, device="meta")
+    setattr(meta, PACKED_ATTR, packed)
+    return meta
+
+
+def packing_of(q: torch.Tensor) -> quant_linear.QuantPacked | None:
+    return getattr(q, PACKED_ATTR, None)
+
+
+def weight_nbytes(q: torch.Tensor) -> int:
+    """Memory of an int8 weight: its packing where it has one."""
+    packed = packing_of(q)
+    return q.nbytes if packed is None else packed.nbytes()
+
+
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., K] @ (q * scales).T + bias`` in ``x``'s dtype (see the module docstring
     for which path runs)."""
     assert q.dtype == torch.int8 and q.dim() == 2 and x.shape[-1] == q.shape[1], \
         f"x {tuple(x.shape)} against int8 weight {tuple(q.shape)} {q.dtype}"
+    packed = packing_of(q)
+    if packed is not None:
+        assert x.dtype in quant_linear.X_DTYPES, f"a packed int8 weight multiplies {x.dtype}"
+        return quant_linear.linear(x, packed, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, q.shape[1])
     s = scales if scales.dtype == x.dtype else scales.to(x.dtype)

@@ -11,9 +11,11 @@ and the embedding is a row lookup that int8 would not speed up.
 Each tensor-parallel rank quantizes its own shard after loading it; the row-parallel
 layers (o, down: shards of columns) take each row's maximum over the ranks (one
 all-reduce per layer), so every rank holds exactly its slice of the single-rank int8
-weights and tp_size does not change the numbers. A weight update gives the layers
-back uninitialised dense weights to copy the checkpoint into (``dense_weights``) and
-quantizes again afterwards.
+weights and tp_size does not change the numbers. A bfloat16 weight is then packed for the
+weight-only kernel where the CPU has it (``int8_linear.pack``) and the row-major int8 copy
+dropped: ``qweight`` is a ``meta`` tensor carrying the packing. A weight update gives the
+layers back uninitialised dense weights to copy the checkpoint into (``dense_weights``) and
+quantizes (and packs) again afterwards.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from radixlm.kernels.int8_linear import quantize_per_channel
+from radixlm.kernels.int8_linear import pack, packed_weight, quantize_per_channel, weight_nbytes
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,9 @@ def quantize_layer(layer: nn.Module) -> None:
     row_max = None
     if isinstance(layer, RowParallelLinear) and layer.tp.size > 1:  # a shard of columns
         row_max = layer.tp.all_reduce_max(weight.detach().abs().amax(dim=1).float())
-    layer.qweight, layer.scales = quantize_per_channel(weight.detach(), row_max)
+    q, layer.scales = quantize_per_channel(weight.detach(), row_max)
+    packed = pack(q, layer.scales)
+    layer.qweight = q if packed is None else packed_weight(q, packed)
     layer.drop_packed()
     layer.weight = nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"),
                                 requires_grad=False)
@@ -63,8 +67,8 @@ def quantize_weights(model: nn.Module) -> int:
 
 
 def quantized_weight_bytes(model: nn.Module) -> int:
-    """Memory of the int8 weights and their scales."""
-    return sum(m.qweight.nbytes + m.scales.nbytes for m in quantized_layers(model))
+    """Memory of the int8 weights (or their packings) and their scales."""
+    return sum(weight_nbytes(m.qweight) + m.scales.nbytes for m in quantized_layers(model))
 
 
 def dense_weight_bytes(model: nn.Module) -> int:
@@ -82,7 +86,7 @@ def dense_weights(model: nn.Module) -> Iterator[bool]:
     for layer in layers:
         meta = layer.weight
         layer.weight = nn.Parameter(torch.empty(meta.shape, dtype=meta.dtype,
-                                                device=layer.qweight.device),
+                                                device=layer.scales.device),
                                     requires_grad=False)
     try:
         yield bool(layers)

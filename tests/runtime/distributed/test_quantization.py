@@ -1,7 +1,9 @@
 """Weight-only int8 (``--torchao-config int8wo``): in float32 the Engine's greedy output is
 transformers' on the dequantized weights (``q * scales``), at tp_size 1 and 2 and after a
 weight update; the dense projection weights are gone (weight_bytes falls by what they
-took); bf16 takes the packed kernel; every other value is refused naming the flag."""
+took); bf16 takes the weight-only w8 kernel (``quant_linear``, kind w8wo) where the CPU has
+AVX512-BF16, else torch's packed int8 kernel, and a weight update re-packs it; every other
+value is refused naming the flag."""
 
 from __future__ import annotations
 
@@ -14,9 +16,14 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import radixlm
+from radixlm.kernels import int8_linear, quant_linear
 from radixlm.kernels.int8_linear import quantize_per_channel
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.quantization import quantizable_layers, quantized_layers
+from radixlm.runtime.distributed.quantization import (
+    quantizable_layers,
+    quantized_layers,
+    quantized_weight_bytes,
+)
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.server_args_cli import add_server_args, server_args_from_cli
 
@@ -98,26 +105,62 @@ def test_the_dense_weights_are_dropped(tiny_llama_dir, dtype):
     assert all(m.weight.is_meta and m.qweight.dtype == torch.int8 for m in layers)
     assert int8.model.lm_head.qweight is None and not int8.model.lm_head.weight.is_meta
     itemsize = torch.finfo(getattr(torch, dtype)).bits // 8
-    saved = sum(m.weight.nelement() * (itemsize - 1) - m.weight.shape[0] * itemsize
-                for m in layers)
-    assert dense.weight_bytes - int8.weight_bytes == saved > 0
+    packs = [int8_linear.packing_of(m.qweight) for m in layers]
+    if dtype == "bfloat16" and quant_linear.fp8_isa() == 2:  # packed, the int8 copy dropped
+        assert all(p is not None and p.kind == "w8wo" for p in packs)
+        assert all(m.qweight.is_meta for m in layers)
+    else:
+        assert packs == [None] * len(packs)
+    int8_bytes = sum(m.weight.nelement() + m.weight.shape[0] * itemsize if p is None
+                     else p.nbytes() + m.weight.shape[0] * itemsize
+                     for m, p in zip(layers, packs))
+    assert quantized_weight_bytes(int8.model) == int8_bytes
+    dense_bytes = sum(m.weight.nelement() * itemsize for m in layers)
+    assert int8_bytes < (0.6 if itemsize == 2 else 0.3) * dense_bytes, (int8_bytes, dense_bytes)
+    assert dense.weight_bytes - int8.weight_bytes == dense_bytes - int8_bytes
 
 
 def test_bfloat16_generates_through_the_packed_kernel(make_engine, tiny_llama_dir,
                                                       monkeypatch):
+    """Every bf16 product takes the weight-only w8 kernel (decode steps of 1-3 rows, the
+    35-token prefill too), each within bf16 x's rounding of float64 ``x @ (q s).T``; a
+    weight update packs the new weights. Without AVX512-BF16: torch's packed int8 kernel
+    for decode steps, the prefill widened."""
+    if quant_linear.fp8_isa() != 2:
+        calls = []
+        aten = torch.ops.aten._weight_int8pack_mm
+        monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm",
+                            lambda x, q, s: calls.append(x.shape[0]) or aten(x, q, s))
+        eng = make_engine(model_path=str(tiny_llama_dir), dtype="bfloat16",
+                          torchao_config="int8wo")
+        eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert calls and max(calls) <= 16
+        return
     calls = []
-    packed = torch.ops.aten._weight_int8pack_mm
+    linear = quant_linear.linear
 
-    def spy(x, q, s):
-        calls.append(x.shape[0])
-        return packed(x, q, s)
+    def spy(x, packed, bias=None):
+        y = linear(x, packed, bias)
+        w = quant_linear._dequant(packed, 0, packed.n).double()  # q s, exactly
+        x2 = x.reshape(-1, packed.k).double()
+        want = x2.bfloat16().double() @ w.T + (0 if bias is None else bias.double())
+        bound = x2.abs() @ w.abs().T * 2.0**-8 * 1.01 + want.abs() * 2.0**-8 + 1e-6
+        assert packed.kind == "w8wo" and x.dtype == y.dtype == torch.bfloat16
+        assert ((y.reshape(-1, packed.n).double() - want).abs() <= bound).all()
+        calls.append(x2.shape[0])
+        return y
 
-    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", spy)
+    monkeypatch.setattr(quant_linear, "linear", spy)
     eng = make_engine(model_path=str(tiny_llama_dir), dtype="bfloat16",
                       torchao_config="int8wo")
     outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert [len(o["output_ids"]) for o in outs] == [GREEDY["max_new_tokens"]] * len(PROMPTS)
-    assert calls and max(calls) <= 16  # decode steps; the 35-token prefill widens
+    assert calls and min(calls) <= 3 and max(calls) >= 35  # decode steps and the prefill
+    ok, message, _ = eng.update_weights_from_disk(str(tiny_llama_dir))
+    assert ok, message
+    calls.clear()
+    assert _ids(eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == _ids(outs)
+    assert calls
 
 
 @pytest.mark.parametrize("value", ["int8dq", "int4wo-128", "fp8wo", "fp8dq-per_row",
