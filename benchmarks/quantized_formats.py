@@ -13,9 +13,10 @@ weights resident, single-stream decode, prompt and 8-stream speed, against bf16.
    JSON on stdin, one JSON result line on stdout: no pickle), one at a time, the formats
    alternating round by round (the order reversed every other round), bf16 in every round
    as the baseline. The worker measures its RSS after ``import torch, radixlm`` and again
-   after the Engine loaded (resident weights = the difference; the KV pool is the same
-   ``--kv-tokens`` for every format), then, in bf16 activations, greedy with EOS ignored,
-   the prefix cache flushed before each request:
+   after the Engine loaded: the difference is what loading costs, the weights as the
+   engine holds them (its packed and prepacked copies too) plus the KV pool (``--kv-tokens``,
+   the same for every format; the engine's weight, prepacked and KV bytes are in the JSON).
+   Then, in bf16 activations, greedy with EOS ignored, the cache flushed before each request:
    - 1-stream decode: a 64-token prompt, 64 output tokens, minus the time of a 1-token
      request on the same prompt (the prefill): 63 tokens over the difference;
    - prompt: a 512-token prompt, 1 output token: 512 tokens over its time;
