@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # llamacpp_side, run a
 from llamacpp_side.files import (  # noqa: E402
     FORMATS,
     MODELS,
+    MORE_FORMATS,
     default_tools,
     gguf_dir,
     gguf_file,
@@ -80,7 +81,8 @@ QUICK = {"rounds": 1, "prompt_len": 128, "decode_len": 32, "stream_prompt_len": 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    ap.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    ap.add_argument("--formats", nargs="+", choices=FORMATS + MORE_FORMATS,
+                    default=list(FORMATS))
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--quick", action="store_true",

@@ -31,7 +31,9 @@ from radixlm.tiny_model import (
 )
 
 MODELS = ("small", "1b")
-FORMATS = ("BF16", "Q8_0", "Q4_K_M")
+FORMATS = ("BF16", "Q8_0", "Q4_K_M")  # the default set
+# one block type each (Q4_K_M mixes Q4_K and Q6_K): to tell which one two systems part on
+MORE_FORMATS = ("Q4_0", "Q4_K_S", "Q5_K_M", "Q6_K")
 SHAPE_1B = ModelShape(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64,
                       intermediate=8192, vocab=32000)
 SDIST = "llama_cpp_python-0.3.36"
@@ -74,8 +76,9 @@ def _convert(tools: Tools, hf_dir: Path, out: Path, log_path: Path | None) -> No
 def gguf_file(tools: Tools, hf_dir: Path, fmt: str, out_dir: Path,
               log_path: Path | None = None) -> Path:
     """``out_dir/<fmt>.gguf`` of ``hf_dir``, made by llama.cpp's tools unless it exists."""
-    if fmt not in FORMATS:
-        raise ValueError(f"--formats: each must be one of {FORMATS}, got {fmt!r}")
+    if fmt not in FORMATS + MORE_FORMATS:
+        raise ValueError(f"--formats: each must be one of {FORMATS + MORE_FORMATS}, "
+                         f"got {fmt!r}")
     path = out_dir / f"{fmt}.gguf"
     if path.is_file():
         return path

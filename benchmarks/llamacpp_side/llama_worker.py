@@ -29,7 +29,9 @@ import numpy as np
 
 from llamacpp_side.protocol import result_line
 
-FTYPES = {"Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_K_M": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M}
+FTYPES = {"Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_K_M": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+          "Q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_S": lc.LLAMA_FTYPE_MOSTLY_Q4_K_S,
+          "Q5_K_M": lc.LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q6_K": lc.LLAMA_FTYPE_MOSTLY_Q6_K}
 N_BATCH, N_UBATCH = 2048, 512  # llama-server's defaults
 Item = tuple[int, int, int, bool]  # token, position, sequence, wants logits
 
