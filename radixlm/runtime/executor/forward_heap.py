@@ -67,6 +67,15 @@ def _mallopt() -> ctypes._CFuncPtr | None:
     return fn
 
 
+def release_free_heap() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): after a
+    load, the freed dense buffers of quantized layers and the conversions' temporaries
+    would otherwise stay resident (a 1B-class Q4_K_M file: 1.95 -> 1.10 GB)."""
+    if _mallopt() is None:
+        return
+    ctypes.CDLL(None).malloc_trim(0)
+
+
 class ForwardHeap:
     """``with heap:`` around a forward (a no-op when off)."""
 

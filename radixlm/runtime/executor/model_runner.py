@@ -39,7 +39,7 @@ from radixlm.runtime.distributed.quantization import (
 from radixlm.runtime.executor.batch_builder import ForwardBatchBuilder
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.executor.forward_heap import ForwardHeap
+from radixlm.runtime.executor.forward_heap import ForwardHeap, release_free_heap
 from radixlm.runtime.executor.models import build_model, decode_windows, get_model_class
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
@@ -115,6 +115,8 @@ class ModelRunner:
                         / (1 << 30), dense_weight_bytes(self.model) / (1 << 30))
         self.prepack = not args.disable_cpu_weight_prepack
         prepack_weights(self.model, self.prepack)
+        if self.device.type == "cpu":
+            release_free_heap()  # what loading freed (dense buffers, conversions)
         # --enable-hybrid-swa-memory: the sliding layers' K/V in a pool of their own
         self.swa = SWALayout.of(self.model) if args.enable_hybrid_swa_memory else None
         self.swa_ratio = args.swa_full_tokens_ratio

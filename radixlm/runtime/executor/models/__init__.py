@@ -106,6 +106,27 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Linear and embedding parameters allocated, not initialised: the checkpoint fills
+    every one (``plan_load`` requires each; an embedding model's missing LM head is never
+    read). Initialising them cost seconds on a 1B model and wrote every page, so a quantized
+    checkpoint's load peaked at its dense size; untouched pages of the dense buffers it
+    replaces by ``meta`` are never resident."""
+    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    for cls in saved:
+        cls.reset_parameters = _leave_uninitialised
+    try:
+        yield
+    finally:
+        for cls, reset in saved.items():
+            cls.reset_parameters = reset
+
+
+def _leave_uninitialised(self: nn.Module) -> None:
+    return None
+
+
 def build_model(config: ModelConfig, device: torch.device | str = "cpu",
                 tp: TpGroup | None = None) -> nn.Module:
     """The model for ``config`` on ``device`` in ``config.resolve_dtype(device)``, its
@@ -113,7 +134,8 @@ def build_model(config: ModelConfig, device: torch.device | str = "cpu",
     cls = get_model_class(config.architectures)
     dtype = config.resolve_dtype(device)
     # Allocate parameters directly in the serving dtype on the device (no float32 copy).
-    with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()):
+    with torch.device(device), _default_dtype(dtype), building_with(tp or TpGroup()), \
+            _no_weight_init():
         model = cls(config)
     masked = masked_layers(model)
     if masked:

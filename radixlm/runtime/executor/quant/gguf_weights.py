@@ -201,3 +201,12 @@ class GGUFSource:
 
     def read(self, name: str) -> torch.Tensor | QuantWeight:
         return read_tensor(self.model, name)
+
+    def close(self) -> None:
+        """Unmap the file once the load is done: its pages would otherwise stay resident
+        beside the weights read from them (every tensor read is a copy). A view still held
+        somewhere keeps the mapping (logged), never a crash."""
+        try:
+            self.model.close()
+        except BufferError:
+            logger.warning("%s stays mapped: a tensor still views its bytes", self.where)

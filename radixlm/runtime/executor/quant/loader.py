@@ -52,9 +52,7 @@ def load_checkpoint(model: nn.Module, config: ModelConfig, model_dir: str | Path
     try:
         return load_quantized(model, source, optional)
     finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
+        source.close()
 
 
 def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, ...] = (),
