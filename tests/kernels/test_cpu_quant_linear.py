@@ -98,8 +98,8 @@ def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 y for x as the path rounds it, the module docstring's bound on |y - it|).
     mode: "int8" (x quantized per 32 columns), "bf16x" (x rounded to bf16), "bf16w" (W
-    rounded to bf16) or "exact"; float offsets' term uses x's float sums, integer zero
-    points' (``packed.zeros``) x as rounded."""
+    rounded to bf16) or "exact"; offsets multiply x as rounded on the int8 path (integer
+    zero points, ``packed.zeros``, on every path), x's float sums elsewhere."""
     xs = x.double() if qw.perm is None else x.double()[:, qw.perm]  # stored column order
     cols = torch.arange(qw.k) // qw.group
     qs = qw.codes().double() * qw.scales.double()[:, cols]
@@ -114,7 +114,7 @@ def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
         x_hat = xs.bfloat16().double()
     elif mode == "bf16w":
         slack = absdot * 2.0**-8
-    x_mins = x_hat if packed.zeros is not None else xs
+    x_mins = x_hat if packed.zeros is not None or mode == "int8" else xs
     y = x_hat @ qs.T + x_mins @ mins.T + (0 if bias is None else bias.double())
     rowf = packed.rowf[: qw.n].double()
     out = (absdot * (2.0**-11 + qw.k * 2.0**-24) + slack
@@ -143,8 +143,8 @@ def check(y: torch.Tensor, x: torch.Tensor, qw: QuantWeight,
     xs = x.double() if qw.perm is None else x.double()[:, qw.perm]
     cols = torch.arange(qw.k) // qw.group
     qs = qw.codes().double() * qw.scales.double()[:, cols]
-    if packed.zeros is not None:  # (q - z) s: what x's rounding multiplies
-        qs = qs + qw.mins.double()[:, cols]
+    if qw.mins is not None and (packed.zeros is not None or mode == "int8"):
+        qs = qs + qw.mins.double()[:, cols]  # q s + min: what x's rounding multiplies
     qs = qs.abs()
     moved = {"int8": (int8_x(xs)[1] / 2) @ qs.T, "bf16x": xs.abs() @ qs.T * 2.0**-8}
     oracle = quant_linear.reference(x, qw, bias)  # W rounded to float32 there: 2^-23

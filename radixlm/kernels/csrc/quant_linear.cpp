@@ -30,7 +30,8 @@
 // 4 columns a step, x's 4 bytes broadcast), no horizontal sums. w8's unsigned q + 128
 // adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq); integer zero points
 // start it at -z * sum(xq) too, so a block's sum is sum((q - z) xq), exact, before it goes
-// to float, times scale * d; float mins add min * sum(x) (x's float sum of the block).
+// to float, times scale * d; float mins add min * sum(q d) (x's sum as rounded, so that
+// q s + min multiplies one x, as llama.cpp's k-quant dots use their bsums).
 // fp8: two 128-entry byte lookups (vpermt2b) give the high and low bytes of the code's
 // bf16 (exact: zero, denormals and NaN too), interleaved, then vdpbf16ps with x in bf16;
 // on AVX2 the code's bits placed as an fp16's, widened by F16C, FMAs with float32 x.
@@ -137,19 +138,23 @@ struct Weight {
 };
 
 // x quantized per 32 columns (w4 / w8): codes, scales, and per block of B the codes' sum
-// (w8's correction) and x's float sum (the offsets' term).
+// (w8's correction), x's float sum (the offsets' term of the float paths) and its sum
+// as rounded (the integer paths').
 struct XQuant {
   std::vector<int8_t> q;
   std::vector<float> d, fsum;
   std::vector<int32_t> qsum;
   int64_t kpad, nb;
+  // x's sum as rounded (sum of q * d) per block: the float offsets' term of the integer
+  // paths, so that (q s + min) multiplies one x, as llama.cpp's k-quant dots do (its bsums)
+  std::vector<float> rsum;
 };
 
 template <class T>  // float or c10::BFloat16 (widened as read: exact)
 XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
   XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * kpad / kXBlock, 0.f),
             std::vector<float>(m * kpad / block, 0.f), std::vector<int32_t>(m * kpad / block, 0),
-            kpad, kpad / block};
+            kpad, kpad / block, std::vector<float>(m * kpad / block, 0.f)};
   at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * k;
@@ -164,6 +169,7 @@ XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block)
           xq.q[r * kpad + c] = int8_t(std::clamp(v, -127, 127));
           xq.qsum[r * xq.nb + c / block] += xq.q[r * kpad + c];
           xq.fsum[r * xq.nb + c / block] += float(xr[c]);
+          xq.rsum[r * xq.nb + c / block] += float(xq.q[r * kpad + c]) * d;
         }
       }
     }
@@ -271,7 +277,7 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)),
                                 accf[r]);
       if constexpr (OFS == kMins)
-        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.fsum[i * xq.nb + b]), accf[r]);
+        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.rsum[i * xq.nb + b]), accf[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (i0 + r) * ldy + p * kPanel, accf[r]);
@@ -427,7 +433,7 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
         accf[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]),
                                      _mm256_mul_ps(s, _mm256_set1_ps(d)), accf[r][h]);
         if constexpr (OFS == kMins)
-          accf[r][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xq.fsum[i * xq.nb + b]), accf[r][h]);
+          accf[r][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xq.rsum[i * xq.nb + b]), accf[r][h]);
       }
     }
   }
