@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: install serve demo test lint bench bench-vllm gpu-check clean
+.PHONY: install serve demo test lint bench bench-vllm bench-llamacpp gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	@echo "radixlm: installing into $(VENV) from PyPI (about 2.4 GB; 3-6 minutes, then 1-2 to compile the CPU kernel)"
@@ -54,6 +54,9 @@ bench: install
 # ARGS="--workloads unique --rounds 1 --modes offline --preset tiny"
 bench-vllm: install
 	$(PY) benchmarks/vllm_side_by_side.py $(ARGS)
+
+bench-llamacpp: install
+	$(PY) benchmarks/llamacpp_side_by_side.py $(ARGS)
 
 # On a CUDA machine (no venv: the image's Python with torch, plus ../shared/gpu/carry-wheels.sh
 # wheels in .site): engine tokens vs the CPU and vs transformers, and the kernels' timings.

@@ -21,6 +21,10 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "transformers": ("transformers_side_by_side.py",
                      "Engine against transformers on three workloads (--preset small)"),
     "vllm": ("vllm_side_by_side.py", "against vLLM's CPU build, offline and served"),
+    "llamacpp": ("llamacpp_side_by_side.py",
+                 "against llama.cpp (llama-cpp-python) on the same GGUF files"),
+    "quant-formats": ("quantized_formats.py", "every quantized format: file size, resident "
+                      "memory, 1-stream / prompt / 8-stream speed against bf16"),
     "serving": ("serving.py", "radixlm serve against the offline Engine"),
     "grammar": ("grammar_backends.py", "each grammar backend's compile and mask times"),
     "constrained": ("constrained_throughput.py",
