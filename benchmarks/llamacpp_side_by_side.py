@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "may pick different tokens")
     ap.add_argument("--seed", type=int, default=0, help="of the prompts' token ids")
     ap.add_argument("--out", type=Path, default=Path("llamacpp_side_by_side.json"))
-    ap.add_argument("--log", type=Path, default=Path("llamacpp_side_by_side.log"),
+    ap.add_argument("--log", type=Path,
+                    default=Path.home() / ".cache" / "radixlm" / "llamacpp-side" / "run.log",
                     help="the subprocesses' output (appended)")
     return ap
 
@@ -286,6 +287,7 @@ def print_report(args: argparse.Namespace, results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     args = parse_args(argv)
+    args.log.parent.mkdir(parents=True, exist_ok=True)
     try:
         results = run(args)
     except (ValueError, RuntimeError, subprocess.TimeoutExpired) as e:
