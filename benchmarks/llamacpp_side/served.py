@@ -17,11 +17,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from vllm_side.served import KEEP, ServedLoad, bench_command
 from vllm_side.served import Server as _Server
 
@@ -35,19 +33,10 @@ class Server(_Server):
     """A server process in a session of its own; ready once ``/v1/models`` answers (both
     servers have it; the binding's has no ``/health``)."""
 
+    health_path = "/v1/models"
+
     def wait_healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}), see "
-                                   f"{self._log.name}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server not healthy after {timeout} s, see {self._log.name}")
+        super().wait_healthy(timeout)
 
 
 @dataclass(frozen=True)

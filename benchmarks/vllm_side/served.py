@@ -40,6 +40,8 @@ class ServedLoad:
 class Server:
     """A server process in a session of its own (stopped with its children)."""
 
+    health_path = "/health"  # answers 200 once the server is ready
+
     def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
         self.port = int(cmd[cmd.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
@@ -54,7 +56,7 @@ class Server:
                 raise RuntimeError(f"server exited ({self.proc.returncode}), see "
                                    f"{self._log.name}")
             try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                if httpx.get(self.url + self.health_path, timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
