@@ -72,9 +72,8 @@ def methods(preset: str, g: torch.Generator
         out["int8"].append(lambda x, q=q, s=s: int8_linear.int8_linear(x, q, s))
         wo = int8_linear.pack(q, s)
         if wo is not None:
-            qp = int8_linear.packed_weight(q, wo)
             out.setdefault("int8wo", []).append(
-                lambda x, q=qp, s=s: int8_linear.int8_linear(x, q, s))
+                lambda x, q=q, s=s, p=wo: int8_linear.int8_linear(x, q, s, None, p))
         for name, (kind, group, mins) in KINDS.items():
             packed = quant_linear.pack(random_qweight(kind, n, k, group, mins, g))
             out.setdefault(name, []).append(lambda x, p=packed: quant_linear.linear(x, p))

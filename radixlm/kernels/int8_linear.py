@@ -2,8 +2,7 @@
 
     quantize_per_channel(w [N, K] float) -> (q [N, K] int8, scales [N] in w's dtype)
     pack(q, scales) -> QuantPacked | None     the weight-only kernel's layout (bf16, CPU)
-    packed_weight(q, packed) -> meta int8 [N, K] carrying the packing (q itself dropped)
-    int8_linear(x [M, K], q, scales, bias [N] | None) -> y [M, N] in x's dtype
+    int8_linear(x [M, K], q, scales, bias [N] | None, packed | None) -> y [M, N] in x's dtype
     int8_linear_reference(...)  the same in float64 (the tests' oracle)
 
 Symmetric, one scale per output row (torchao's ``int8_weight_only``, which SGLang's
@@ -16,8 +15,8 @@ A bfloat16 weight on a CPU with AVX512-BF16 is packed at quantize time for
 ``quant_linear``'s weight-only w8 kernel (kind ``w8wo``): the codes widened exactly to bf16
 in registers and ``vdpbf16ps`` with x in bf16 (x is not rounded to int8: weight-only, as
 torchao's), the row's scale applied to y, 1.06 bytes a weight read. Then the row-major int8
-weight is not kept: ``q`` is a ``meta`` tensor carrying the packing (``packed_weight``), and
-every product takes ``quant_linear.linear`` (its kernel up to 128 rows, bf16 tiles of the
+weight is not kept (the layer holds a ``meta`` placeholder and the packing), and every
+product takes ``quant_linear.linear`` (its kernel up to 128 rows, bf16 tiles of the
 weight for torch's matmul beyond). Measured on one Zen 4 thread (a busy host), CPU time, the
 small preset's four projections of one layer (``benchmarks/quant_linear.py --threads 1
 --cpu-time``), w8wo kernel / torch's int8 kernel / oneDNN-prepacked bf16: 1 row 0.42 / 0.99
@@ -54,7 +53,6 @@ PACKED_DTYPES = (torch.bfloat16, torch.float16)
 # (garbage or a segfault in torch 2.13, measured), so they take the widened path
 PACKED_K_MULTIPLE = 16
 QMAX = 127
-PACKED_ATTR = "wo_packed"  # the attribute of a meta q that holds its QuantPacked
 
 
 def quantize_per_channel(w: torch.Tensor,
@@ -84,31 +82,14 @@ def pack(q: torch.Tensor, scales: torch.Tensor) -> quant_linear.QuantPacked | No
     return quant_linear.pack(qw, weight_only=True) if quant_linear.supports(qw) else None
 
 
-def packed_weight(q: torch.Tensor, packed: quant_linear.QuantPacked) -> torch.Tensor:
-    """A ``meta`` int8 tensor of ``q``'s shape carrying ``packed`` (``PACKED_ATTR``): what a
-    layer holds as its int8 weight once packed, so the row-major copy is freed."""
-    meta = torch.empty(q.shape, dtype=torch.int8, device="meta")
-    setattr(meta, PACKED_ATTR, packed)
-    return meta
-
-
-def packing_of(q: torch.Tensor) -> quant_linear.QuantPacked | None:
-    return getattr(q, PACKED_ATTR, None)
-
-
-def weight_nbytes(q: torch.Tensor) -> int:
-    """Memory of an int8 weight: its packing where it has one."""
-    packed = packing_of(q)
-    return q.nbytes if packed is None else packed.nbytes()
-
-
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                packed: quant_linear.QuantPacked | None = None) -> torch.Tensor:
     """``x [..., K] @ (q * scales).T + bias`` in ``x``'s dtype (see the module docstring
-    for which path runs)."""
+    for which path runs); ``packed``: ``pack(q, scales)``, after which ``q`` may be a
+    ``meta`` placeholder."""
     assert q.dtype == torch.int8 and q.dim() == 2 and x.shape[-1] == q.shape[1], \
         f"x {tuple(x.shape)} against int8 weight {tuple(q.shape)} {q.dtype}"
-    packed = packing_of(q)
     if packed is not None:
         assert x.dtype in quant_linear.X_DTYPES, f"a packed int8 weight multiplies {x.dtype}"
         return quant_linear.linear(x, packed, bias)

@@ -51,6 +51,7 @@ from torch import nn
 
 from radixlm.kernels import amx_linear, fma_linear
 from radixlm.kernels.int8_linear import int8_linear
+from radixlm.kernels.quant_linear import QuantPacked
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.distributed.quant_rows import QuantRows
 from radixlm.runtime.model_config import ModelConfig, cpu_has_bf16
@@ -175,6 +176,9 @@ class Prepackable:
     # weight-only int8 (quantization.py): int8 [N, K] and scales [N]; weight is then meta
     qweight: torch.Tensor | None = None
     scales: torch.Tensor | None = None
+    # bf16 on a CPU with AVX512-BF16: the weight-only kernel's packing of them (qweight is
+    # then meta; int8_linear.pack)
+    int8_packed: QuantPacked | None = None
     # a quantized checkpoint's weight (executor/quant/loader.py); weight is then meta
     quant: QuantRows | None = None
 
@@ -205,7 +209,7 @@ class Prepackable:
         if self.quant is not None:
             return self.quant.matmul(x, bias)
         if self.qweight is not None:
-            return int8_linear(x, self.qweight, self.scales, bias)
+            return int8_linear(x, self.qweight, self.scales, bias, self.int8_packed)
         if self.amx_packed is not None and amx_linear.takes(x):
             return amx_linear.linear(x, self.amx_packed, self.weight.shape[0], bias)
         if self.fma_packed is not None and fma_linear.takes(x):

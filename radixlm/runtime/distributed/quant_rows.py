@@ -28,8 +28,6 @@ class QuantRows:
         assert blocks, "a quantized weight needs at least one block of rows"
         blocks = _stacked_runs(blocks)
         self.kinds = [b.kind for b in blocks]
-        self.n = sum(b.n for b in blocks)
-        self.k = blocks[0].k
         self.packed = [quant_linear.pack(b) if quant_linear.supports(b) else None
                        for b in blocks]
         self.blocks: list[QuantWeight | None] = [None if p is not None else b

@@ -13,9 +13,9 @@ layers (o, down: shards of columns) take each row's maximum over the ranks (one
 all-reduce per layer), so every rank holds exactly its slice of the single-rank int8
 weights and tp_size does not change the numbers. A bfloat16 weight is then packed for the
 weight-only kernel where the CPU has it (``int8_linear.pack``) and the row-major int8 copy
-dropped: ``qweight`` is a ``meta`` tensor carrying the packing. A weight update gives the
-layers back uninitialised dense weights to copy the checkpoint into (``dense_weights``) and
-quantizes (and packs) again afterwards.
+dropped: ``int8_packed`` holds the packing, ``qweight`` a ``meta`` placeholder. A weight
+update gives the layers back uninitialised dense weights to copy the checkpoint into
+(``dense_weights``) and quantizes (and packs) again afterwards.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from radixlm.kernels.int8_linear import pack, packed_weight, quantize_per_channel, weight_nbytes
+from radixlm.kernels.int8_linear import pack, quantize_per_channel
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,9 @@ def quantize_layer(layer: nn.Module) -> None:
     if isinstance(layer, RowParallelLinear) and layer.tp.size > 1:  # a shard of columns
         row_max = layer.tp.all_reduce_max(weight.detach().abs().amax(dim=1).float())
     q, layer.scales = quantize_per_channel(weight.detach(), row_max)
-    packed = pack(q, layer.scales)
-    layer.qweight = q if packed is None else packed_weight(q, packed)
+    layer.int8_packed = pack(q, layer.scales)
+    layer.qweight = q if layer.int8_packed is None else \
+        torch.empty(q.shape, dtype=torch.int8, device="meta")  # the packing replaces it
     layer.drop_packed()
     layer.weight = nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"),
                                 requires_grad=False)
@@ -68,7 +69,8 @@ def quantize_weights(model: nn.Module) -> int:
 
 def quantized_weight_bytes(model: nn.Module) -> int:
     """Memory of the int8 weights (or their packings) and their scales."""
-    return sum(weight_nbytes(m.qweight) + m.scales.nbytes for m in quantized_layers(model))
+    return sum((m.qweight.nbytes if m.int8_packed is None else m.int8_packed.nbytes())
+               + m.scales.nbytes for m in quantized_layers(model))
 
 
 def dense_weight_bytes(model: nn.Module) -> int:

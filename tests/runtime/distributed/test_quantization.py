@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import radixlm
-from radixlm.kernels import int8_linear, quant_linear
+from radixlm.kernels import quant_linear
 from radixlm.kernels.int8_linear import quantize_per_channel
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.quantization import (
@@ -105,7 +105,7 @@ def test_the_dense_weights_are_dropped(tiny_llama_dir, dtype):
     assert all(m.weight.is_meta and m.qweight.dtype == torch.int8 for m in layers)
     assert int8.model.lm_head.qweight is None and not int8.model.lm_head.weight.is_meta
     itemsize = torch.finfo(getattr(torch, dtype)).bits // 8
-    packs = [int8_linear.packing_of(m.qweight) for m in layers]
+    packs = [m.int8_packed for m in layers]
     if dtype == "bfloat16" and quant_linear.fp8_isa() == 2:  # packed, the int8 copy dropped
         assert all(p is not None and p.kind == "w8wo" for p in packs)
         assert all(m.qweight.is_meta for m in layers)

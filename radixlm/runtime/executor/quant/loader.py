@@ -14,7 +14,7 @@ tensors named, nothing touched on a mismatch). Then each tensor is read once:
 
 ``dense=True`` dequantizes everything (the float reference the tests compare against).
 One rank only: a quantized weight's groups run along the columns a row-parallel shard
-would cut, so ``config_checks`` refuses tp_size > 1 with a quantized checkpoint.
+would cut, so ``check_tp_split`` refuses tp_size > 1 with a quantized checkpoint.
 """
 
 from __future__ import annotations
