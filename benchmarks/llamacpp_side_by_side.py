@@ -134,14 +134,7 @@ def check(args: argparse.Namespace) -> ServedLoad:
         raise ValueError("--decode-len must be at least 2 (a decode rate needs two tokens)")
     if any(n < 1 for n in args.streams):
         raise ValueError("--streams must be at least 1 each")
-    try:
-        rates = tuple(float(r) for r in args.serve_rates.split(","))
-    except ValueError:
-        raise ValueError(f"--serve-rates: comma-separated numbers, got {args.serve_rates!r}"
-                         ) from None
-    if any(not r > 0 for r in rates):
-        raise ValueError("--serve-rates must be positive")
-    return ServedLoad(rates, args.serve_prompts, args.serve_input_len, args.serve_output_len)
+    return ServedLoad.from_args(args)
 
 
 def prompts(rng: random.Random, vocab: int, n: int, length: int) -> list[list[int]]:

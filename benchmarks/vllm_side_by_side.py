@@ -100,14 +100,7 @@ def check(args: argparse.Namespace) -> ServedLoad:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup_rounds < 0:
         raise ValueError("--warmup-rounds must be at least 0")
-    try:
-        rates = tuple(float(r) for r in args.serve_rates.split(","))
-    except ValueError:
-        raise ValueError(f"--serve-rates: comma-separated numbers, got {args.serve_rates!r}"
-                         ) from None
-    if any(not r > 0 for r in rates):
-        raise ValueError("--serve-rates must be positive")
-    return ServedLoad(rates, args.serve_prompts, args.serve_input_len, args.serve_output_len)
+    return ServedLoad.from_args(args)
 
 
 def tok_s(worker_out: dict) -> dict[str, float]:

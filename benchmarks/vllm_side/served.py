@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -35,6 +36,19 @@ class ServedLoad:
     prompts: int
     input_len: int
     output_len: int
+
+    @classmethod
+    def from_args(cls, args: Any) -> ServedLoad:
+        """From ``--serve-rates`` (comma-separated, each positive), ``--serve-prompts``,
+        ``--serve-input-len`` and ``--serve-output-len``; ValueError naming the flag."""
+        try:
+            rates = tuple(float(r) for r in args.serve_rates.split(","))
+        except ValueError:
+            raise ValueError(f"--serve-rates: comma-separated numbers, got "
+                             f"{args.serve_rates!r}") from None
+        if any(not r > 0 for r in rates):
+            raise ValueError("--serve-rates must be positive")
+        return cls(rates, args.serve_prompts, args.serve_input_len, args.serve_output_len)
 
 
 class Server:
