@@ -29,6 +29,7 @@ from radixlm.radix_cache import kv_pool
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor import model_runner as mr
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
+from radixlm.runtime.tokenizer import resolve_model_path
 from radixlm.tiny_model import add_model_args, resolve_model
 
 _ATTN = [0.0]
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--paths", default="paged,gather",
                     help="attention paths to time, alternating: paged, gather or both")
     a = ap.parse_args()
-    model_path = resolve_model(a.model_path, a.preset)
+    model_path = resolve_model_path(resolve_model(a.model_path, a.preset))  # a .gguf too
     if a.no_huge_pages:
         kv_pool._advise_huge_pages = lambda t: False
     runner, wb, req_to_token = _setup(model_path, a.batch, a.context, a.threads,

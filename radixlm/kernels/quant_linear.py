@@ -13,7 +13,9 @@ the codes (w4: half a byte, w8 and fp8: one) in panels of 16 output rows, one sc
 block of 32 columns (16 for groups of 16) in fp16 relative to the row's largest (so fp16
 keeps 11 bits of each whatever the scales' range; the row's float32 factor is applied to
 y), and offsets the same way: Q4_K-like w4 g32 with offsets reads 0.625 bytes a weight,
-Q8_0-like w8 g32 1.0625 (bf16: 2). Where every offset of a w4 / w8 weight is an integer
+Q8_0-like w8 g32 1.0625 (bf16: 2). A w8 weight whose codes all fit six bits (-32..31:
+GGUF Q6_K's and Q5_K's) packs as w6, w4's nibbles plus two bits a code: w6 g16 reads 0.875
+bytes a weight (w8 g16 1.125). Where every offset of a w4 / w8 weight is an integer
 zero point, ``mins == -z * scales`` exactly in float32 with z in the codes' range (GGUF
 Q4_0's ``-8 d``, AWQ / GPTQ), z is kept instead as one int8 a block and subtracted from the
 codes in the integer sums, ``s d (sum(q xq) - z sum(xq))``: fp16's rounding of an offset
@@ -50,7 +52,8 @@ from radixlm.kernels.qweight import QuantWeight, reference_linear
 
 PANEL = 16  # output rows per panel (one 512-bit register of int32 / float32 lanes)
 X_BLOCK = 32  # columns of x per int8 scale; K is padded to it
-KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2, "w8wo": 3}
+KIND_CODE = {"w4": 0, "w8": 1, "fp8": 2, "w8wo": 3, "w6": 4}
+W6_RANGE = (-32, 31)  # w8 codes that fit six bits: packed as w6 (GGUF Q6_K, Q5_K)
 BF16_KINDS = ("fp8", "w8wo")  # x rounded to bf16 (AVX-512) for codes widened to bf16
 ZERO_RANGE = {"w4": (0, 15), "w8": (-128, 127)}  # integer zero points in the codes' range
 X_DTYPES = (torch.float32, torch.bfloat16)  # what the packed kernel multiplies
@@ -71,7 +74,7 @@ __all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
 class QuantPacked:
     """The kernel's layout of one ``QuantWeight`` (see ``csrc/quant_linear.cpp``)."""
 
-    kind: str  # w4, w8, fp8 or w8wo (w8 weight-only: x in bf16, not int8)
+    kind: str  # w4, w6, w8, fp8 or w8wo (w8 weight-only: x in bf16, not int8)
     n: int
     k: int
     block: int  # columns per scale: 32, or 16 for groups of 16
@@ -136,8 +139,9 @@ def _codes(qw: QuantWeight, npad: int, kpad: int, kind: str) -> torch.Tensor:
     if kind == "w4":
         codes = torch.stack((qw.data & 0x0F, qw.data >> 4), dim=-1).reshape(qw.n, -1)
         codes, fill = codes[:, : qw.k], 0
-    elif kind == "w8":
-        codes, fill = (qw.data.to(torch.int16) + 128).to(torch.uint8), 128
+    elif kind in ("w8", "w6"):
+        fill = 128 if kind == "w8" else 32
+        codes = (qw.data.to(torch.int16) + fill).to(torch.uint8)
     elif kind == "w8wo":
         q = qw.data.to(torch.int16)
         codes, fill = (q.abs() | torch.where(q < 0, 0x80, 0)).to(torch.uint8), 0
@@ -159,9 +163,18 @@ def _panels(codes: torch.Tensor, kind: str, block: int) -> torch.Tensor:
     """[npad, kpad] bytes -> [panels, blocks, chunks, 64] (chunk = 4 columns x 16 rows)."""
     npad, kpad = codes.shape
     p, nb = npad // PANEL, kpad // block
-    if kind == "w4":  # the block's first half in the low nibbles, its second in the high
+    if kind in ("w4", "w6"):  # a block's first half in the low nibbles, its second the high
         v = codes.view(p, PANEL, nb, 2, block // 8, 4).permute(0, 2, 4, 1, 5, 3)
-        return (v[..., 0] | (v[..., 1] << 4)).reshape(p, nb, block // 8, 64).contiguous()
+        low = ((v[..., 0] & 15) | ((v[..., 1] & 15) << 4)).reshape(p, nb, block // 8, 64)
+        if kind == "w4":
+            return low.contiguous()
+        # w6: bits 4-5 of each code in a region after the nibbles, four codes a byte: byte
+        # (row, column of 4) of chunk u holds low-nibble chunks 2u and 2u + 1, each its
+        # block's first half then its second, two bits each
+        high = (v >> 4).view(p, nb, block // 16, 2, PANEL, 4, 2)  # [.., u, j % 2, r, t, half]
+        slots = high[..., 0, :, :, 0] | (high[..., 0, :, :, 1] << 2) \
+            | (high[..., 1, :, :, 0] << 4) | (high[..., 1, :, :, 1] << 6)
+        return torch.cat((low, slots.reshape(p, nb, block // 16, 64)), dim=2).contiguous()
     v = codes.view(p, PANEL, nb, block // 4, 4).permute(0, 2, 3, 1, 4).reshape(
         p, nb, block // 4, 64)
     if kind == "w8":
@@ -172,9 +185,13 @@ def _panels(codes: torch.Tensor, kind: str, block: int) -> torch.Tensor:
 
 
 def packed_kind(qw: QuantWeight, weight_only: bool = False) -> str:
-    """The packing's kind: ``qw.kind``, or w8wo for a weight-only w8 (asserted to be
-    one: codes in -127..127, no offsets)."""
+    """The packing's kind: ``qw.kind``; w6 for a w8 weight whose codes all fit six bits
+    (-32..31: GGUF Q6_K's, Q5_K's), 0.75 bytes a code instead of 1; w8wo for a
+    weight-only w8 (asserted to be one: codes in -127..127, no offsets)."""
     if not weight_only:
+        lo, hi = W6_RANGE
+        if qw.kind == "w8" and bool(((qw.data >= lo) & (qw.data <= hi)).all()):
+            return "w6"
         return qw.kind
     assert qw.kind == "w8" and qw.mins is None and bool((qw.data != -128).all()), \
         "weight-only packing takes w8 codes in -127..127 without offsets"

@@ -45,13 +45,13 @@ CASES = [(33, 96, 32, True, False),  # odd n, Q4_K-like
          (48, 64, 32, False, True),
          (5, 40, 16, True, True)]
 ROWS = [1, 2, 3, 7, 16, 33, 200]
-KINDS = ["w4", "w8", "fp8", "w8wo"]
+KINDS = ["w4", "w8", "w6", "fp8", "w8wo"]
 
 
 def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool | str, perm: bool,
                  seed: int = 0) -> QuantWeight:
-    """A random weight of ``kind``; w8wo: a w8 one with codes in -127..127 and no offsets
-    (pack it with ``packing``)."""
+    """A random weight of ``kind``; w8wo: a w8 one with codes in -127..127 and no offsets,
+    w6: a w8 one with codes in -32..31 (pack either with ``packing``)."""
     g = torch.Generator().manual_seed(seed)
     groups = -(-k // group)
     if kind == "w4":
@@ -59,6 +59,8 @@ def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool | str, per
     elif kind in ("w8", "w8wo"):
         low = -127 if kind == "w8wo" else -128
         data = torch.randint(low, 128, (n, k), dtype=torch.int8, generator=g)
+    elif kind == "w6":
+        data = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=g)
     else:  # zeros, denormals (|v| < 2^-6) and normals up to 448
         v = torch.randn(n, k, generator=g) * torch.tensor([0.004, 1.0, 60.0])[
             torch.randint(0, 3, (n, k), generator=g)]
@@ -72,11 +74,14 @@ def make_qweight(kind: str, n: int, k: int, group: int, offsets: bool | str, per
     if kind == "w8wo":
         mins = None
     order = torch.randperm(k, generator=g) if perm else None
-    return QuantWeight("w8" if kind == "w8wo" else kind, n, k, group, data, scales, mins, order)
+    return QuantWeight("w8" if kind in ("w8wo", "w6") else kind, n, k, group, data, scales,
+                       mins, order)
 
 
 def packing(qw: QuantWeight, kind: str) -> quant_linear.QuantPacked:
-    return quant_linear.pack(qw, weight_only=kind == "w8wo")
+    packed = quant_linear.pack(qw, weight_only=kind == "w8wo")
+    assert packed.kind == kind, f"a {kind} weight packed as {packed.kind}"
+    return packed
 
 
 def int8_x(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +166,7 @@ def test_matches_reference(kind, case, rows, dtype):
     n, k, group, offsets, perm = case
     qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
     packed = packing(qw, kind)
-    assert (packed.zeros is not None) == (offsets == "z" and kind in ("w4", "w8"))
+    assert (packed.zeros is not None) == (offsets == "z" and kind in ("w4", "w8", "w6"))
     g = torch.Generator().manual_seed(100 + rows)
     x = (torch.randn(rows, k, generator=g) * torch.rand(1, k, generator=g) * 3).to(dtype)
     bias = torch.randn(n, generator=g) if rows % 2 else None
@@ -202,7 +207,7 @@ def test_kernel_fills_nan_poisoned_rows(kind, rows):
     """The packed kernel at every row count (blocks of 8 / 4 and their tails) and the tiled
     path write every element of y; 3-D x keeps its leading shape."""
     n, k, group, perm = 37, 160, 32, False
-    offsets = {"w4": True, "w8": "z"}.get(kind, False)
+    offsets = {"w4": True, "w8": "z", "w6": True}.get(kind, False)
     qw = make_qweight(kind, n, k, group, offsets, perm, seed=rows)
     packed = packing(qw, kind)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
@@ -226,7 +231,7 @@ def test_pack_matches_torch_twin(kind, case):
     qw = make_qweight(kind, *case)
     wo = kind == "w8wo"
     a, b = packing(qw, kind), quant_linear._pack_torch(qw, weight_only=wo)
-    assert a.kind == b.kind == ("w8wo" if wo else qw.kind)
+    assert a.kind == b.kind == kind
     assert (a.block, a.n, a.k) == (b.block, b.n, b.k) and torch.equal(a.data, b.data)
     assert torch.equal(a.rowf, b.rowf) and (a.mins is None) == (b.mins is None)
     assert (a.zeros is None and b.zeros is None) or torch.equal(a.zeros, b.zeros)
@@ -248,6 +253,28 @@ def test_w8wo_every_code():
         quant_linear.pack(QuantWeight("w8", 1, 32, 32, torch.full((1, 32), -128,
                                                                   dtype=torch.int8),
                                       torch.ones(1, 1)), weight_only=True)
+
+
+def test_w6_every_code():
+    """A w8 weight whose codes all fit six bits packs as w6 (0.75 bytes a code) and each
+    code -32..31 is multiplied exactly, in every slot of the high-bits region (columns
+    of both halves of a block, both nibble chunks sharing a high-bits byte, groups of 16
+    and 32); one code outside -32..31 keeps a weight w8."""
+    for group in (16, 32):
+        codes = torch.arange(-32, 32, dtype=torch.int8).repeat(2 * 16, 2)  # [32, 128]
+        codes = codes[:, torch.randperm(128, generator=torch.Generator().manual_seed(group))]
+        qw = QuantWeight("w8", 32, 128, group, codes.contiguous(), torch.ones(32, 128 // group))
+        packed = quant_linear.pack(qw)
+        assert packed.kind == "w6" and packed.data.numel() == 32 * 128 * 3 // 4
+        x = torch.eye(128) * 127  # int8 x: d = 1 exactly
+        for path in (quant_linear._kernel, quant_linear._tiled):
+            y = torch.full((128, 32), float("nan"))
+            path(x, packed, None, y)
+            assert torch.equal(y, 127 * qw.dequantize().T)
+        assert torch.equal(quant_linear._pack_torch(qw).data, packed.data)
+    codes = codes.clone()
+    codes[5, 7] = 32
+    assert quant_linear.pack(QuantWeight("w8", 32, 128, 32, codes, torch.ones(32, 4))).kind == "w8"
 
 
 def test_fp8_every_code():
@@ -308,10 +335,11 @@ def test_matmul_dispatch_and_unsupported_group():
 
 def test_ops_in_the_library():
     """The ops load with the one kernel library (csrc/*.cpp), and pack sizes are as stated:
-    w4 g32 with offsets 0.625 bytes a weight (with zero points 0.59375), w8 g32 1.0625."""
+    w4 g32 with offsets 0.625 bytes a weight (with zero points 0.59375), w8 g32 1.0625,
+    w6 g32 0.8125."""
     assert cpu_paged.available() and hasattr(torch.ops.radixlm_cpu, "quant_linear")
     for kind, offsets, per_weight in (("w4", True, 0.625), ("w4", "z", 0.59375),
-                                      ("w8", False, 1.0625)):
+                                      ("w8", False, 1.0625), ("w6", False, 0.8125)):
         qw = make_qweight(kind, 64, 256, 32, offsets, False)
-        packed = quant_linear.pack(qw)
+        packed = packing(qw, kind)
         assert packed.nbytes() - packed.rowf.nbytes == 64 * 256 * per_weight

@@ -12,23 +12,27 @@
 //   quant_linear_fp8_isa() -> int  fp8 / w8wo: 2 AVX512-BF16 + VBMI, 1 AVX2 (FMAs), 0 plain
 //
 // Kinds: 0 w4, 1 w8 (x rounded to int8), 2 fp8, 3 w8wo: weight-only int8 (codes -127..127
-// as sign and magnitude bytes, multiplied exactly as bf16 by x in bf16, as fp8 is).
+// as sign and magnitude bytes, multiplied exactly as bf16 by x in bf16, as fp8 is), 4 w6:
+// w8 codes in -32..31 (GGUF Q6_K's, Q5_K's) in six bits, multiplied as w8's.
 //
 // The layout (P = ceil(N / 16) panels, B = block: 32, or 16 for groups of 16; nb = Kpad / B):
 //   data    uint8 [P][nb][chunks][64]: a chunk holds 4 consecutive columns of 16 rows,
 //           w8: [row][col] bytes q + 128 (B/4 chunks), w4: [row][col] nibbles, the low one
-//           of the block's first half, the high one of its second (B/8 chunks), fp8: the
-//           code bytes in the order unpacklo/hi_epi8 of two lookups leaves them (below).
+//           of the block's first half, the high one of its second (B/8 chunks), w6: q + 32
+//           as w4's nibbles of its low 4 bits, then B/16 chunks of its bits 4-5, four codes
+//           a byte (w6_high_byte), fp8: the code bytes in the order unpacklo/hi_epi8 of two
+//           lookups leaves them (below).
 //   scales  fp16 [P][nb][16]: the block's group scale / rowf, mins (optional) the same;
 //   zeros   int8 [P][nb][16] (optional, w4 / w8, instead of mins): integer zero points z,
 //           W = (q - z) * scale, where every offset of the weight is -z * scale exactly
 //           (GGUF Q4_0's -8 d, AWQ / GPTQ zeros): subtracted as integers (below);
 //   rowf    float32 [P * 16]: per row max |scale|, |min| (fp16 then holds them in [-1, 1]).
 //
-// w4 / w8 (llama.cpp's scheme): x is quantized per 32 columns to int8 (d = amax / 127);
+// w4 / w6 / w8 (llama.cpp's scheme): x is quantized per 32 columns to int8 (d = amax / 127);
 // a block's integer dot products use vpdpbusd (u8 weights x s8 x, 16 rows in the lanes,
 // 4 columns a step, x's 4 bytes broadcast), no horizontal sums. w8's unsigned q + 128
-// adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq); integer zero points
+// adds 128 * sum(xq), taken out by starting the sum at -128 * sum(xq) (w6: q + 32, its
+// two high bits put back beside the nibble by shifts and a ternary-logic merge); zero points
 // start it at -z * sum(xq) too, so a block's sum is sum((q - z) xq), exact, before it goes
 // to float, times scale * d; float mins add min * sum(q d) (x's sum as rounded, so that
 // q s + min multiplies one x, as llama.cpp's k-quant dots use their bsums).
@@ -71,7 +75,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel (one zmm of int32 / float lanes)
 constexpr int64_t kXBlock = 32;  // columns of x per int8 scale
-enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2, kW8WO = 3 };
+enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2, kW8WO = 3, kW6 = 4 };
 
 // The kinds multiplied in bf16 (x rounded to bf16; codes widened by table lookups).
 inline bool bf16_kind(int64_t kind) { return kind == kFP8 || kind == kW8WO; }
@@ -81,7 +85,18 @@ enum Ofs : int { kNone = 0, kMins = 1, kZeros = 2 };
 
 // Bytes of a block of one panel.
 inline int64_t block_bytes(int64_t kind, int64_t block) {
-  return kind == kW4 ? block * kPanel / 2 : block * kPanel;
+  const int64_t bits = kind == kW4 ? 4 : kind == kW6 ? 6 : 8;
+  return block * kPanel * bits / 8;
+}
+
+// w6: the bit of a block's high-bits region where the code at (row r, stored column c) keeps
+// its bits 4-5: chunk (c % (B/2)) / 8 of the region, byte 4 r + c % 4, bits 2 * slot (slot:
+// the low-nibble chunk's parity, then which half of the block the column is in).
+inline int64_t w6_high_byte(int64_t block, int r, int64_t c) {
+  return block * kPanel / 2 + ((c % (block / 2)) / 8) * 64 + r * 4 + c % 4;
+}
+inline int w6_high_shift(int64_t block, int64_t c) {
+  return 2 * (2 * (((c % (block / 2)) / 4) % 2) + (c >= block / 2 ? 1 : 0));
 }
 
 // fp8 e4m3fn code -> its value (exact in float32 and in bf16).
@@ -124,10 +139,13 @@ struct Weight {
   // The code at row r of a panel's block, column c (stored order), zero point not taken.
   float code(const uint8_t* wb, int r, int64_t c) const {
     if (kind == kW8) return float(int(wb[(c / 4) * 64 + r * 4 + c % 4]) - 128);
-    if (kind == kW4) {
+    if (kind == kW4 || kind == kW6) {
       const int64_t half = c / (block / 2), cc = c % (block / 2);
       const uint8_t b = wb[(cc / 4) * 64 + r * 4 + cc % 4];
-      return float(half ? b >> 4 : b & 15);
+      const int lo = half ? b >> 4 : b & 15;
+      if (kind == kW4) return float(lo);
+      const int hi = (wb[w6_high_byte(block, r, c)] >> w6_high_shift(block, c)) & 3;
+      return float(lo + 16 * hi - 32);  // w6 stores q + 32
     }
     return code_table(kind)[wb[(c / 4) * 64 + fp8_pos(r, int(c % 4))]];
   }
@@ -150,6 +168,57 @@ struct XQuant {
   std::vector<float> rsum;
 };
 
+#if defined(QL_AVX512)
+// 16 of x from column c of a row (float or bf16, widened exactly), zero at and past k.
+inline __m512 load_x16(const float* xr, int64_t c, int64_t k) {
+  const __mmask16 m = c + 16 <= k ? __mmask16(0xFFFF)
+                      : c >= k    ? __mmask16(0)
+                                  : __mmask16((1u << (k - c)) - 1);
+  return _mm512_maskz_loadu_ps(m, xr + c);
+}
+inline __m512 load_x16(const c10::BFloat16* xr, int64_t c, int64_t k) {
+  const __mmask16 m = c + 16 <= k ? __mmask16(0xFFFF)
+                      : c >= k    ? __mmask16(0)
+                                  : __mmask16((1u << (k - c)) - 1);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, xr + c);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// One row of quantize_x, 16 columns a step: the same codes as the scalar loop (the
+// product x * (127 / amax) rounded to nearest even, in float32), the sums per block of B
+// (16 or 32) columns in another order (qsum exact; rsum d * qsum, one rounding).
+template <class T>
+void quantize_row(const T* xr, int64_t k, int64_t kpad, int64_t block, int8_t* q, float* d,
+                  int32_t* qsum, float* fsum, float* rsum) {
+  const __m512 lim = _mm512_set1_ps(127.f);
+  for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
+    const __m512 a = load_x16(xr, c0, k), b = load_x16(xr, c0 + 16, k);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    d[c0 / kXBlock] = amax / 127.f;
+    const __m512 vinv = _mm512_set1_ps(inv), nlim = _mm512_set1_ps(-127.f);
+    // round to nearest even (the default mode), then clamp as the scalar loop
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(a, vinv), _MM_FROUND_TO_NEAREST_INT), lim), nlim));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(b, vinv), _MM_FROUND_TO_NEAREST_INT), lim), nlim));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c0), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c0 + 16), _mm512_cvtepi32_epi8(qb));
+    const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
+    const float fa = _mm512_reduce_add_ps(a), fb = _mm512_reduce_add_ps(b);
+    const float dd = amax / 127.f;
+    if (block == 16) {
+      const int64_t i = c0 / 16;
+      qsum[i] = sa, qsum[i + 1] = sb, fsum[i] = fa, fsum[i + 1] = fb;
+      rsum[i] = float(sa) * dd, rsum[i + 1] = float(sb) * dd;
+    } else {
+      const int64_t i = c0 / 32;
+      qsum[i] = sa + sb, fsum[i] = fa + fb, rsum[i] = float(sa + sb) * dd;
+    }
+  }
+}
+#endif
+
 template <class T>  // float or c10::BFloat16 (widened as read: exact)
 XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
   XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * kpad / kXBlock, 0.f),
@@ -158,6 +227,12 @@ XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block)
   at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * k;
+#if defined(QL_AVX512)
+      quantize_row(xr, k, kpad, block, xq.q.data() + r * kpad, xq.d.data() + r * kpad / kXBlock,
+                   xq.qsum.data() + r * xq.nb, xq.fsum.data() + r * xq.nb,
+                   xq.rsum.data() + r * xq.nb);
+      continue;
+#endif
       for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
         const int64_t c1 = std::min(c0 + kXBlock, k);
         float amax = 0.f;
@@ -169,8 +244,9 @@ XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block)
           xq.q[r * kpad + c] = int8_t(std::clamp(v, -127, 127));
           xq.qsum[r * xq.nb + c / block] += xq.q[r * kpad + c];
           xq.fsum[r * xq.nb + c / block] += float(xr[c]);
-          xq.rsum[r * xq.nb + c / block] += float(xq.q[r * kpad + c]) * d;
         }
+        for (int64_t b = c0 / block; b < (c1 + block - 1) / block && b < xq.nb; ++b)
+          xq.rsum[r * xq.nb + b] = float(xq.qsum[r * xq.nb + b]) * d;
       }
     }
   });
@@ -209,14 +285,16 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
 // ---------------------------------------------------------------- AVX512-VNNI
 // Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
 // row (4 at one row, 2 at two: shorter chains of dependent vpdpbusd; more rows interleave).
-template <int R, bool W4, int OFS, int B>
+// BITS: 4 (w4), 6 (w6: w4's nibbles and a region of high bits) or 8 (w8).
+template <int R, int BITS, int OFS, int B>
 void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
+  constexpr bool W4 = BITS == 4, W6 = BITS == 6;
   constexpr int S = B / 4;  // 4-column steps per block
   constexpr int NA = R == 1 ? 4 : R == 2 ? 2 : 1;
-  constexpr int64_t bytes = W4 ? B * kPanel / 2 : B * kPanel;
+  constexpr int64_t bytes = B * kPanel * BITS / 8;
   const uint8_t* wp = w.panel(p);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
   __m512 accf[R];
   for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
@@ -224,8 +302,8 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
     _mm_prefetch(reinterpret_cast<const char*>(wb + 8 * bytes), _MM_HINT_T0);
     __m512i acc[R][NA];
     // the sums start at -off * sum(xq): w8's bytes are q + 128 (the u8 x s8 sum is
-    // sum(q x) + 128 sum(x)), and zero points add z
-    __m512i off = _mm512_set1_epi32(W4 ? 0 : 128);
+    // sum(q x) + 128 sum(x)), w6's q + 32, and zero points add z
+    __m512i off = _mm512_set1_epi32(W4 ? 0 : W6 ? 32 : 128);
     if constexpr (OFS == kZeros)
       off = _mm512_add_epi32(off, _mm512_cvtepi8_epi32(_mm_loadu_si128(
                                       reinterpret_cast<const __m128i*>(w.zero_points(p, b)))));
@@ -237,11 +315,18 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       for (int a = 1; a < NA; ++a) acc[r][a] = _mm512_setzero_si512();
     }
     const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
-    if constexpr (W4) {
+    if constexpr (W4 || W6) {
       for (int j = 0; j < S / 2; ++j) {
         const __m512i v = _mm512_loadu_si512(wb + 64 * j);
-        const __m512i lo = _mm512_and_si512(v, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        __m512i lo = _mm512_and_si512(v, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if constexpr (W6) {  // bits 4-5 from the high-bits region (w6_high_byte)
+          __m512i h = _mm512_loadu_si512(wb + B * kPanel / 2 + 64 * (j / 2));
+          if (j % 2) h = _mm512_srli_epi16(h, 4);
+          // 0xF8: a | (b & c): the nibble, or the two bits moved up and masked
+          lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(h, 4), high2, 0xF8);
+          hi = _mm512_ternarylogic_epi32(hi, _mm512_slli_epi16(h, 2), high2, 0xF8);
+        }
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = xb + r * xq.kpad;
           int32_t a, c;
@@ -371,22 +456,31 @@ inline __m256i dot4(__m256i u, __m256i s) {
 
 // As panel_vnni, 16 rows in two halves of 8. w8's u8 q + 128 x s8 x could overflow
 // maddubs' int16 pairs, so it multiplies |q| (0-128) by x with q's sign (|x| <= 127, so
-// negating it cannot wrap, and a pair sums to at most 2 * 128 * 127 < 2^15).
-template <int R, bool W4, int OFS, int B>
+// negating it cannot wrap, and a pair sums to at most 2 * 128 * 127 < 2^15). w6's u8
+// q + 32 (0-63) meets x as w4's nibbles do (2 * 63 * 127 < 2^15), its sums starting at
+// -32 * sum(xq).
+template <int R, int BITS, int OFS, int B>
 void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
+  constexpr bool W4 = BITS == 4, W6 = BITS == 6;
   constexpr int S = B / 4;
-  constexpr int64_t bytes = W4 ? B * kPanel / 2 : B * kPanel;
+  constexpr int64_t bytes = B * kPanel * BITS / 8;
   const uint8_t* wp = w.panel(p);
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
+  const __m256i high2 = _mm256_set1_epi8(0x30);
   __m256 accf[R][2];
   for (int r = 0; r < R; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
     __m256i acc[R][2];
-    if constexpr (OFS == kZeros) {  // the sums start at -z * sum(xq)
-      const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero_points(p, b)));
-      const __m256i zh[2] = {_mm256_cvtepi8_epi32(z), _mm256_cvtepi8_epi32(_mm_srli_si128(z, 8))};
+    if constexpr (OFS == kZeros || W6) {  // the sums start at -(z + w6's 32) * sum(xq)
+      __m256i zh[2] = {_mm256_set1_epi32(W6 ? 32 : 0), _mm256_set1_epi32(W6 ? 32 : 0)};
+      if constexpr (OFS == kZeros) {
+        const __m128i z =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero_points(p, b)));
+        zh[0] = _mm256_add_epi32(zh[0], _mm256_cvtepi8_epi32(z));
+        zh[1] = _mm256_add_epi32(zh[1], _mm256_cvtepi8_epi32(_mm_srli_si128(z, 8)));
+      }
       for (int r = 0; r < R; ++r) {
         const __m256i qs = _mm256_set1_epi32(-xq.qsum[(i0 + r) * xq.nb + b]);
         for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_mullo_epi32(zh[h], qs);
@@ -395,20 +489,27 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     }
     const int8_t* xb = xq.q.data() + i0 * xq.kpad + b * B;
-    for (int j = 0; j < (W4 ? S / 2 : S); ++j) {
+    for (int j = 0; j < (W4 || W6 ? S / 2 : S); ++j) {
       for (int h = 0; h < 2; ++h) {
         const __m256i v =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
+        __m256i lo = _mm256_and_si256(v, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if constexpr (W6) {  // bits 4-5 from the high-bits region (w6_high_byte)
+          __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              wb + B * kPanel / 2 + 64 * (j / 2) + 32 * h));
+          if (j % 2) hb = _mm256_srli_epi16(hb, 4);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), high2));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 2), high2));
+        }
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = xb + r * xq.kpad;
           int32_t a;
           std::memcpy(&a, xr + 4 * j, 4);
           const __m256i xa = _mm256_set1_epi32(a);
-          if constexpr (W4) {
+          if constexpr (W4 || W6) {
             int32_t c;
             std::memcpy(&c, xr + B / 2 + 4 * j, 4);
-            const __m256i lo = _mm256_and_si256(v, low4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             acc[r][h] = _mm256_add_epi32(acc[r][h], dot4(lo, xa));
             acc[r][h] = _mm256_add_epi32(acc[r][h], dot4(hi, _mm256_set1_epi32(c)));
           } else {
@@ -555,43 +656,45 @@ void over_panels(const Weight& w, F&& f) {
 }
 
 // Dispatch on (kind, mins, block) to the templated integer kernel of this ISA.
-template <template <int, bool, int, int> class K, int RMAX>
+template <template <int, int, int, int> class K, int RMAX>
 void run_int(const Weight& w, const XQuant& xq, int64_t m, float* y, int64_t ldy) {
-  auto go = [&](auto w4, auto ofs, auto blk) {
+  auto go = [&](auto bits, auto ofs, auto blk) {
     over_panels(w, [&](int64_t p) {
       row_blocks<RMAX>(m, [&](auto rows, int64_t i0) {
-        K<decltype(rows)::value, decltype(w4)::value, decltype(ofs)::value,
+        K<decltype(rows)::value, decltype(bits)::value, decltype(ofs)::value,
           decltype(blk)::value>::run(w, p, xq, i0, y, ldy);
       });
     });
   };
-  auto by_block = [&](auto w4, auto ofs) {
-    w.block == 32 ? go(w4, ofs, std::integral_constant<int, 32>{})
-                  : go(w4, ofs, std::integral_constant<int, 16>{});
+  auto by_block = [&](auto bits, auto ofs) {
+    w.block == 32 ? go(bits, ofs, std::integral_constant<int, 32>{})
+                  : go(bits, ofs, std::integral_constant<int, 16>{});
   };
-  auto by_offsets = [&](auto w4) {
-    if (w.zeros) by_block(w4, std::integral_constant<int, kZeros>{});
-    else if (w.mins) by_block(w4, std::integral_constant<int, kMins>{});
-    else by_block(w4, std::integral_constant<int, kNone>{});
+  auto by_offsets = [&](auto bits) {
+    if (w.zeros) by_block(bits, std::integral_constant<int, kZeros>{});
+    else if (w.mins) by_block(bits, std::integral_constant<int, kMins>{});
+    else by_block(bits, std::integral_constant<int, kNone>{});
   };
-  w.kind == kW4 ? by_offsets(std::true_type{}) : by_offsets(std::false_type{});
+  if (w.kind == kW4) by_offsets(std::integral_constant<int, 4>{});
+  else if (w.kind == kW6) by_offsets(std::integral_constant<int, 6>{});
+  else by_offsets(std::integral_constant<int, 8>{});
 }
 
 #if defined(QL_AVX512)
-template <int R, bool W4, int OFS, int B>
+template <int R, int BITS, int OFS, int B>
 struct Vnni {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_vnni<R, W4, OFS, B>(w, p, xq, i0, y, ldy);
+    panel_vnni<R, BITS, OFS, B>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
 #if defined(QL_AVX2)
-template <int R, bool W4, int OFS, int B>
+template <int R, int BITS, int OFS, int B>
 struct Avx2 {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_avx2<R, W4, OFS, B>(w, p, xq, i0, y, ldy);
+    panel_avx2<R, BITS, OFS, B>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
@@ -601,7 +704,7 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
                  const at::Tensor& rowf, int64_t kind, int64_t n, int64_t kpad, int64_t block,
                  const char* op) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK(kind >= 0 && kind <= 3 && (block == 16 || block == 32) && kpad % kXBlock == 0,
+  TORCH_CHECK(kind >= 0 && kind <= 4 && (block == 16 || block == 32) && kpad % kXBlock == 0,
               op, ": kind ", kind, " block ", block, " padded K ", kpad);
   const int64_t nb = kpad / block;
   TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() &&
@@ -611,11 +714,12 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() &&
                     t->numel() == panels * nb * kPanel,
                 op, ": scales / mins must be fp16 [", panels, ", ", nb, ", 16]");
-  TORCH_CHECK(!zeros.has_value() || ((kind == kW4 || kind == kW8) && !mins.has_value() &&
+  TORCH_CHECK(!zeros.has_value() || (!bf16_kind(kind) && !mins.has_value() &&
                                      zeros->scalar_type() == at::kChar &&
                                      zeros->is_contiguous() &&
                                      zeros->numel() == panels * nb * kPanel),
-              op, ": zeros must be int8 [", panels, ", ", nb, ", 16], of w4 / w8, without mins");
+              op, ": zeros must be int8 [", panels, ", ", nb, ", 16], of w4 / w6 / w8, "
+              "without mins");
   TORCH_CHECK(kind != kW8WO || !mins.has_value(), op, ": w8wo has no offsets");
   TORCH_CHECK(rowf.scalar_type() == at::kFloat && rowf.is_contiguous() &&
                   rowf.numel() == panels * kPanel, op, ": rowf must be float32 [", panels * 16, "]");
@@ -762,6 +866,10 @@ void decode_block(const Weight& w, const uint8_t* wb, const float* table, float*
           const uint8_t byte = wb[j * 64 + r * 4 + t];
           o[4 * j + t] = float(byte & 15);
           o[B / 2 + 4 * j + t] = float(byte >> 4);
+        } else if (w.kind == kW6) {
+          if (j >= B / 8) continue;
+          o[4 * j + t] = w.code(wb, r, 4 * j + t);
+          o[B / 2 + 4 * j + t] = w.code(wb, r, B / 2 + 4 * j + t);
         } else {
           o[4 * j + t] = table[wb[j * 64 + fp8_pos(r, t)]];
         }
@@ -824,7 +932,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pac
     const at::Tensor& data_in, const at::Tensor& scales_in,
     const std::optional<at::Tensor>& mins_in, const std::optional<at::Tensor>& zeros_in,
     int64_t kind, int64_t n, int64_t k, int64_t group, int64_t block) {
-  TORCH_CHECK(kind >= 0 && kind <= 3 && (block == 16 || block == 32) && group > 0,
+  TORCH_CHECK(kind >= 0 && kind <= 4 && (block == 16 || block == 32) && group > 0,
               "quant_pack: kind ", kind, " block ", block, " group ", group);
   const at::Tensor data = data_in.contiguous(), sc = scales_in.contiguous();
   const int64_t groups = (k + group - 1) / group, cols = kind == kW4 ? (k + 1) / 2 : k;
@@ -841,11 +949,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pac
   at::Tensor zr;
   if (zeros_in.has_value()) {
     zr = zeros_in->contiguous();
-    TORCH_CHECK((kind == kW4 || kind == kW8) && !mn.defined() &&
+    TORCH_CHECK(!bf16_kind(kind) && !mn.defined() &&
                     zr.scalar_type() == at::kChar && zr.numel() == n * groups,
-                "quant_pack: zeros must be int8 [", n, ", ", groups, "], of w4 / w8, "
+                "quant_pack: zeros must be int8 [", n, ", ", groups, "], of w4 / w6 / w8, "
                 "without mins");
   }
+  TORCH_CHECK(kind != kW6 || (data.scalar_type() == at::kChar &&
+                              data.ge(-32).logical_and(data.le(31)).all().item<bool>()),
+              "quant_pack: w6 takes int8 codes in -32..31");
   TORCH_CHECK(kind != kW8WO || (!mn.defined() && data.scalar_type() == at::kChar &&
                                 data.ne(-128).all().item<bool>()),
               "quant_pack: w8wo takes int8 codes in -127..127 and no offsets");
@@ -867,13 +978,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pac
   const int8_t* zp = zr.defined() ? zr.data_ptr<int8_t>() : nullptr;
   int8_t* z8p = zr.defined() ? z8.data_ptr<int8_t>() : nullptr;
   float* rp = rowf.data_ptr<float>();
-  // the code at (row, col) as its byte in the layout (w8: q + 128, w8wo: sign and
-  // magnitude), padding meaning zero
+  // the code at (row, col) as its byte in the layout (w8: q + 128, w6: q + 32, w8wo: sign
+  // and magnitude), padding meaning zero
   auto code = [&](int64_t row, int64_t col) -> uint8_t {
-    if (row >= n || col >= k) return kind == kW8 ? 128 : 0;
+    if (row >= n || col >= k) return kind == kW8 ? 128 : kind == kW6 ? 32 : 0;
     if (kind == kW4) return (src[row * cols + col / 2] >> (4 * (col & 1))) & 15;
     const uint8_t byte = src[row * cols + col];
     if (kind == kW8) return uint8_t(byte + 128);
+    if (kind == kW6) return uint8_t(byte + 32);
     if (kind == kW8WO) return int8_t(byte) < 0 ? uint8_t(0x80 | -int8_t(byte)) : byte;
     return byte;
   };
@@ -898,6 +1010,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pac
       for (int64_t b = 0; b < nb; ++b) {
         uint8_t* ob = op + (p * nb + b) * bytes;
         const int64_t c0 = b * block;
+        if (kind == kW6) {  // w4's nibbles, then the high-bits region (w6_high_byte)
+          std::memset(ob, 0, bytes);
+          for (int r = 0; r < kPanel; ++r)
+            for (int64_t c = 0; c < block; ++c) {
+              const uint8_t q = code(p * kPanel + r, c0 + c);
+              const int64_t cc = c % (block / 2);
+              ob[(cc / 4) * 64 + r * 4 + cc % 4] |= (q & 15) << (c >= block / 2 ? 4 : 0);
+              ob[w6_high_byte(block, r, c)] |= (q >> 4) << w6_high_shift(block, c);
+            }
+          continue;
+        }
         for (int64_t j = 0; j < bytes / 64; ++j)
           for (int r = 0; r < kPanel; ++r)
             for (int t = 0; t < 4; ++t) {
