@@ -31,6 +31,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (  # noqa: E402
 
 from radixlm.runtime.executor.layers.gated_delta import (  # noqa: E402
     RecurrentState,
+    Snapshots,
     causal_conv1d,
     causal_conv1d_step,
     chunk_gated_delta_rule,
@@ -96,8 +97,8 @@ def test_conv_fresh_sequence_matches_transformers(with_bias):
     weight, bias = conv_params()
     bias = bias if with_bias else None
     x = torch.randn(23, CONV_DIM, dtype=F64)
-    out, state = causal_conv1d(x, weight, bias, torch.zeros(1, CONV_DIM, KERNEL - 1, dtype=F64),
-                               [23])
+    fresh = torch.zeros(1, CONV_DIM, KERNEL - 1, dtype=F64)
+    out, state, _ = causal_conv1d(x, weight, bias, fresh, [23])
     theirs = causal_conv1d_fn(x.T[None], weight, bias, activation="silu")[0].T
     exact(out, theirs)
     exact(state[0], x[-(KERNEL - 1):].T)
@@ -119,13 +120,13 @@ def test_conv_split_equals_whole(split):
     weight, bias = conv_params()
     x = torch.randn(20, CONV_DIM, dtype=F64)
     fresh = torch.zeros(1, CONV_DIM, KERNEL - 1, dtype=F64)
-    whole, whole_state = causal_conv1d(x, weight, bias, fresh, [20])
-    head, state = causal_conv1d(x[:split], weight, bias, fresh, [split])
-    tail, state = causal_conv1d(x[split:], weight, bias, state, [20 - split])
+    whole, whole_state, _ = causal_conv1d(x, weight, bias, fresh, [20])
+    head, state, _ = causal_conv1d(x[:split], weight, bias, fresh, [split])
+    tail, state, _ = causal_conv1d(x[split:], weight, bias, state, [20 - split])
     exact(torch.cat([head, tail]), whole)
     exact(state, whole_state)
     # the last tokens again one decode step at a time
-    out, state = causal_conv1d(x[:split], weight, bias, fresh, [split])
+    out, state, _ = causal_conv1d(x[:split], weight, bias, fresh, [split])
     outs = [out]
     for t in range(split, 20):
         out, state = causal_conv1d_step(x[t:t + 1], weight, bias, state)
@@ -139,10 +140,11 @@ def test_conv_packed_equals_each_alone():
     lens = [1, 17, 0, 70, 2]  # shorter than K - 1, empty, several chunks
     x = torch.randn(sum(lens), CONV_DIM, dtype=F64)
     states = torch.randn(len(lens), CONV_DIM, KERNEL - 1, dtype=F64)
-    packed, packed_states = causal_conv1d(x, weight, bias, states, lens)
+    packed, packed_states, _ = causal_conv1d(x, weight, bias, states, lens)
     start = 0
     for i, n in enumerate(lens):
-        alone, alone_state = causal_conv1d(x[start:start + n], weight, bias, states[i:i + 1], [n])
+        alone, alone_state, _ = causal_conv1d(x[start:start + n], weight, bias,
+                                              states[i:i + 1], [n])
         exact(packed[start:start + n], alone)
         exact(packed_states[i:i + 1], alone_state)
         start += n
@@ -155,7 +157,7 @@ def test_conv_packed_equals_each_alone():
 @pytest.mark.parametrize("tokens", [1, 17, 64, 130])
 def test_chunk_matches_transformers(tokens):
     inp, s0 = delta_inputs(tokens), delta_state(1)
-    out, state = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
+    out, state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
     batched = {name: t[None] for name, t in inp.items()}
     for oracle in (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule):
         theirs, theirs_state = oracle(batched["q"], batched["k"], batched["v"], batched["g"],
@@ -179,13 +181,13 @@ def test_step_matches_transformers_recurrent():
 def test_chunk_equals_steps_and_passes_through_their_states():
     tokens = 130
     inp, s0 = delta_inputs(tokens), delta_state(1)
-    out, state = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
+    out, state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
     step_out, step_states = steps(inp, s0)
     exact(out, step_out)
     exact(state, step_states[-1])
     for end in (1, 5, 63, 64, 65, 128, 129):  # a prefix's final state = the state at its end
-        _, prefix_state = chunk_gated_delta_rule(**part(inp, 0, end), initial_state=s0,
-                                                 seq_lens=[end])
+        _, prefix_state, _ = chunk_gated_delta_rule(**part(inp, 0, end), initial_state=s0,
+                                                    seq_lens=[end])
         exact(prefix_state, step_states[end - 1])
 
 
@@ -193,11 +195,11 @@ def test_chunk_equals_steps_and_passes_through_their_states():
 def test_split_prefill_and_decode_equal_whole(split):
     tokens = 130
     inp, s0 = delta_inputs(tokens), delta_state(1)
-    whole, whole_state = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
-    head, state = chunk_gated_delta_rule(**part(inp, 0, split), initial_state=s0,
-                                         seq_lens=[split])
-    tail, tail_state = chunk_gated_delta_rule(**part(inp, split, tokens), initial_state=state,
-                                              seq_lens=[tokens - split])
+    whole, whole_state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[tokens])
+    head, state, _ = chunk_gated_delta_rule(**part(inp, 0, split), initial_state=s0,
+                                            seq_lens=[split])
+    tail, tail_state, _ = chunk_gated_delta_rule(**part(inp, split, tokens),
+                                                 initial_state=state, seq_lens=[tokens - split])
     exact(torch.cat([head, tail]), whole)
     exact(tail_state, whole_state)
     decoded, step_states = steps(part(inp, split, tokens), state)
@@ -208,22 +210,52 @@ def test_split_prefill_and_decode_equal_whole(split):
 def test_packed_equals_each_alone():
     lens = [1, 17, 70, 0]
     inp, s0 = delta_inputs(sum(lens)), delta_state(len(lens))
-    out, state = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=lens, chunk_size=16)
+    out, state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=lens, chunk_size=16)
     start = 0
     for i, n in enumerate(lens):
-        alone, alone_state = chunk_gated_delta_rule(**part(inp, start, start + n),
-                                                    initial_state=s0[i:i + 1], seq_lens=[n],
-                                                    chunk_size=16)
+        alone, alone_state, _ = chunk_gated_delta_rule(**part(inp, start, start + n),
+                                                       initial_state=s0[i:i + 1], seq_lens=[n],
+                                                       chunk_size=16)
         exact(out[start:start + n], alone)
         exact(state[i:i + 1], alone_state)
         start += n
     exact(state[3], s0[3])  # the empty sequence's state passes through
 
 
+SNAP_LENS = [1, 17, 40]
+SNAPS = [(0, 1), (1, 1), (1, 15), (1, 16), (1, 17), (2, 7), (2, 16), (2, 32), (2, 33), (2, 40)]
+
+
+def test_snapshots_are_the_states_the_run_passes_through():
+    """States inside a packed call (chunks of 16: first rows, chunk ends, the row after one,
+    the middle, a sequence's end) are those one-token steps pass through, and the conv's are
+    those of the prefix alone."""
+    inp, s0 = delta_inputs(sum(SNAP_LENS)), delta_state(len(SNAP_LENS))
+    snapshots = Snapshots.of(SNAPS)
+    _, final, inside = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=SNAP_LENS,
+                                              chunk_size=16, snapshots=snapshots)
+    weight, bias = conv_params()
+    x = torch.randn(sum(SNAP_LENS), CONV_DIM, dtype=F64)
+    conv0 = torch.randn(len(SNAP_LENS), CONV_DIM, KERNEL - 1, dtype=F64)
+    _, _, conv_inside = causal_conv1d(x, weight, bias, conv0, SNAP_LENS, snapshots=snapshots)
+    starts = [sum(SNAP_LENS[:i]) for i in range(len(SNAP_LENS))]
+    passed = [steps(part(inp, start, start + n), s0[i:i + 1])[1]
+              for i, (start, n) in enumerate(zip(starts, SNAP_LENS))]
+    for j, (i, n) in enumerate(SNAPS):
+        exact(inside[j:j + 1], passed[i][n - 1])
+        _, conv_prefix, _ = causal_conv1d(x[starts[i]:starts[i] + n], weight, bias,
+                                          conv0[i:i + 1], [n])
+        exact(conv_inside[j:j + 1], conv_prefix)
+    exact(final[2:], passed[2][-1])
+    with pytest.raises(AssertionError, match="outside"):
+        chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=SNAP_LENS,
+                               snapshots=Snapshots.of([(0, 2)]))
+
+
 def test_float32_compute_and_state():
     inp = {name: t.float() for name, t in delta_inputs(40).items()}
     s0 = delta_state(1).float()
-    out, state = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[40])
+    out, state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=[40])
     assert out.dtype == torch.float32 and state.dtype == torch.float32
     step_out, step_states = steps(inp, s0)
     torch.testing.assert_close(out, step_out, rtol=1e-5, atol=1e-5)
@@ -269,14 +301,14 @@ def ours_layer(layer: Qwen3NextGatedDeltaNet, x: torch.Tensor, state: RecurrentS
     if decode:
         mixed, conv = causal_conv1d_step(mixed, weight, None, state.conv)
     else:
-        mixed, conv = causal_conv1d(mixed, weight, None, state.conv, [tokens])
+        mixed, conv, _ = causal_conv1d(mixed, weight, None, state.conv, [tokens])
     q, k, v = mixed.split([HK * DK, HK * DK, HV * DV], dim=-1)
     q, k, v = q.view(tokens, HK, DK), k.view(tokens, HK, DK), v.view(tokens, HV, DV)
     g, beta = gated_delta_gates(a[0], b[0], layer.A_log, layer.dt_bias)
     if decode:
         core, ssm = recurrent_gated_delta_rule_step(q, k, v, g, beta, state.ssm)
     else:
-        core, ssm = chunk_gated_delta_rule(q, k, v, g, beta, state.ssm, [tokens])
+        core, ssm, _ = chunk_gated_delta_rule(q, k, v, g, beta, state.ssm, [tokens])
     normed = rms_norm_gated(core.reshape(-1, DV), z[0].reshape(-1, DV), layer.norm.weight,
                             layer.norm.variance_epsilon)
     return layer.out_proj(normed.reshape(tokens, HV * DV)), RecurrentState(conv, ssm)

@@ -32,7 +32,11 @@ from transformers.models.nemotron_h.modeling_nemotron_h import (  # noqa: E402
     mamba2_selective_state_update,
 )
 
-from radixlm.runtime.executor.layers.gated_delta import RecurrentState, rms_norm_gated  # noqa: E402
+from radixlm.runtime.executor.layers.gated_delta import (  # noqa: E402
+    RecurrentState,
+    Snapshots,
+    rms_norm_gated,
+)
 from radixlm.runtime.executor.layers.mamba2 import (  # noqa: E402
     NO_DT_LIMIT,
     Mamba2Spec,
@@ -85,9 +89,10 @@ def part(inp: dict[str, torch.Tensor], start: int, end: int) -> dict[str, torch.
     return {name: t[start:end] for name, t in inp.items()}
 
 
-def chunked(inp, state, lens, limit=NO_DT_LIMIT, chunk_size=CHUNK):
+def chunked(inp, state, lens, limit=NO_DT_LIMIT, snapshots=None):
+    """Ours in chunks -> (y, final states, the snapshots' states)."""
     return chunk_ssd_scan(**inp, **scan_params(), initial_state=state, seq_lens=lens,
-                          chunk_size=chunk_size, dt_limit=limit)
+                          chunk_size=CHUNK, dt_limit=limit, snapshots=snapshots)
 
 
 def steps(inp, state, limit=NO_DT_LIMIT):
@@ -107,7 +112,7 @@ def steps(inp, state, limit=NO_DT_LIMIT):
 @pytest.mark.parametrize("tokens", [1, 17, 70])
 def test_chunk_scan_matches_transformers(tokens, limit):
     inp, params, s0 = scan_inputs(tokens), scan_params(), ssm_state(1)
-    y, state = chunked(inp, s0, [tokens], limit)
+    y, state, _ = chunked(inp, s0, [tokens], limit)
     theirs, theirs_state = mamba2_chunk_scan(
         inp["x"][None], inp["dt"][None], -params["A_log"].exp(), inp["B"][None], inp["C"][None],
         CHUNK, D=params["D"], dt_bias=params["dt_bias"], initial_states=s0, dt_softplus=True,
@@ -133,12 +138,12 @@ def test_step_matches_transformers_selective_state_update():
 def test_chunk_equals_steps_and_passes_through_their_states(limit):
     tokens = 70
     inp, s0 = scan_inputs(tokens), ssm_state(1)
-    y, state = chunked(inp, s0, [tokens], limit)
+    y, state, _ = chunked(inp, s0, [tokens], limit)
     step_y, step_states = steps(inp, s0, limit)
     exact(y, step_y)
     exact(state, step_states[-1])
     for end in (1, 15, 16, 17, 33, 69):  # a prefix's final state = the state at its end
-        _, prefix_state = chunked(part(inp, 0, end), s0, [end], limit)
+        _, prefix_state, _ = chunked(part(inp, 0, end), s0, [end], limit)
         exact(prefix_state, step_states[end - 1])
 
 
@@ -146,9 +151,9 @@ def test_chunk_equals_steps_and_passes_through_their_states(limit):
 def test_split_prefill_and_decode_equal_whole(split):
     tokens = 70
     inp, s0 = scan_inputs(tokens), ssm_state(1)
-    whole, whole_state = chunked(inp, s0, [tokens])
-    head, state = chunked(part(inp, 0, split), s0, [split])
-    tail, tail_state = chunked(part(inp, split, tokens), state, [tokens - split])
+    whole, whole_state, _ = chunked(inp, s0, [tokens])
+    head, state, _ = chunked(part(inp, 0, split), s0, [split])
+    tail, tail_state, _ = chunked(part(inp, split, tokens), state, [tokens - split])
     exact(torch.cat([head, tail]), whole)
     exact(tail_state, whole_state)
     decoded, step_states = steps(part(inp, split, tokens), state)
@@ -159,23 +164,38 @@ def test_split_prefill_and_decode_equal_whole(split):
 def test_packed_equals_each_alone():
     lens = [1, 17, 70, 0]
     inp, s0 = scan_inputs(sum(lens)), ssm_state(len(lens))
-    y, state = chunked(inp, s0, lens)
+    y, state, _ = chunked(inp, s0, lens)
     start = 0
     for i, n in enumerate(lens):
-        alone, alone_state = chunked(part(inp, start, start + n), s0[i:i + 1], [n])
+        alone, alone_state, _ = chunked(part(inp, start, start + n), s0[i:i + 1], [n])
         exact(y[start:start + n], alone)
         exact(state[i:i + 1], alone_state)
         start += n
     exact(state[3], s0[3])  # the empty sequence's state passes through
 
 
+@pytest.mark.parametrize("limit", LIMITS)
+def test_snapshots_are_the_states_the_run_passes_through(limit):
+    lens = [1, 17, 40]
+    pairs = [(0, 1), (1, 1), (1, 15), (1, 16), (1, 17), (2, 7), (2, 16), (2, 32), (2, 33),
+             (2, 40)]
+    inp, s0 = scan_inputs(sum(lens)), ssm_state(len(lens))
+    _, final, inside = chunked(inp, s0, lens, limit, Snapshots.of(pairs))
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    passed = [steps(part(inp, start, start + n), s0[i:i + 1], limit)[1]
+              for i, (start, n) in enumerate(zip(starts, lens))]
+    for j, (i, n) in enumerate(pairs):
+        exact(inside[j:j + 1], passed[i][n - 1])
+    exact(final[2:], passed[2][-1])
+
+
 def test_float32_compute_and_state():
     inp = {name: t.float() for name, t in scan_inputs(40).items()}
     params = {name: t.float() for name, t in scan_params().items()}
-    y, state = chunk_ssd_scan(**inp, **params, initial_state=ssm_state(1).float(),
+    y, state, _ = chunk_ssd_scan(**inp, **params, initial_state=ssm_state(1).float(),
                               seq_lens=[40], chunk_size=CHUNK)
     assert y.dtype == torch.float32 and state.dtype == torch.float32
-    ref, ref_state = chunked(scan_inputs(40), ssm_state(1), [40])
+    ref, ref_state, _ = chunked(scan_inputs(40), ssm_state(1), [40])
     torch.testing.assert_close(y, ref.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, ref_state.float(), rtol=1e-5, atol=1e-5)
 
@@ -257,7 +277,7 @@ def ours_mixer(mixer, x: torch.Tensor, state: RecurrentState, decode: bool):
     if decode:
         y, state = mamba2_mixer_step(gate, xbc, dt, weights, spec, state)
     else:
-        y, state = mamba2_mixer(gate, xbc, dt, weights, spec, state, [x.shape[0]])
+        y, state, _ = mamba2_mixer(gate, xbc, dt, weights, spec, state, [x.shape[0]])
     return mixer.out_proj(y), state
 
 
@@ -285,3 +305,24 @@ def test_mixer_prefill_then_decode_matches_transformers(family):
         vs_float32(ours, mixer(x[None, t:t + 1], cache=cache)[0])
     exact(state.conv, cache.layers[0].conv_states[0][:, :, 1:])
     vs_float32(state.ssm, cache.layers[0].recurrent_states[0])
+
+
+@torch.no_grad()
+def test_mixer_snapshots_equal_the_prefix_alone():
+    _, mixer = nemotron_h()
+    mixer = mixer.double()
+    spec, weights = spec_and_weights(mixer)
+    lens, pairs = [5, 37], [(0, 3), (1, 16), (1, 20)]
+    gen = torch.Generator().manual_seed(5)
+    proj = torch.randn(sum(lens), mixer.in_proj.out_features, generator=gen, dtype=F64)
+    gate, xbc, dt = proj.split([spec.intermediate_size, spec.conv_dim, spec.num_heads], -1)
+    state = RecurrentState(
+        torch.randn(2, spec.conv_dim, mixer.conv_kernel_size - 1, generator=gen, dtype=F64),
+        torch.randn(2, *spec.ssm_shape, generator=gen, dtype=F64))
+    _, _, inside = mamba2_mixer(gate, xbc, dt, weights, spec, state, lens, Snapshots.of(pairs))
+    for j, (i, n) in enumerate(pairs):
+        rows = slice(sum(lens[:i]), sum(lens[:i]) + n)
+        alone = RecurrentState(state.conv[i:i + 1], state.ssm[i:i + 1])
+        _, prefix, _ = mamba2_mixer(gate[rows], xbc[rows], dt[rows], weights, spec, alone, [n])
+        exact(inside.conv[j:j + 1], prefix.conv)
+        exact(inside.ssm[j:j + 1], prefix.ssm)

@@ -9,6 +9,9 @@ anywhere, or a batch packed any way, gives the same numbers as one run::
     tokens  [ seq 0: 1 | seq 1: 17 ........ | seq 2: 70 ........................ ]   x [T, C]
     states  [ s0, s1, s2 ]  --causal_conv1d / chunk_gated_delta_rule-->  [ s0', s1', s2' ]
 
+A call may also return states inside its sequences (``Snapshots``: after the first n tokens
+of sequence i), for a radix cache that keeps them at page or chunk boundaries of a prompt.
+
 The gated delta rule, per head, with ``S`` [k_dim, v_dim], l2-normalised ``q``/``k`` and
 ``q`` scaled by ``k_dim ** -0.5``::
 
@@ -55,6 +58,28 @@ class RecurrentState:
                    torch.zeros(batch, *ssm_shape, dtype=ssm_dtype, device=device))
 
 
+@dataclass(frozen=True)
+class Snapshots:
+    """States wanted inside a packed call besides the final ones: the state after the first
+    ``lens[j]`` tokens (1 .. that sequence's length in this call) of sequence ``seqs[j]``.
+    A radix cache keeps such states at page or chunk boundaries of a prompt; the chunked
+    functions compute them from the chunk's start state at little cost."""
+
+    seqs: torch.Tensor  # [S] int64: index into the call's sequences
+    lens: torch.Tensor  # [S] int64: tokens of that sequence before the snapshot
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[int, int]], device: torch.device | str = "cpu"
+           ) -> Snapshots:
+        """From ``(sequence index, tokens)`` pairs."""
+        t = torch.tensor(list(pairs), dtype=torch.int64, device=device).reshape(-1, 2)
+        return cls(t[:, 0], t[:, 1])
+
+    def check(self, lens: torch.Tensor) -> None:
+        assert bool(((self.lens >= 1) & (self.lens <= lens[self.seqs])).all()), (
+            f"snapshots {self.lens.tolist()} outside sequences {lens[self.seqs].tolist()}")
+
+
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float32, or float64 for float64 inputs (the oracle tests run everything in float64)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -77,13 +102,15 @@ def _activation(out: torch.Tensor, activation: str | None) -> torch.Tensor:
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  conv_state: torch.Tensor, seq_lens: SeqLens,
-                  activation: str | None = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+                  conv_state: torch.Tensor, seq_lens: SeqLens, activation: str | None = "silu",
+                  snapshots: Snapshots | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Depthwise causal conv over packed sequences, each continuing from its conv state.
 
     x [T, C] (sequences one after another, ``sum(seq_lens) == T``), weight [C, K] (the
     checkpoint's ``conv1d.weight`` [C, 1, K] squeezed), bias [C] or None, conv_state
-    [B, C, K - 1] -> (out [T, C] in x's dtype, new conv_state [B, C, K - 1] in its dtype).
+    [B, C, K - 1] -> (out [T, C] in x's dtype, new conv_state [B, C, K - 1] in its dtype,
+    the ``snapshots``' conv states [S, C, K - 1] or None).
     ``out[t] = act(bias + sum_j weight[:, j] * in[t - (K - 1) + j])``, where ``in`` is the
     sequence's state followed by its tokens (transformers' ``causal_conv1d_fn`` with padding
     K - 1, the state in place of the zeros). A sequence shorter than K - 1 keeps part of its
@@ -109,9 +136,17 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         bias.to(cdt).expand(tokens, channels).clone())
     for j in range(width + 1):
         out += w[:, j] * ext[token_row - width + j]
-    new_rows = (ext_start + lens)[:, None] + taps  # [B, K - 1]: each window's last K - 1 rows
-    new_state = ext[new_rows].transpose(1, 2).to(conv_state.dtype)  # [B, C, K - 1]
-    return _activation(out, activation).to(x.dtype), new_state
+    def state_after(seqs: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        # the K - 1 rows of the window before its token ``count``: [n, C, K - 1]
+        rows = (ext_start[seqs] + count)[:, None] + taps
+        return ext[rows].transpose(1, 2).to(conv_state.dtype)
+
+    snaps = None
+    if snapshots is not None:
+        snapshots.check(lens)
+        snaps = state_after(snapshots.seqs, snapshots.lens)
+    new_state = state_after(torch.arange(batch, device=x.device), lens)
+    return _activation(out, activation).to(x.dtype), new_state, snaps
 
 
 def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -179,6 +214,7 @@ class ChunkLayout:
     that has one). An empty sequence has no chunk: its state passes through."""
 
     chunk_size: int
+    lens: torch.Tensor  # [B]: tokens per sequence
     rows: torch.Tensor  # [T]: each token's row in the padded [total_chunks * chunk_size]
     first_chunk: torch.Tensor  # [B]: each sequence's first chunk
     num_chunks: torch.Tensor  # [B]: chunks per sequence, ceil(len / chunk_size)
@@ -193,7 +229,7 @@ class ChunkLayout:
         pos = torch.arange(int(lens.sum()), device=device) - (torch.cumsum(lens, 0) - lens)[
             seq_of_token]
         rows = first_chunk[seq_of_token] * chunk_size + pos
-        return cls(chunk_size, rows, first_chunk, num_chunks, int(num_chunks.sum()))
+        return cls(chunk_size, lens, rows, first_chunk, num_chunks, int(num_chunks.sum()))
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, ...] -> [total_chunks, chunk_size, ...], zeros in the padding."""
@@ -227,6 +263,50 @@ def chunk_decay(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return cum, torch.where(causal, diff, float("-inf")).exp()
 
 
+def state_inside_chunk(start: torch.Tensor, cum: torch.Tensor, pair: torch.Tensor,
+                       left: torch.Tensor, right: torch.Tensor, chunk: torch.Tensor,
+                       row: torch.Tensor) -> torch.Tensor:
+    """The state after row ``row`` of chunk ``chunk`` of a scan whose state update over a
+    chunk is ``S_end = exp(cum_last) S_start + sum_s exp(cum_last - cum_s) left_s^T right_s``
+    (the gated delta rule: left = k, right = the corrected values; Mamba2: left = dt * x,
+    right = B): the same sum stopped at ``row``. start [S, H, A, B'] (the chunk's start
+    states), cum [chunks, H, L], pair [chunks, H, L, L] (``chunk_decay``), left
+    [chunks, H, L, A], right [chunks, H, L, B'], chunk, row [S] -> [S, H, A, B']."""
+    weights = pair[chunk, :, row]  # [S, H, L]: exp(cum_row - cum_s) for s <= row, else 0
+    decay = cum[chunk, :, row].exp()[..., None, None]  # [S, H, 1, 1]
+    return decay * start + (left[chunk] * weights[..., None]).transpose(-1, -2) @ right[chunk]
+
+
+class ChunkStarts:
+    """Snapshots inside a chunked scan: the pass over chunks records the start state of each
+    chunk that holds one (``record``), then ``states_inside`` finishes them with
+    ``state_inside_chunk``. Without snapshots both do nothing."""
+
+    def __init__(self, layout: ChunkLayout, snapshots: Snapshots | None,
+                 state: torch.Tensor) -> None:
+        self.snapshots = snapshots
+        if snapshots is not None:
+            snapshots.check(layout.lens)
+            # the step of the pass that reaches each snapshot, its chunk, its row there
+            self.step = (snapshots.lens - 1) // layout.chunk_size
+            self.chunk = layout.first_chunk[snapshots.seqs] + self.step
+            self.row = (snapshots.lens - 1) % layout.chunk_size
+            self.starts = state.new_empty(snapshots.seqs.numel(), *state.shape[1:])
+
+    def record(self, step: int, state: torch.Tensor) -> torch.Tensor:
+        """Before step ``step`` updates ``state`` [B, ...]; returns ``state``."""
+        if self.snapshots is not None:
+            hit = torch.nonzero(self.step == step).flatten()
+            self.starts[hit] = state[self.snapshots.seqs[hit]]
+        return state
+
+    def states_inside(self, cum: torch.Tensor, pair: torch.Tensor, left: torch.Tensor,
+                      right: torch.Tensor) -> torch.Tensor | None:
+        if self.snapshots is None:
+            return None
+        return state_inside_chunk(self.starts, cum, pair, left, right, self.chunk, self.row)
+
+
 # ----------------------------------------------------------------------------- delta rule
 
 
@@ -243,21 +323,37 @@ def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int, scale: float
     return q * (q.shape[-1] ** -0.5 if scale is None else scale), k
 
 
+def _wy_writes(kc: torch.Tensor, vc: torch.Tensor, bc: torch.Tensor, cum: torch.Tensor,
+               pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The WY form of a chunk's delta-rule writes: ``u`` and ``w`` [chunks, H, L, Dv / Dk]
+    solve ``(I + strict_tril(beta k k^T * pair)) x = beta v`` and ``= beta k exp(cum)``; a
+    chunk entered with state S writes the corrected values ``u - w S``."""
+    k_beta = kc * bc[..., None]
+    system = ((k_beta @ kc.transpose(-1, -2)) * pair).tril(-1)
+    system = system + torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
+    u = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False,
+                                      unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False,
+                                      unitriangular=True)
+    return u, w
+
+
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                            beta: torch.Tensor, initial_state: torch.Tensor, seq_lens: SeqLens,
                            scale: float | None = None, use_qk_l2norm: bool = True,
-                           chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                           chunk_size: int = 64, snapshots: Snapshots | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The gated delta rule over packed sequences (prefill / extend), ``chunk_size`` tokens
     at a time.
 
     q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk); g, beta [T, Hv] (``g`` the log
     decay, <= 0; see ``gated_delta_gates``); initial_state [B, Hv, Dk, Dv] (zeros for a fresh
     sequence); ``scale`` defaults to Dk ** -0.5 -> (out [T, Hv, Dv] in q's dtype, final state
-    [B, Hv, Dk, Dv] in the compute dtype). Token by token equal (to rounding) to
-    ``recurrent_gated_delta_rule_step``; ``use_qk_l2norm`` as the model's kernel flag."""
-    num_v_heads = v.shape[1]
+    [B, Hv, Dk, Dv] and the ``snapshots``' states [S, Hv, Dk, Dv] or None, in the compute
+    dtype). Token by token equal (to rounding) to ``recurrent_gated_delta_rule_step``;
+    ``use_qk_l2norm`` as the model's kernel flag."""
     cdt = compute_dtype(q)
-    qs, ks = _prepare_qk(q, k, num_v_heads, scale, use_qk_l2norm, cdt)
+    qs, ks = _prepare_qk(q, k, v.shape[1], scale, use_qk_l2norm, cdt)
     layout = ChunkLayout.build(seq_lens, chunk_size, q.device)
     assert layout.rows.numel() == q.shape[0], (int(layout.rows.numel()), q.shape)
     # [chunks, H, L, D] and [chunks, H, L]: padding rows have k = v = beta = g = 0, so they
@@ -265,27 +361,22 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     qc, kc, vc = (layout.pad(t).transpose(1, 2) for t in (qs, ks, v.to(cdt)))
     gc, bc = (layout.pad(t.to(cdt)).transpose(1, 2) for t in (g, beta))
     cum, pair = chunk_decay(gc)
-    # WY form: the chunk's writes solve (I + strict_tril(beta k k^T * pair)) u = beta v,
-    # and w the same with beta k exp(cum) (how much of the incoming state each write undoes)
-    k_beta = kc * bc[..., None]
-    system = (k_beta @ kc.transpose(-1, -2)) * pair
-    system = system.tril(-1) + torch.eye(chunk_size, dtype=cdt, device=q.device)
-    u = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False,
-                                      unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False,
-                                      unitriangular=True)
+    u, w = _wy_writes(kc, vc, bc, cum, pair)
     attn = (qc @ kc.transpose(-1, -2)) * pair  # [chunks, H, L, L], the diagonal kept
     q_in = qc * cum.exp()[..., None]  # reads the incoming state decayed to each token
     k_out = kc * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk's end
     end_decay = cum[..., -1].exp()[..., None, None]  # [chunks, H, 1, 1]
     state = initial_state.to(cdt).clone()
+    starts = ChunkStarts(layout, snapshots, state)
+    v_new = torch.empty_like(vc)  # the corrected values each chunk writes
     out = torch.empty_like(vc)
-    for seqs, chunks in layout.steps():
-        s = state[seqs]  # [n, H, Dk, Dv]
-        v_new = u[chunks] - w[chunks] @ s
-        out[chunks] = q_in[chunks] @ s + attn[chunks] @ v_new
-        state[seqs] = s * end_decay[chunks] + k_out[chunks].transpose(-1, -2) @ v_new
-    return layout.unpad(out.transpose(1, 2)).to(q.dtype), state
+    for i, (seqs, chunks) in enumerate(layout.steps()):
+        s = starts.record(i, state)[seqs]  # [n, H, Dk, Dv]
+        v_new[chunks] = u[chunks] - w[chunks] @ s
+        out[chunks] = q_in[chunks] @ s + attn[chunks] @ v_new[chunks]
+        state[seqs] = s * end_decay[chunks] + k_out[chunks].transpose(-1, -2) @ v_new[chunks]
+    return (layout.unpad(out.transpose(1, 2)).to(q.dtype), state,
+            starts.states_inside(cum, pair, kc, v_new))
 
 
 def recurrent_gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

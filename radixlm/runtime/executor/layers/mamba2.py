@@ -17,7 +17,8 @@ and the selective state space model, per head ``h`` (state ``S`` [P, N], float32
 ``chunk_ssd_scan`` (prefill / extend) computes it ``chunk_size`` tokens at a time (the SSD
 form: a masked attention inside chunks, a sequential pass over chunk states);
 ``ssd_step`` (decode) is the line above. States are per sequence (``RecurrentState``:
-conv [B, conv_dim, K - 1], ssm [B, H, P, N]), taken and returned, as in gated_delta.py.
+conv [B, conv_dim, K - 1], ssm [B, H, P, N]), taken and returned, and ``Snapshots`` ask
+for states inside the sequences, as in gated_delta.py.
 transformers' ``mamba2_chunk_scan`` / ``mamba2_selective_state_update`` and the mixers'
 forward are the reference; unlike its decode step, ours applies ``dt_limit`` there too,
 so that decode continues exactly what prefill computes.
@@ -32,8 +33,10 @@ import torch.nn.functional as F
 
 from radixlm.runtime.executor.layers.gated_delta import (
     ChunkLayout,
+    ChunkStarts,
     RecurrentState,
     SeqLens,
+    Snapshots,
     causal_conv1d,
     causal_conv1d_step,
     chunk_decay,
@@ -99,14 +102,16 @@ def _group_to_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
 def chunk_ssd_scan(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor,
                    C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
                    initial_state: torch.Tensor, seq_lens: SeqLens, chunk_size: int = 256,
-                   dt_limit: tuple[float, float] = NO_DT_LIMIT
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   dt_limit: tuple[float, float] = NO_DT_LIMIT,
+                   snapshots: Snapshots | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The selective scan over packed sequences (prefill / extend), in chunks (SSD).
 
     x [T, H, P] (after the conv), dt [T, H] (the projection's, before bias and softplus),
     A_log, D, dt_bias [H], B, C [T, G, N], initial_state [B, H, P, N] -> (y [T, H, P] with
-    the D skip, in x's dtype; final state [B, H, P, N] in the compute dtype). Token by token
-    equal (to rounding) to ``ssd_step``."""
+    the D skip, in x's dtype; final state [B, H, P, N] and the ``snapshots``' states
+    [S, H, P, N] or None, in the compute dtype). Token by token equal (to rounding) to
+    ``ssd_step``."""
     heads = x.shape[1]
     cdt = compute_dtype(x)
     xf = x.to(cdt)
@@ -124,12 +129,13 @@ def chunk_ssd_scan(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: to
     written = (xc * (cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2) @ bc
     end_decay = cum[..., -1].exp()[..., None, None]  # [chunks, H, 1, 1]
     state = initial_state.to(cdt).clone()
-    for seqs, chunks in layout.steps():
-        s = state[seqs]  # [n, H, P, N]
+    starts = ChunkStarts(layout, snapshots, state)
+    for i, (seqs, chunks) in enumerate(layout.steps()):
+        s = starts.record(i, state)[seqs]  # [n, H, P, N]
         y[chunks] += c_in[chunks] @ s.transpose(-1, -2)
         state[seqs] = s * end_decay[chunks] + written[chunks]
     y = layout.unpad(y.transpose(1, 2)) + xf * D.to(cdt)[:, None]
-    return y.to(x.dtype), state
+    return y.to(x.dtype), state, starts.states_inside(cum, pair, xc, bc)
 
 
 def ssd_step(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor,
@@ -171,16 +177,20 @@ def _split_xbc(xbc: torch.Tensor, spec: Mamba2Spec):
 
 def mamba2_mixer(gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
                  weights: Mamba2Weights, spec: Mamba2Spec, state: RecurrentState,
-                 seq_lens: SeqLens) -> tuple[torch.Tensor, RecurrentState]:
+                 seq_lens: SeqLens, snapshots: Snapshots | None = None
+                 ) -> tuple[torch.Tensor, RecurrentState, RecurrentState | None]:
     """The mixer between ``in_proj`` and ``out_proj`` over packed sequences (prefill /
     extend): gate [T, I], xbc [T, conv_dim], dt [T, H] (``in_proj``'s output split in that
-    order), state per sequence -> (out [T, I] in xbc's dtype, the new state)."""
-    xbc, conv = causal_conv1d(xbc, weights.conv_weight, weights.conv_bias, state.conv,
-                              seq_lens, spec.activation)
+    order), state per sequence -> (out [T, I] in xbc's dtype, the new state, the
+    ``snapshots``' states or None)."""
+    xbc, conv, conv_snaps = causal_conv1d(xbc, weights.conv_weight, weights.conv_bias,
+                                          state.conv, seq_lens, spec.activation, snapshots)
     x, B, C = _split_xbc(xbc, spec)
-    y, ssm = chunk_ssd_scan(x, dt, weights.A_log, B, C, weights.D, weights.dt_bias, state.ssm,
-                            seq_lens, spec.chunk_size, spec.dt_limit)
-    return _gate_and_norm(y.flatten(1), gate, weights, spec), RecurrentState(conv, ssm)
+    y, ssm, ssm_snaps = chunk_ssd_scan(x, dt, weights.A_log, B, C, weights.D, weights.dt_bias,
+                                       state.ssm, seq_lens, spec.chunk_size, spec.dt_limit,
+                                       snapshots)
+    snaps = None if snapshots is None else RecurrentState(conv_snaps, ssm_snaps)
+    return _gate_and_norm(y.flatten(1), gate, weights, spec), RecurrentState(conv, ssm), snaps
 
 
 def mamba2_mixer_step(gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
