@@ -388,8 +388,8 @@ def recurrent_gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.T
     transformers' ``torch_recurrent_gated_delta_rule`` at one token."""
     cdt = compute_dtype(q)
     qs, ks = _prepare_qk(q, k, v.shape[1], scale, use_qk_l2norm, cdt)
-    s = state.to(cdt) * g.to(cdt).exp()[..., None, None]
-    predicted = (s * ks[..., None]).sum(-2)  # [B, Hv, Dv]: what the state recalls for k
+    s = state.to(cdt) * g.to(cdt).exp()[..., None, None]  # [B, Hv, Dk, Dv]
+    predicted = (ks[..., None, :] @ s).squeeze(-2)  # [B, Hv, Dv]: what the state recalls for k
     delta = (v.to(cdt) - predicted) * beta.to(cdt)[..., None]
-    s = s + ks[..., None] * delta[..., None, :]
-    return (s * qs[..., None]).sum(-2).to(q.dtype), s
+    s = s + ks[..., :, None] * delta[..., None, :]
+    return (qs[..., None, :] @ s).squeeze(-2).to(q.dtype), s
