@@ -15,7 +15,11 @@ keeps 11 bits of each whatever the scales' range; the row's float32 factor is ap
 y), and offsets the same way: Q4_K-like w4 g32 with offsets reads 0.625 bytes a weight,
 Q8_0-like w8 g32 1.0625 (bf16: 2). A w8 weight whose codes all fit six bits (-32..31:
 GGUF Q6_K's and Q5_K's) packs as w6, w4's nibbles plus two bits a code: w6 g16 reads 0.875
-bytes a weight (w8 g16 1.125). Where every offset of a w4 / w8 weight is an integer
+bytes a weight (w8 g16 1.125). Where a row's scales (and offsets) are small integers times
+one factor per 256 columns (GGUF's k-quants: Q4_K's 6-bit sc times d, Q6_K's int8 sc), they
+pack as int8 codes and one fp16 factor per 256 columns (``QuantPacked.factors``; found
+exactly at pack time, else the fp16 layout stays): Q4_K-like w4 g32 then reads 0.578 bytes
+a weight, Q6_K-like w6 g16 0.82. Where every offset of a w4 / w8 weight is an integer
 zero point, ``mins == -z * scales`` exactly in float32 with z in the codes' range (GGUF
 Q4_0's ``-8 d``, AWQ / GPTQ), z is kept instead as one int8 a block and subtracted from the
 codes in the integer sums, ``s d (sum(q xq) - z sum(xq))``: fp16's rounding of an offset
@@ -67,6 +71,7 @@ X_DTYPES = (torch.float32, torch.bfloat16)  # what the packed kernel multiplies
 KERNEL_MAX_ROWS = {2: 1 << 62, 1: 1 << 62}  # by isa(): w4, w8
 FP8_KERNEL_MAX_ROWS = {2: 128, 1: 16}  # by fp8_isa()
 TILE = 256  # weight rows dequantized at once (bf16 2048 columns: 1 MiB, in L2)
+SUPER = 256  # columns per factor of coded scales (GGUF's super-block)
 __all__ = ["QuantPacked", "supports", "pack", "linear", "matmul", "reference"]
 
 
@@ -79,15 +84,18 @@ class QuantPacked:
     k: int
     block: int  # columns per scale: 32, or 16 for groups of 16
     data: torch.Tensor  # uint8 [panels, blocks, chunks, 64]
-    scales: torch.Tensor  # fp16 [panels, blocks, 16], relative to rowf
-    mins: torch.Tensor | None  # fp16 [panels, blocks, 16], relative to rowf
+    scales: torch.Tensor  # fp16 [panels, blocks, 16], relative to rowf (int8 codes: factors)
+    mins: torch.Tensor | None  # fp16 [panels, blocks, 16], relative to rowf (or int8 codes)
     rowf: torch.Tensor  # float32 [panels * 16]
     perm: torch.Tensor | None  # int64 [k]: stored column j multiplies input feature perm[j]
     zeros: torch.Tensor | None = None  # int8 [panels, blocks, 16] (then mins is None)
+    # coded scales: scales / mins hold int8 codes, times these fp16 factors (relative to
+    # rowf) per 256 columns, [panels, super-blocks, 2 (scale's, offset's), 16]
+    factors: torch.Tensor | None = None
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.data, self.scales, self.mins, self.zeros, self.rowf,
-                                      self.perm) if t is not None)
+                                      self.perm, self.factors) if t is not None)
 
 
 @cache
@@ -208,11 +216,12 @@ def pack(qw: QuantWeight, weight_only: bool = False) -> QuantPacked:
     data = qw.data.view(torch.uint8) if qw.kind == "fp8" else qw.data
     zeros = integer_zeros(qw)
     mins = None if zeros is not None else qw.mins
-    packed, scales, mins16, zeros8, rowf = torch.ops.radixlm_cpu.quant_pack(
+    packed, scales, mins16, zeros8, rowf, factors = torch.ops.radixlm_cpu.quant_pack(
         data, qw.scales, mins, zeros, KIND_CODE[kind], qw.n, qw.k, qw.group, block)
     return QuantPacked(kind, qw.n, qw.k, block, packed, scales,
                        None if mins is None else mins16, rowf, qw.perm,
-                       None if zeros is None else zeros8)
+                       None if zeros is None else zeros8,
+                       factors if factors.numel() else None)
 
 
 def _pack_torch(qw: QuantWeight, weight_only: bool = False) -> QuantPacked:
@@ -237,11 +246,48 @@ def _pack_torch(qw: QuantWeight, weight_only: bool = False) -> QuantPacked:
         return out.view(p, PANEL, nb).permute(0, 2, 1).contiguous()
 
     data = _panels(_codes(qw, npad, kpad, kind), kind, block)
+    coded = None if kind in BF16_KINDS or zeros is not None else [
+        _scale_codes(t, block) for t in ([s] if m is None else [s, m])]
+    if coded is not None and all(c is not None for c in coded):
+        fac = torch.zeros(npad, coded[0][1].shape[1], 2, dtype=torch.float16)
+        for which, (_, f) in enumerate(coded):
+            fac[: qw.n, :, which] = (f / rowf[:, None]).half()
+        return QuantPacked(kind, qw.n, qw.k, block, data, panels(coded[0][0], torch.int8),
+                           None if m is None else panels(coded[1][0], torch.int8), rowf_pad,
+                           qw.perm, None,
+                           fac.view(p, PANEL, -1, 2).permute(0, 2, 3, 1).contiguous())
     return QuantPacked(kind, qw.n, qw.k, block, data,
                        panels(s / rowf[:, None], torch.float16),
                        None if m is None else panels(m / rowf[:, None], torch.float16),
                        rowf_pad, qw.perm,
                        None if zeros is None else panels(zeros[:, group_of], torch.int8))
+
+
+def _scale_codes(v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Block scales v [n, nb] as int8 codes [n, nb] times a float32 factor [n, super-blocks]
+    per SUPER columns, exactly (``quant_pack``'s search: the largest |v| of a super-block
+    gets the first code +-1, +-2, ... -128 that works), or None where a super-block has
+    none."""
+    n, nb = v.shape
+    per = SUPER // block
+    nsb = -(-nb // per)
+    vp = F.pad(v, (0, nsb * per - nb)).view(n, nsb, per)
+    amax = vp.abs().amax(-1)
+    found = amax == 0
+    fac = torch.zeros(n, nsb)
+    codes = torch.zeros(n, nsb, per, dtype=torch.int8)
+    for top in range(2, 258):  # +f, -f per code; llama.cpp's Q6_K gives its largest -128
+        cand = (amax.double() / (top // 2)).float() * (-1 if top % 2 else 1)
+        q = torch.round(vp.double() / cand.double()[..., None])
+        ok = ((q >= -128) & (q <= 127) & (q.float() * cand[..., None] == vp)).all(-1)
+        ok &= (cand != 0) & ~found
+        fac = torch.where(ok, cand, fac)
+        codes = torch.where(ok[..., None], q.nan_to_num().clamp(-128, 127).to(torch.int8),
+                            codes)
+        found |= ok
+    if not bool(found.all()):
+        return None
+    return codes.view(n, nsb * per)[:, :nb], fac
 
 
 @cache
@@ -257,7 +303,7 @@ def _dequant(packed: QuantPacked, row0: int, row1: int,
     """Rows [row0, row1) of W as [rows, k] in dtype (float32 or bfloat16), stored column
     order."""
     return torch.ops.radixlm_cpu.quant_dequant(
-        packed.data, packed.scales, packed.mins, packed.zeros, packed.rowf,
+        packed.data, packed.scales, packed.mins, packed.zeros, packed.factors, packed.rowf,
         KIND_CODE[packed.kind], packed.n, packed.k, packed.block, row0, row1, dtype)
 
 
@@ -268,8 +314,8 @@ def _kernel(x: torch.Tensor, packed: QuantPacked, bias: torch.Tensor | None,
     if y is None:
         y = torch.empty(x.shape[0], packed.n, dtype=x.dtype)
     torch.ops.radixlm_cpu.quant_linear(x, packed.data, packed.scales, packed.mins, packed.zeros,
-                                       packed.rowf, KIND_CODE[packed.kind], packed.n,
-                                       packed.block, bias, y)
+                                       packed.factors, packed.rowf, KIND_CODE[packed.kind],
+                                       packed.n, packed.block, bias, y)
     return y
 
 

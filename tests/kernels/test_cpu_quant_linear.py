@@ -235,10 +235,60 @@ def test_pack_matches_torch_twin(kind, case):
     assert (a.block, a.n, a.k) == (b.block, b.n, b.k) and torch.equal(a.data, b.data)
     assert torch.equal(a.rowf, b.rowf) and (a.mins is None) == (b.mins is None)
     assert (a.zeros is None and b.zeros is None) or torch.equal(a.zeros, b.zeros)
-    for x, y in ((a.scales, b.scales), (a.mins, b.mins)):
+    assert (a.factors is None) == (b.factors is None)
+    for x, y in ((a.scales, b.scales), (a.mins, b.mins), (a.factors, b.factors)):
         if x is not None:
             assert x.shape == y.shape
             assert ((x.float() - y.float()).abs() <= y.float().abs() * 2.0**-10 + 2.0**-24).all()
+
+
+def coded_qweight(kind: str, n: int, k: int, group: int, offsets: bool,
+                  seed: int = 0) -> QuantWeight:
+    """A weight whose scales (and offsets) are small integers times one float per 256
+    columns of a row, as GGUF's k-quants store them (Q4_K: 6-bit sc and m times d and dmin,
+    Q6_K: int8 sc times d)."""
+    qw = make_qweight(kind, n, k, group, False, False, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    supers = torch.arange(qw.groups) * group // 256
+    d = (torch.rand(n, int(supers[-1]) + 1, generator=g) * 0.01).half().float()  # fp16: exact
+    codes = torch.randint(-63 if kind != "w4" else 0, 64, (n, qw.groups), generator=g)
+    if kind == "w6":  # llama.cpp's Q6_K: the largest scale of a super-block is -128 d
+        codes[:, 0] = -128
+        d[: n // 2] *= -1  # and d takes either sign
+    qw.scales = d[:, supers] * codes
+    if offsets:
+        dmin = (torch.rand(n, int(supers[-1]) + 1, generator=g) * 0.01).half().float()
+        qw.mins = -dmin[:, supers] * torch.randint(0, 64, (n, qw.groups), generator=g)
+    return qw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 9, 33])
+@pytest.mark.parametrize("case", [(33, 600, 32, True), (20, 300, 16, False),
+                                  (17, 520, 16, True), (40, 256, 64, True)])
+@pytest.mark.parametrize("kind", ["w4", "w6", "w8"])
+def test_coded_scales(kind, case, rows, dtype):
+    """Scales that are small integers times a factor per 256 columns pack as int8 codes and
+    fp16 factors (``packed.factors``; a last super-block cut short, groups of 16, 32, 64)
+    and multiply as the fp16 layout does; the torch twin packs the same."""
+    n, k, group, offsets = case
+    qw = coded_qweight(kind, n, k, group, offsets, seed=rows)
+    packed = packing(qw, kind)
+    assert packed.factors is not None and packed.scales.dtype == torch.int8
+    assert (packed.mins is not None) == offsets and packed.zeros is None
+    plain = quant_linear.pack(make_qweight(kind, n, k, group, offsets, False, seed=rows))
+    assert plain.factors is None and packed.nbytes() < plain.nbytes()
+    twin = quant_linear._pack_torch(qw)
+    assert torch.equal(twin.scales, packed.scales) and torch.equal(twin.data, packed.data)
+    assert ((twin.factors.float() - packed.factors.float()).abs()
+            <= packed.factors.float().abs() * 2.0**-10).all()
+    g = torch.Generator().manual_seed(100 + rows)
+    x = (torch.randn(rows, k, generator=g) * 3).to(dtype)
+    bias = torch.randn(n, generator=g) if rows % 2 else None
+    y = torch.full((rows, n), float("nan"), dtype=dtype)
+    quant_linear._kernel(x, packed, bias, y)
+    check(y, x, qw, packed, bias, mode_of(kind, False, dtype))
+    check(quant_linear._tiled(x.float(), packed, bias), x.float(), qw, packed, bias, "exact")
 
 
 def test_w8wo_every_code():

@@ -27,6 +27,10 @@
 //           W = (q - z) * scale, where every offset of the weight is -z * scale exactly
 //           (GGUF Q4_0's -8 d, AWQ / GPTQ zeros): subtracted as integers (below);
 //   rowf    float32 [P * 16]: per row max |scale|, |min| (fp16 then holds them in [-1, 1]).
+//   Coded scales (w4 / w6 / w8 without zero points, where quant_pack finds them): scales
+//           and mins hold int8 codes [P][nb][16] and factors fp16 [P][nsb][2][16] (per 256
+//           columns: the scales', the mins'; relative to rowf), scale = code * factor, as
+//           GGUF's k-quants store theirs (Q4_K: 0.578 bytes a weight, not 0.625).
 //
 // w4 / w6 / w8 (llama.cpp's scheme): x is quantized per 32 columns to int8 (d = amax / 127);
 // a block's integer dot products use vpdpbusd (u8 weights x s8 x, 16 rows in the lanes,
@@ -52,6 +56,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -75,6 +80,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel (one zmm of int32 / float lanes)
 constexpr int64_t kXBlock = 32;  // columns of x per int8 scale
+constexpr int64_t kSuper = 256;  // columns per factor of coded scales (GGUF's super-block)
 enum Kind : int64_t { kW4 = 0, kW8 = 1, kFP8 = 2, kW8WO = 3, kW6 = 4 };
 
 // The kinds multiplied in bf16 (x rounded to bf16; codes widened by table lookups).
@@ -129,11 +135,18 @@ inline int fp8_pos(int r, int c) { return 16 * (r / 4) + (c >= 2 ? 8 : 0) + (r %
 // The packed weight and its shape, as the kernels read it.
 struct Weight {
   const uint8_t* data;
-  const c10::Half* scales;
-  const c10::Half* mins;  // null: no float offsets
-  const int8_t* zeros;    // null: no integer zero points
+  const c10::Half* scales;  // fp16 scales (null: coded scales, below)
+  const c10::Half* mins;    // fp16 offsets (null: none, or coded)
+  const int8_t* zeros;      // null: no integer zero points
   const float* rowf;
   int64_t kind, n, kpad, block, nb, panels;
+  // coded scales (integer kinds whose block scales are small integer multiples of one
+  // factor per 256 columns, as GGUF k-quants store them): int8 codes [P][nb][16] of the
+  // scales and offsets, and fp16 factors [P][nsb][2][16] (scale's, offset's; relative to
+  // rowf): scale = code * factor
+  const int8_t* scodes = nullptr;
+  const int8_t* mcodes = nullptr;  // null: no offsets (with scodes)
+  const c10::Half* factors = nullptr;
 
   const uint8_t* panel(int64_t p) const { return data + p * nb * block_bytes(kind, block); }
   // The code at row r of a panel's block, column c (stored order), zero point not taken.
@@ -152,6 +165,23 @@ struct Weight {
   // Block b's zero points of panel p (16 rows), or null.
   const int8_t* zero_points(int64_t p, int64_t b) const {
     return zeros ? zeros + (p * nb + b) * kPanel : nullptr;
+  }
+  bool offsets() const { return mins || mcodes; }
+  // blocks a factor of the coded scales covers, and the factors' rows (two per panel)
+  int64_t super_blocks() const { return kSuper / block; }
+  const c10::Half* factor_row(int64_t p, int64_t b) const {
+    const int64_t nsb = (nb + super_blocks() - 1) / super_blocks();
+    return factors + (p * nsb + b / super_blocks()) * 2 * kPanel;
+  }
+  // Block b's scale and offset of row r of panel p, relative to rowf.
+  float scale(int64_t p, int64_t b, int r) const {
+    const int64_t i = (p * nb + b) * kPanel + r;
+    return scodes ? float(scodes[i]) * float(factor_row(p, b)[r]) : float(scales[i]);
+  }
+  float offset(int64_t p, int64_t b, int r) const {
+    const int64_t i = (p * nb + b) * kPanel + r;
+    return mcodes ? float(mcodes[i]) * float(factor_row(p, b)[kPanel + r])
+                  : mins ? float(mins[i]) : 0.f;
   }
 };
 
@@ -262,8 +292,6 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
     float acc[kPanel] = {0};
     for (int64_t b = 0; b < w.nb; ++b) {
       const uint8_t* wb = wp + b * block_bytes(w.kind, w.block);
-      const c10::Half* s = w.scales + (p * w.nb + b) * kPanel;
-      const c10::Half* mn = w.mins ? w.mins + (p * w.nb + b) * kPanel : nullptr;
       const int8_t* z = w.zero_points(p, b);
       const int64_t c1 = std::min(w.block, k - b * w.block);
       for (int r = 0; r < kPanel; ++r) {
@@ -274,7 +302,7 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
           dot += (w.code(wb, r, c) - zr) * xv;  // q - z: exact
           xs += xv;
         }
-        acc[r] += dot * float(s[r]) + (mn ? float(mn[r]) * xs : 0.f);
+        acc[r] += dot * w.scale(p, b, r) + w.offset(p, b, r) * xs;
       }
     }
     std::memcpy(y + i * ldy + p * kPanel, acc, sizeof(acc));
@@ -285,8 +313,8 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
 // ---------------------------------------------------------------- AVX512-VNNI
 // Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
 // row (4 at one row, 2 at two: shorter chains of dependent vpdpbusd; more rows interleave).
-// BITS: 4 (w4), 6 (w6: w4's nibbles and a region of high bits) or 8 (w8).
-template <int R, int BITS, int OFS, int B>
+// BITS: 4 (w4), 6 (w6: w4's nibbles and a region of high bits) or 8 (w8); SC: coded scales.
+template <int R, int BITS, int OFS, int B, bool SC>
 void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
   constexpr bool W4 = BITS == 4, W6 = BITS == 6;
@@ -295,7 +323,7 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
   constexpr int64_t bytes = B * kPanel * BITS / 8;
   const uint8_t* wp = w.panel(p);
   const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
-  __m512 accf[R];
+  __m512 accf[R], fs, fm;  // fs, fm: the coded scales' factors of this super-block
   for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
@@ -349,11 +377,24 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       }
     }
     const int64_t sb = (p * w.nb + b) * kPanel;
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-        w.scales + sb)));
-    __m512 mn;
-    if constexpr (OFS == kMins)
-      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
+    __m512 s, mn;
+    if constexpr (SC) {
+      if (b % (kSuper / B) == 0) {
+        const c10::Half* f = w.factor_row(p, b);
+        fs = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f)));
+        if constexpr (OFS == kMins)
+          fm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f + 16)));
+      }
+      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scodes + sb)))), fs);
+      if constexpr (OFS == kMins)
+        mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mcodes + sb)))), fm);
+    } else {
+      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + sb)));
+      if constexpr (OFS == kMins)
+        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
+    }
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
       __m512i dot = acc[r][0];
@@ -458,8 +499,8 @@ inline __m256i dot4(__m256i u, __m256i s) {
 // maddubs' int16 pairs, so it multiplies |q| (0-128) by x with q's sign (|x| <= 127, so
 // negating it cannot wrap, and a pair sums to at most 2 * 128 * 127 < 2^15). w6's u8
 // q + 32 (0-63) meets x as w4's nibbles do (2 * 63 * 127 < 2^15), its sums starting at
-// -32 * sum(xq).
-template <int R, int BITS, int OFS, int B>
+// -32 * sum(xq). SC: coded scales.
+template <int R, int BITS, int OFS, int B, bool SC>
 void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
   constexpr bool W4 = BITS == 4, W6 = BITS == 6;
@@ -468,11 +509,19 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
   const uint8_t* wp = w.panel(p);
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
   const __m256i high2 = _mm256_set1_epi8(0x30);
-  __m256 accf[R][2];
+  __m256 accf[R][2], fs[2], fm[2];  // fs, fm: the coded scales' factors of this super-block
   for (int r = 0; r < R; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
     __m256i acc[R][2];
+    if constexpr (SC) {
+      if (b % (kSuper / B) == 0)
+        for (int h = 0; h < 2; ++h) {
+          const c10::Half* f = w.factor_row(p, b) + 8 * h;
+          fs[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
+          fm[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 16)));
+        }
+    }
     if constexpr (OFS == kZeros || W6) {  // the sums start at -(z + w6's 32) * sum(xq)
       __m256i zh[2] = {_mm256_set1_epi32(W6 ? 32 : 0), _mm256_set1_epi32(W6 ? 32 : 0)};
       if constexpr (OFS == kZeros) {
@@ -522,12 +571,20 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
     }
     const int64_t sb = (p * w.nb + b) * kPanel;
     for (int h = 0; h < 2; ++h) {
-      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-          w.scales + sb + 8 * h)));
-      __m256 mn;
-      if constexpr (OFS == kMins)
-        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-            w.mins + sb + 8 * h)));
+      __m256 s, mn;
+      if constexpr (SC) {
+        s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(w.scodes + sb + 8 * h)))), fs[h]);
+        if constexpr (OFS == kMins)
+          mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+              reinterpret_cast<const __m128i*>(w.mcodes + sb + 8 * h)))), fm[h]);
+      } else {
+        s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+            w.scales + sb + 8 * h)));
+        if constexpr (OFS == kMins)
+          mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+              w.mins + sb + 8 * h)));
+      }
       for (int r = 0; r < R; ++r) {
         const int64_t i = i0 + r;
         const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
@@ -656,24 +713,32 @@ void over_panels(const Weight& w, F&& f) {
 }
 
 // Dispatch on (kind, mins, block) to the templated integer kernel of this ISA.
-template <template <int, int, int, int> class K, int RMAX>
+template <template <int, int, int, int, bool> class K, int RMAX>
 void run_int(const Weight& w, const XQuant& xq, int64_t m, float* y, int64_t ldy) {
-  auto go = [&](auto bits, auto ofs, auto blk) {
+  auto go = [&](auto bits, auto ofs, auto blk, auto sc) {
     over_panels(w, [&](int64_t p) {
       row_blocks<RMAX>(m, [&](auto rows, int64_t i0) {
         K<decltype(rows)::value, decltype(bits)::value, decltype(ofs)::value,
-          decltype(blk)::value>::run(w, p, xq, i0, y, ldy);
+          decltype(blk)::value, decltype(sc)::value>::run(w, p, xq, i0, y, ldy);
       });
     });
   };
-  auto by_block = [&](auto bits, auto ofs) {
-    w.block == 32 ? go(bits, ofs, std::integral_constant<int, 32>{})
-                  : go(bits, ofs, std::integral_constant<int, 16>{});
+  auto by_block = [&](auto bits, auto ofs, auto sc) {
+    w.block == 32 ? go(bits, ofs, std::integral_constant<int, 32>{}, sc)
+                  : go(bits, ofs, std::integral_constant<int, 16>{}, sc);
   };
   auto by_offsets = [&](auto bits) {
-    if (w.zeros) by_block(bits, std::integral_constant<int, kZeros>{});
-    else if (w.mins) by_block(bits, std::integral_constant<int, kMins>{});
-    else by_block(bits, std::integral_constant<int, kNone>{});
+    using Mins = std::integral_constant<int, kMins>;
+    using None = std::integral_constant<int, kNone>;
+    if (w.scodes) {  // coded scales: never with integer zero points
+      w.mcodes ? by_block(bits, Mins{}, std::true_type{})
+               : by_block(bits, None{}, std::true_type{});
+    } else if (w.zeros) {
+      by_block(bits, std::integral_constant<int, kZeros>{}, std::false_type{});
+    } else {
+      w.mins ? by_block(bits, Mins{}, std::false_type{})
+             : by_block(bits, None{}, std::false_type{});
+    }
   };
   if (w.kind == kW4) by_offsets(std::integral_constant<int, 4>{});
   else if (w.kind == kW6) by_offsets(std::integral_constant<int, 6>{});
@@ -681,28 +746,28 @@ void run_int(const Weight& w, const XQuant& xq, int64_t m, float* y, int64_t ldy
 }
 
 #if defined(QL_AVX512)
-template <int R, int BITS, int OFS, int B>
+template <int R, int BITS, int OFS, int B, bool SC>
 struct Vnni {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_vnni<R, BITS, OFS, B>(w, p, xq, i0, y, ldy);
+    panel_vnni<R, BITS, OFS, B, SC>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
 #if defined(QL_AVX2)
-template <int R, int BITS, int OFS, int B>
+template <int R, int BITS, int OFS, int B, bool SC>
 struct Avx2 {
   static void run(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                   int64_t ldy) {
-    panel_avx2<R, BITS, OFS, B>(w, p, xq, i0, y, ldy);
+    panel_avx2<R, BITS, OFS, B, SC>(w, p, xq, i0, y, ldy);
   }
 };
 #endif
 
 Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
                  const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& zeros,
-                 const at::Tensor& rowf, int64_t kind, int64_t n, int64_t kpad, int64_t block,
-                 const char* op) {
+                 const std::optional<at::Tensor>& factors, const at::Tensor& rowf,
+                 int64_t kind, int64_t n, int64_t kpad, int64_t block, const char* op) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
   TORCH_CHECK(kind >= 0 && kind <= 4 && (block == 16 || block == 32) && kpad % kXBlock == 0,
               op, ": kind ", kind, " block ", block, " padded K ", kpad);
@@ -710,10 +775,18 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
   TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() &&
                   data.numel() == panels * nb * block_bytes(kind, block),
               op, ": data is not the packing of [", n, ", ", kpad, "] kind ", kind);
+  const bool coded = factors.has_value();
   for (const at::Tensor* t : {&scales, mins.has_value() ? &*mins : &scales})
-    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() &&
+    TORCH_CHECK(t->scalar_type() == (coded ? at::kChar : at::kHalf) && t->is_contiguous() &&
                     t->numel() == panels * nb * kPanel,
-                op, ": scales / mins must be fp16 [", panels, ", ", nb, ", 16]");
+                op, ": scales / mins must be ", coded ? "int8 codes" : "fp16", " [", panels,
+                ", ", nb, ", 16]");
+  const int64_t nsb = (nb + kSuper / block - 1) / (kSuper / block);
+  TORCH_CHECK(!coded || (!bf16_kind(kind) && !zeros.has_value() &&
+                         factors->scalar_type() == at::kHalf && factors->is_contiguous() &&
+                         factors->numel() == panels * nsb * 2 * kPanel),
+              op, ": factors must be fp16 [", panels, ", ", nsb, ", 2, 16], of an integer "
+              "kind without zero points");
   TORCH_CHECK(!zeros.has_value() || (!bf16_kind(kind) && !mins.has_value() &&
                                      zeros->scalar_type() == at::kChar &&
                                      zeros->is_contiguous() &&
@@ -723,10 +796,16 @@ Weight weight_of(const at::Tensor& data, const at::Tensor& scales,
   TORCH_CHECK(kind != kW8WO || !mins.has_value(), op, ": w8wo has no offsets");
   TORCH_CHECK(rowf.scalar_type() == at::kFloat && rowf.is_contiguous() &&
                   rowf.numel() == panels * kPanel, op, ": rowf must be float32 [", panels * 16, "]");
-  return {data.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(),
-          mins.has_value() ? mins->data_ptr<c10::Half>() : nullptr,
-          zeros.has_value() ? zeros->data_ptr<int8_t>() : nullptr, rowf.data_ptr<float>(),
-          kind, n, kpad, block, nb, panels};
+  Weight w{data.data_ptr<uint8_t>(), coded ? nullptr : scales.data_ptr<c10::Half>(),
+           mins.has_value() && !coded ? mins->data_ptr<c10::Half>() : nullptr,
+           zeros.has_value() ? zeros->data_ptr<int8_t>() : nullptr, rowf.data_ptr<float>(),
+           kind, n, kpad, block, nb, panels};
+  if (coded) {
+    w.scodes = scales.data_ptr<int8_t>();
+    w.mcodes = mins.has_value() ? mins->data_ptr<int8_t>() : nullptr;
+    w.factors = factors->data_ptr<c10::Half>();
+  }
+  return w;
 }
 
 // y [m, P * 16] (before rowf and bias) by this build's widest kernel for the kind.
@@ -812,7 +891,7 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
 // y [M, N] (x's dtype, written) = x W^T + bias.
 void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& scales,
                   const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& zeros,
-                  const at::Tensor& rowf, int64_t kind, int64_t n, int64_t block,
+                  const std::optional<at::Tensor>& factors, const at::Tensor& rowf, int64_t kind, int64_t n, int64_t block,
                   const std::optional<at::Tensor>& bias, const at::Tensor& y) {
   const auto dt = x_in.scalar_type();
   TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu() &&
@@ -822,7 +901,7 @@ void quant_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tens
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
   const Weight w =
-      weight_of(data, scales, mins, zeros, rowf, kind, n, kpad, block, "quant_linear");
+      weight_of(data, scales, mins, zeros, factors, rowf, kind, n, kpad, block, "quant_linear");
   TORCH_CHECK(y.scalar_type() == dt && y.is_contiguous() && y.dim() == 2 && y.size(0) == m &&
                   y.size(1) == n,
               "quant_linear: y must be [", m, ", ", n, "] in x's dtype");
@@ -891,8 +970,8 @@ void dequant_rows(const Weight& w, int64_t k, int64_t row0, int64_t row1, O* op)
         const int8_t* z = w.zero_points(p, b);
         for (int64_t row = r0; row < r1; ++row) {
           const int r = int(row - p * kPanel);
-          const float s = float(w.scales[sb + r]) * w.rowf[row];
-          const float mn = w.mins ? float(w.mins[sb + r]) * w.rowf[row] : 0.f;
+          const float s = w.scale(p, b, r) * w.rowf[row];
+          const float mn = w.offset(p, b, r) * w.rowf[row];
           const float zr = z ? float(z[r]) : 0.f;
           O* o = op + (row - row0) * k + b * B;
           const float* c = codes.data() + r * B;
@@ -907,12 +986,14 @@ void dequant_rows(const Weight& w, int64_t k, int64_t row0, int64_t row1, O* op)
 // the prefill path multiplies them tile by tile.
 at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
                          const std::optional<at::Tensor>& mins,
-                         const std::optional<at::Tensor>& zeros, const at::Tensor& rowf,
+                         const std::optional<at::Tensor>& zeros,
+                         const std::optional<at::Tensor>& factors, const at::Tensor& rowf,
                          int64_t kind, int64_t n, int64_t k, int64_t block, int64_t row0,
                          int64_t row1, at::ScalarType dtype) {
   const int64_t kpad = (k + kXBlock - 1) / kXBlock * kXBlock;
   const Weight w =
-      weight_of(data, scales, mins, zeros, rowf, kind, n, kpad, block, "quant_dequant");
+      weight_of(data, scales, mins, zeros, factors, rowf, kind, n, kpad, block,
+                "quant_dequant");
   TORCH_CHECK(0 <= row0 && row0 < row1 && row1 <= n, "quant_dequant: rows ", row0, "-", row1);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "quant_dequant: dtype must be float32 or bfloat16");
@@ -928,7 +1009,72 @@ at::Tensor quant_dequant(const at::Tensor& data, const at::Tensor& scales,
 // quant_linear._pack_torch). data: w4 uint8 [n, ceil(k/2)], w8 and w8wo int8 [n, k] (w8wo:
 // -127..127), fp8 bytes [n, k]; scales / mins float32 [n, groups], zeros (instead of mins)
 // int8 [n, groups]. Returns (data, scales, mins, zeros (each or an empty tensor), rowf).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
+// A factor f and int8 codes c with f * c[i] == v[i] exactly in float32 (the smallest
+// codes: the largest |v| gets the first code +-1, +-2, ... -128 that works: llama.cpp's
+// Q6_K gives its largest scale -128, with d of either sign), or false. The quotients
+// are taken in double and rounded once, so the library's reciprocal math cannot miss an
+// exact one (a k-quant's d * sc divided by sc is d).
+bool int8_factor(const float* v, int64_t cnt, float& f, int8_t* c) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < cnt; ++i) amax = std::max(amax, std::fabs(v[i]));
+  if (amax == 0.f) {
+    f = 0.f;
+    std::fill(c, c + cnt, int8_t(0));
+    return true;
+  }
+  if (!std::isfinite(amax)) return false;
+  for (int top = 2; top <= 257; ++top) {  // +f, -f for each top code
+    const float cand = float(double(amax) / (top / 2)) * (top % 2 ? -1.f : 1.f);
+    bool ok = cand != 0.f;
+    for (int64_t i = 0; i < cnt && ok; ++i) {
+      const double q = std::nearbyint(double(v[i]) / double(cand));
+      ok = q >= -128 && q <= 127 && float(q) * cand == v[i];
+      if (ok) c[i] = int8_t(q);
+    }
+    if (ok) {
+      f = cand;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The coded layout of a packing's scales (and offsets): int8 codes and fp16 factors per
+// 256 columns (Weight::scodes), or false where a super-block's scales are not small
+// integer multiples of one factor (then the fp16 layout stays).
+bool code_scales(const float* sp, const float* mp, const float* rowf, int64_t n, int64_t groups,
+                 int64_t group, int64_t block, int64_t panels, int64_t nb, int8_t* sc,
+                 int8_t* mc, c10::Half* fac) {
+  const int64_t per = kSuper / block, nsb = (nb + per - 1) / per;
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> v(per);
+    std::vector<int8_t> c(per);
+    for (int64_t p = p0; p < p1 && ok; ++p)
+      for (int r = 0; r < kPanel && ok; ++r) {
+        const int64_t row = p * kPanel + r;
+        if (row >= n) continue;  // padding rows: zero codes and factors
+        for (int64_t t = 0; t < nsb && ok; ++t)
+          for (int which = 0; which < (mp ? 2 : 1) && ok; ++which) {
+            const float* src = which ? mp : sp;
+            const int64_t b0 = t * per, cnt = std::min(per, nb - b0);
+            for (int64_t i = 0; i < cnt; ++i)
+              v[i] = src[row * groups + std::min((b0 + i) * block / group, groups - 1)];
+            float f;
+            if (!int8_factor(v.data(), cnt, f, c.data())) {
+              ok = false;
+              break;
+            }
+            int8_t* dst = which ? mc : sc;
+            for (int64_t i = 0; i < cnt; ++i) dst[(p * nb + b0 + i) * kPanel + r] = c[i];
+            fac[((p * nsb + t) * 2 + which) * kPanel + r] = c10::Half(f / rowf[row]);
+          }
+      }
+  });
+  return ok;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pack(
     const at::Tensor& data_in, const at::Tensor& scales_in,
     const std::optional<at::Tensor>& mins_in, const std::optional<at::Tensor>& zeros_in,
     int64_t kind, int64_t n, int64_t k, int64_t group, int64_t block) {
@@ -1035,7 +1181,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_pac
       }
     }
   });
-  return {out, s16, m16, z8.view({-1, nb, kPanel}), rowf};
+  // coded scales where every super-block's are small integer multiples of one factor
+  if (!bf16_kind(kind) && !zr.defined()) {
+    const int64_t nsb = (nb + kSuper / block - 1) / (kSuper / block);
+    at::Tensor sc = at::zeros({panels, nb, kPanel}, u8.dtype(at::kChar));
+    at::Tensor mc = mn.defined() ? at::zeros({panels, nb, kPanel}, sc.options())
+                                 : at::empty({0}, sc.options());
+    at::Tensor fac = at::zeros({panels, nsb, 2, kPanel}, s16.options());
+    if (code_scales(sp, mp, rp, n, groups, group, block, panels, nb, sc.data_ptr<int8_t>(),
+                    mn.defined() ? mc.data_ptr<int8_t>() : nullptr,
+                    fac.data_ptr<c10::Half>()))
+      return {out, sc, mc, z8.view({-1, nb, kPanel}), rowf, fac};
+  }
+  return {out, s16, m16, z8.view({-1, nb, kPanel}), rowf, at::empty({0}, s16.options())};
 }
 
 int64_t quant_linear_isa() {
@@ -1063,11 +1221,13 @@ int64_t quant_linear_fp8_isa() {
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, "
-        "Tensor rowf, int kind, int n, int block, Tensor? bias, Tensor(a!) y) -> ()");
-  m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, Tensor rowf, "
-        "int kind, int n, int k, int block, int row0, int row1, ScalarType dtype) -> Tensor");
+        "Tensor? factors, Tensor rowf, int kind, int n, int block, Tensor? bias, "
+        "Tensor(a!) y) -> ()");
+  m.def("quant_dequant(Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, "
+        "Tensor? factors, Tensor rowf, int kind, int n, int k, int block, int row0, int row1, "
+        "ScalarType dtype) -> Tensor");
   m.def("quant_pack(Tensor data, Tensor scales, Tensor? mins, Tensor? zeros, int kind, int n, "
-        "int k, int group, int block) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int k, int group, int block) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("quant_linear_isa() -> int", &quant_linear_isa);  // no tensors: a catch-all kernel
   m.def("quant_linear_fp8_isa() -> int", &quant_linear_fp8_isa);
 }
