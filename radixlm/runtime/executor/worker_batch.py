@@ -33,6 +33,9 @@ class ModelWorkerBatch:
     # executor.sampler.SamplingBatch (typed Any: it holds a callable, and msgspec builds the
     # tensor-parallel step's decoder from these types); rank 0 only, never sent to others
     sampling: Any = None
+    # a hybrid model's batch: each sequence's slot in the state pool (radix_cache/
+    # state_pool.py); a sequence with prefix_lens 0 starts from zeros, not its slot
+    state_slots: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.req_pool_indices)

@@ -18,6 +18,7 @@ from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import KVEventRecorder
 from radixlm.radix_cache.kv_pool import ReqToTokenPool
 from radixlm.radix_cache.radix_tree import MatchResult, RadixCache
+from radixlm.radix_cache.state_pool import StateSlots
 from radixlm.radix_cache.swa_allocator import SWAAllocator, SWASpec
 from radixlm.runtime.managers.scheduler.hicache import HiCache
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
@@ -36,11 +37,14 @@ class CacheManager:
     def __init__(self, pool_size: int, page_size: int, max_reqs: int, max_context_len: int,
                  disable_radix_cache: bool, device: torch.device,
                  eviction_policy: str = "lru", events: KVEventRecorder | None = None,
-                 hicache: HiCache | None = None, swa: SWASpec | None = None) -> None:
+                 hicache: HiCache | None = None, swa: SWASpec | None = None,
+                 state_slots: int = 0) -> None:
         """``hicache``: the storage tier under the tree (``--enable-hierarchical-cache``):
         evicted pages are written to it, admissions load from it what the tree lacks.
         ``swa``: the sliding layers' pool (``--enable-hybrid-swa-memory``); each running
-        request's sliding slots older than its window are freed as it runs."""
+        request's sliding slots older than its window are freed as it runs.
+        ``state_slots``: a hybrid model's state pool size (``radix_cache/state_pool.py``;
+        0: the model has no linear-attention layer): each running request owns one slot."""
         self.page_size = page_size
         self.pool_size = pool_size
         self.swa = swa
@@ -58,6 +62,7 @@ class CacheManager:
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
             self.hicache.attach_events(events)
+        self.states = StateSlots(state_slots) if state_slots else None
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
         self.evicted_tokens = 0  # freed by eviction since start (a metric)
@@ -81,10 +86,16 @@ class CacheManager:
         return len(self.tree.match_prefix(ids, namespace=req.namespace).slots)
 
     def admit(self, req: Req) -> bool:
-        """Give ``req`` a row and lock its cached prefix. False if no row is free."""
+        """Give ``req`` a row (and, for a hybrid model, a state slot) and lock its cached
+        prefix. False, and nothing held, if no row or no state slot is free."""
         row = self.req_to_token_pool.alloc()
         if row is None:
             return False
+        if self.states is not None:
+            req.state_slot = self.states.alloc()
+            if req.state_slot is None:  # the request waits for a running one to end
+                self.req_to_token_pool.free(row)
+                return False
         ids = req.fill_ids[: req.max_cached_prefix()]
         m = self.tree.match_prefix(ids, namespace=req.namespace)
         loaded = 0
@@ -271,6 +282,10 @@ class CacheManager:
         self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
+        if req.state_slot is not None:
+            assert self.states is not None, f"{req} holds a state slot without a state pool"
+            self.states.free(req.state_slot)
+            req.state_slot = None
         del self.running[req.rid]
         self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
@@ -333,8 +348,18 @@ class CacheManager:
             f"request-owned {owned} = {total} != pool size {self.pool_size}")
         if self.swa is not None:
             self._check_swa_accounting(deep)
+        if self.states is not None:
+            self._check_state_accounting()
         if deep:
             self.tree.check_integrity()
+
+    def _check_state_accounting(self) -> None:
+        """free + request-owned == state pool size, each running request one slot of its
+        own (``StateSlots.check_integrity``)."""
+        assert self.states is not None
+        owned = [r.state_slot for r in self.running.values()]
+        assert None not in owned, f"running requests without a state slot: {owned}"
+        self.states.check_integrity(owned)
 
     def _check_swa_accounting(self, deep: bool) -> None:
         assert self.swa is not None and isinstance(self.allocator, SWAAllocator)

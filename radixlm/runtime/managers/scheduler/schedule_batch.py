@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.radix_cache.state_pool import state_slots_of
 from radixlm.runtime.executor.sampling_params import SamplingParams
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 
@@ -62,6 +63,8 @@ class Req:
         # with the SWA pool: positions [prefix_len, swa_released) have no sliding K/V
         self.swa_released = 0
         self.swa_uuid = 0  # its sliding lock in the tree (0: none)
+        # a hybrid model's request: its slot in the state pool while admitted (state_pool.py)
+        self.state_slot: int | None = None
         self.cached_tokens = 0
         self.storage_cached_tokens = 0  # of cached_tokens, loaded from the storage tier
         self.admitted_once = False
@@ -182,6 +185,7 @@ class ScheduleBatch:
         input_ids: list[int] = []
         for r, n in zip(self.reqs, self.extend_lens):
             input_ids += r.tokens(r.kv_len, r.kv_len + n)
+        slots = [r.state_slot for r in self.reqs]
         return ModelWorkerBatch(
             is_decode=self.is_decode,
             req_pool_indices=[r.req_pool_idx for r in self.reqs],
@@ -191,4 +195,5 @@ class ScheduleBatch:
             logit_ranges=self.logit_ranges,
             prefix_groups=self.prefix_groups,
             sampling=sampling,
+            state_slots=None if all(s is None for s in slots) else state_slots_of(slots),
         )
