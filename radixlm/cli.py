@@ -15,6 +15,7 @@ from radixlm.bench import serve as bench_serve
 from radixlm.runtime.disaggregation import launcher as pd_launcher
 from radixlm.runtime.entrypoints.listener import bind_listener
 from radixlm.tiny_families import FAMILIES, make_family_model
+from radixlm.tiny_hybrids import HYBRIDS, make_hybrid_model
 from radixlm.tiny_model import ARCHS, add_shape_args, make_tiny_model, shape_from_args
 
 DEMO_PROMPTS = [
@@ -57,6 +58,10 @@ def _make_tiny(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         if shape is not None:
             parser.error(f"--preset and the size flags are for llama / qwen2, not {args.arch}")
         path = make_family_model(args.dir, args.arch, seed=args.seed)
+    elif args.arch in HYBRIDS:  # linear-attention hybrids (tiny_hybrids.py)
+        if shape is not None:
+            parser.error(f"--preset and the size flags are for llama / qwen2, not {args.arch}")
+        path = make_hybrid_model(args.dir, args.arch, seed=args.seed)
     else:
         try:
             path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed, shape=shape)
@@ -115,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random model of any supported "
                           "family (and the built-in tokenizer) to DIR")
     tiny.add_argument("dir")
-    tiny.add_argument("--arch", choices=[*ARCHS, *FAMILIES], default="llama",
+    tiny.add_argument("--arch", choices=[*ARCHS, *FAMILIES, *HYBRIDS], default="llama",
                       help="llama / qwen2: the built-in models; the others: hidden 64, 3 "
-                           "layers, each family's special features on (radixlm/tiny_families.py)")
+                           "layers, each family's special features on (radixlm/tiny_families.py"
+                           "; the hybrids qwen3_next and qwen3_5: radixlm/tiny_hybrids.py)")
     tiny.add_argument("--seed", type=int, default=0)
     add_shape_args(tiny)
     bench = sub.add_parser("bench", help="a load generator against any server, and the "

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
+LINEAR = "linear_attention"  # a hybrid's recurrent layers (Qwen3-Next's Gated DeltaNet)
 _DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -41,7 +42,9 @@ class ModelConfig:
     (``linear``, ``llama3``, ``yarn`` or ``longrope``) and that type's parameters; with
     per-layer-type RoPE (Gemma 3) these are the full-attention layers' and the family reads
     the others from ``hf_config`` (``layers/rotary.py``). ``layer_types[i]`` is ``FULL`` or
-    ``SLIDING``; ``layer_window(i)`` the window layer ``i`` attends within (None: all).
+    ``SLIDING``, or ``LINEAR`` in a hybrid model (a recurrent layer with no K/V rows: its
+    state lives in the state pool, ``radix_cache/state_pool.py``); ``layer_window(i)`` the
+    window layer ``i`` attends within (None: all).
     ``hf_config`` is config.json as read, for the fields only one family has (soft-caps,
     multipliers, norm layouts): the family files read them.
     """
@@ -155,6 +158,22 @@ class ModelConfig:
         if self.sliding_window is None or self.layer_types[layer_id] != SLIDING:
             return None
         return self.sliding_window
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers with K/V rows in the KV pool (a hybrid's linear layers have none)."""
+        return self.num_layers - self.layer_types.count(LINEAR)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers keep a recurrent state instead of K/V (``LINEAR``)."""
+        return LINEAR in self.layer_types
+
+    def kv_layer_index(self, layer_id: int) -> int:
+        """The KV pool's layer of attention layer ``layer_id`` (its rank among the layers
+        with K/V)."""
+        assert self.layer_types[layer_id] != LINEAR, f"layer {layer_id} has no K/V"
+        return layer_id - self.layer_types[:layer_id].count(LINEAR)
 
     @property
     def q_size(self) -> int:
@@ -287,9 +306,9 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
         return (FULL if sliding_window is None else SLIDING,) * n
     if hf.get("layer_types"):
         types = tuple(hf["layer_types"])
-        if len(types) != n or set(types) - {FULL, SLIDING}:
+        if len(types) != n or set(types) - {FULL, SLIDING, LINEAR}:
             raise ValueError(f"layer_types in config.json must be {n} of {FULL!r} / "
-                             f"{SLIDING!r}, got {list(types)}")
+                             f"{SLIDING!r} / {LINEAR!r}, got {list(types)}")
         return types
     if sliding_window is None:
         return (FULL,) * n

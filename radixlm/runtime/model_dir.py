@@ -23,7 +23,7 @@ SERVED_ARCHITECTURES = (
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GemmaForCausalLM",
     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
     "Phi3ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-    "GraniteForCausalLM", "GptOssForCausalLM",
+    "GraniteForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
@@ -37,6 +37,7 @@ ARCHITECTURE_OF_MODEL_TYPE = {
     "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
 }
 # what AutoTokenizer builds a tokenizer from: a tokenizers serialization, a sentencepiece
 # or tiktoken model, a BPE or WordPiece vocabulary

@@ -12,9 +12,11 @@ import torch
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool, SWAKVPool
+from radixlm.radix_cache.state_pool import StatePool
 from radixlm.runtime.executor.forward_batch import (
     ForwardBatch,
     ForwardMode,
+    StateIndices,
     SWAIndices,
     WindowView,
 )
@@ -33,12 +35,29 @@ class ForwardBatchBuilder:
     uses_torch_attention: bool  # the torch path: an ``AttentionPlan`` per forward
     paged_kernel: bool  # see ModelRunner.paged_kernel
     amx_attention: bool  # see ModelRunner.amx_attention
+    state_pool: StatePool | None = None  # a hybrid model's (radix_cache/state_pool.py)
 
     def build(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """Packed tensors for ``batch``; see ForwardBatch for the layout."""
         if batch.is_decode:
-            return self._decode_batch(batch, req_to_token)
-        return self._extend_batch(batch, req_to_token)
+            fb = self._decode_batch(batch, req_to_token)
+        else:
+            fb = self._extend_batch(batch, req_to_token)
+        if self.state_pool is not None:
+            fb.state = self._state(batch)
+        return fb
+
+    def _state(self, batch: ModelWorkerBatch) -> StateIndices:
+        """Each sequence's state slot; those with nothing computed start from zeros."""
+        assert self.state_pool is not None and batch.state_slots is not None, (
+            "a hybrid model's batch carries state_slots")
+        assert len(batch.state_slots) == len(batch), (batch.state_slots, len(batch))
+        fresh = [p == 0 for p in batch.prefix_lens]
+        return StateIndices(
+            self.state_pool,
+            torch.tensor(batch.state_slots, dtype=torch.int64, device=self.device),
+            torch.tensor(fresh, device=self.device) if any(fresh) else None,
+            list(batch.extend_lens))
 
     def _decode_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """One new token per sequence, built with a few vectorised ops."""

@@ -21,6 +21,7 @@ import torch
 from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool, SWAKVPool
+from radixlm.radix_cache.state_pool import StatePool
 
 
 @dataclass
@@ -45,6 +46,19 @@ class SWAIndices:
     kv_indices: torch.Tensor  # [nnz]
     window_views: dict[int, WindowView] = field(default_factory=dict)
     attention_plan: AttentionPlan | None = None  # the forward's, over these slots
+
+
+@dataclass
+class StateIndices:
+    """A hybrid model's forward: where its linear layers' states are. Sequence ``i`` reads
+    and writes slot ``slots[i]`` of ``pool``, or starts from zeros where ``fresh[i]`` (no
+    token of it computed yet: admitted or retracted, so its slot holds someone else's
+    leftovers)."""
+
+    pool: StatePool
+    slots: torch.Tensor  # [B] int64
+    fresh: torch.Tensor | None  # [B] bool; None: no sequence is fresh
+    seq_lens: list[int]  # new tokens per sequence (host side: the chunk layout's)
 
 
 class ForwardMode(enum.Enum):
@@ -85,6 +99,8 @@ class ForwardBatch:
     # over their sequences' KV up to them, for the last layer, whose other rows no one
     # reads (None: that layer runs every row; see ``ForwardBatchBuilder._last_rows``)
     last_rows: ForwardBatch | None = None
+    # a hybrid model: its linear layers' states (None: a model of attention layers only)
+    state: StateIndices | None = None
 
     def for_layer(self, sliding: bool) -> ForwardBatch | SWAIndices:
         """Where a layer's ``out_cache_loc``, ``kv_indices`` and ``window_views`` are."""

@@ -40,7 +40,13 @@ from radixlm.runtime.executor.batch_builder import ForwardBatchBuilder
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.forward_heap import ForwardHeap, release_free_heap
-from radixlm.runtime.executor.models import build_model, decode_windows, get_model_class
+from radixlm.runtime.executor.hybrid import make_state_pool, refuse_hybrid_features
+from radixlm.runtime.executor.models import (
+    build_model,
+    decode_windows,
+    get_model_class,
+    state_specs,
+)
 from radixlm.runtime.executor.models.weights import (
     LoadTarget,
     config_differences,
@@ -65,6 +71,13 @@ logger = logging.getLogger(__name__)
 
 # a CPU default: enough for hundreds of concurrent requests of a small model
 MAX_DEFAULT_POOL_TOKENS = 1 << 17
+DEFAULT_MAX_RUNNING_REQUESTS = 256
+
+
+def max_running_requests(args: ServerArgs, pool_size: int) -> int:
+    """--max-running-requests, else one request per 8 pool tokens, at most 256."""
+    return args.max_running_requests or min(DEFAULT_MAX_RUNNING_REQUESTS,
+                                            max(pool_size // 8, 1))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -79,6 +92,7 @@ class ModelRunner:
         self.is_embedding = args.is_embedding  # forward returns pooled models' hidden states
         self.model_config = ModelConfig.from_hf(model_path, dtype=args.dtype,
                                                 context_length=args.context_length)
+        refuse_hybrid_features(args, self.model_config)
         self.tp = self._init_tp(args, tp_rank)
         self.tp_broken = False
         self.dtype = self.model_config.resolve_dtype(self.device)
@@ -126,6 +140,10 @@ class ModelRunner:
         self.swa_pool_size = (0 if self.swa is None else swa_pool_size(
             self.pool_size, self.swa_ratio, self.swa.window, args.page_size))
         self.kv_pool = self._make_pool()
+        # a hybrid model: one state slot per request row the scheduler can hand out
+        specs = state_specs(self.model)
+        self.state_pool = (make_state_pool(specs, max_running_requests(args, self.pool_size)
+                                           + 1, self.dtype, self.device) if specs else None)
         logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))
@@ -142,7 +160,7 @@ class ModelRunner:
         self.heap = ForwardHeap(self.device.type == "cpu" and not args.disable_cpu_malloc_cache)
         self.batch_builder = ForwardBatchBuilder(
             self.device, self.kv_pool, self.attention_backend, self.dtype, self.decode_windows,
-            self.uses_torch_attention, self.paged_kernel, self.amx_attention)
+            self.uses_torch_attention, self.paged_kernel, self.amx_attention, self.state_pool)
         self.graph_runner = self._capture_cuda_graphs(args)
         self.sampler = Sampler(self.model_config.vocab_size, self.device, args.random_seed)
 
@@ -152,10 +170,15 @@ class ModelRunner:
         cfg = self.model_config
         heads = local_kv_heads(cfg, self.tp.size)
         if self.swa is None:
-            return KVPool(self.pool_size + 1, cfg.num_layers, heads, cfg.head_dim,
+            return KVPool(self.pool_size + 1, cfg.kv_layers, heads, cfg.head_dim,
                           self.kv_dtype, self.device)
         return SWAKVPool(self.pool_size, self.swa_pool_size, list(self.swa.swa_layers),
                          cfg.num_layers, heads, cfg.head_dim, self.kv_dtype, self.device)
+
+    @property
+    def state_pool_size(self) -> int:
+        """State slots of a hybrid model (0: none, a model of attention layers only)."""
+        return 0 if self.state_pool is None else self.state_pool.size
 
     def swa_spec(self) -> SWASpec | None:
         """The SWA pool as the cache manager's allocator needs it (None: one pool)."""
@@ -192,7 +215,7 @@ class ModelRunner:
         cfg = self.model_config
         heads = local_kv_heads(cfg, self.tp.size)
         if self.swa is None:
-            return KVPool.bytes_per_token(cfg.num_layers, heads, cfg.head_dim, self.kv_dtype)
+            return KVPool.bytes_per_token(cfg.kv_layers, heads, cfg.head_dim, self.kv_dtype)
         full, swa = self.swa.bytes_per_token(heads, cfg.head_dim, self.kv_dtype)
         return full + int(swa * self.swa_ratio)
 
@@ -333,6 +356,8 @@ class ModelRunner:
         """Decode CUDA graphs, on CUDA with the Triton path unless --disable-cuda-graph
         (mixture-of-experts models too: the Triton path runs their experts in the fused-MoE
         kernel, which reads nothing back to the host)."""
+        if self.state_pool is not None:  # the states' gather / scatter are not captured
+            return None
         if self.swa is not None and self.device.type == "cuda":
             # the graphs' index buffers hold full slots; the sliding layers' translation
             # is not captured yet

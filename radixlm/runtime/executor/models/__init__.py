@@ -33,6 +33,7 @@ from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
 from radixlm.runtime.executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from radixlm.runtime.executor.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
@@ -41,7 +42,7 @@ from radixlm.runtime.model_dir import SERVED_ARCHITECTURES, served_architecture
 logger = logging.getLogger(__name__)
 
 __all__ = ["MODEL_CLASSES", "get_model_class", "build_model", "load_model", "masked_layers",
-           "decode_windows", "LlamaForCausalLM", "Qwen2ForCausalLM"]
+           "decode_windows", "state_specs", "LlamaForCausalLM", "Qwen2ForCausalLM"]
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -62,6 +63,9 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    # hybrids: Gated DeltaNet layers (their state in the state pool) beside attention
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,
@@ -85,15 +89,28 @@ def masked_layers(model: nn.Module) -> list[int]:
     """Layers whose attention has a sliding window or soft-capped scores (on the torch path
     they run in the compiled CPU kernel when it is built, else in
     ``kernels.masked_attention``; in Triton's kernels on the Triton path)."""
-    return [i for i, layer in enumerate(model.model.layers) if layer.self_attn.attn.masked]
+    return [i for i, attn in _attentions(model) if attn.masked]
+
+
+def _attentions(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(layer id, its RadixAttention) of the layers with one (a hybrid's linear layers have
+    none)."""
+    return [(i, layer.self_attn.attn) for i, layer in enumerate(model.model.layers)
+            if hasattr(layer, "self_attn")]
+
+
+def state_specs(model: nn.Module) -> dict:
+    """A hybrid model's recurrent state of one sequence per linear layer (layer id ->
+    ``radix_cache.state_pool.StateSpec``); {} for a model of attention layers only."""
+    specs = getattr(model, "state_specs", None)
+    return specs() if specs is not None else {}
 
 
 def decode_windows(model: nn.Module) -> list[int]:
     """The sliding windows of layers without soft-capping: in decode they attend through
     the plain kernels over each sequence's last ``window`` slots (``WindowView``)."""
-    return sorted({layer.self_attn.attn.sliding_window for layer in model.model.layers
-                   if layer.self_attn.attn.sliding_window is not None
-                   and layer.self_attn.attn.logit_cap is None})
+    return sorted({attn.sliding_window for _, attn in _attentions(model)
+                   if attn.sliding_window is not None and attn.logit_cap is None})
 
 
 @contextlib.contextmanager

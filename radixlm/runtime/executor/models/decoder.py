@@ -214,10 +214,11 @@ def build_rotaries(config: ModelConfig, spec: DecoderSpec) -> nn.ModuleDict:
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, spec: DecoderSpec) -> None:
+    def __init__(self, config: ModelConfig, spec: DecoderSpec,
+                 layer_class: type[nn.Module] = DecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, spec, i)
+        self.layers = nn.ModuleList(layer_class(config, spec, i)
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset)
         self.rotary_emb = build_rotaries(config, spec)
@@ -226,7 +227,10 @@ class DecoderModel(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """A dense causal LM over the paged KV pool; ``forward(fb)`` returns float32 logits
     ``[len(fb.logits_indices), vocab]`` (on ranks other than 0 of a tensor-parallel group:
-    ``[len(fb.logits_indices), 0]``). A family sets ``spec_for``."""
+    ``[len(fb.logits_indices), 0]``). A family sets ``spec_for``; a hybrid family its
+    ``layer_class`` too (a layer with ``DecoderLayer``'s forward)."""
+
+    layer_class: type[nn.Module] = DecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -235,7 +239,7 @@ class DecoderForCausalLM(nn.Module):
         if spec.rope_layers is not None and len(spec.rope_layers) != config.num_layers:
             raise ValueError(f"{len(spec.rope_layers)} RoPE flags (no_rope_layers) for "
                              f"{config.num_layers} layers")
-        self.model = DecoderModel(config, spec)
+        self.model = DecoderModel(config, spec, self.layer_class)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -19,7 +19,11 @@ from radixlm.radix_cache.kv_events import MEDIUM_CPU, MEDIUM_GPU, KVEventBatch, 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained.after_text import AfterTextMatcher
 from radixlm.runtime.cpu_threads import ThreadSizer
-from radixlm.runtime.executor.model_runner import ModelRunner, resolve_device
+from radixlm.runtime.executor.model_runner import (
+    ModelRunner,
+    max_running_requests,
+    resolve_device,
+)
 from radixlm.runtime.executor.pooler import PoolingConfig
 from radixlm.runtime.managers.messages import (
     AbortReq,
@@ -55,7 +59,6 @@ from radixlm.runtime.managers.validation import (
 logger = logging.getLogger(__name__)
 
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
-DEFAULT_MAX_RUNNING_REQUESTS = 256
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
 
 
@@ -88,20 +91,27 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.model_config = self.model_runner.model_config
         self.context_len = self.model_config.context_length
         pool = self.model_runner.pool_size
-        self.max_running_requests = args.max_running_requests or min(
-            DEFAULT_MAX_RUNNING_REQUESTS, max(pool // 8, 1))
+        self.max_running_requests = max_running_requests(args, pool)
         # the tree's KV events: published (--kv-events-config) and/or read by the dispatcher
         self.kv_events = (KVEventRecorder(args.page_size, MEDIUM_GPU if self.model_runner.device
                                           .type == "cuda" else MEDIUM_CPU)
                           if wants_kv_events(args) else None)
         self.kv_event_sinks: list[Callable[[KVEventBatch], Any]] = []
+        # a hybrid model reuses no cached prefix yet: K/V without the linear layers' state
+        # after it would give wrong tokens (executor/hybrid.py)
+        hybrid = self.model_runner.state_pool is not None
+        if hybrid and not args.disable_radix_cache:
+            logger.info("%s is a hybrid model: the radix cache is off (no prefix is reused "
+                        "until the tree keeps recurrent states)",
+                        self.model_config.architectures[0])
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
-                                  self.context_len, args.disable_radix_cache,
+                                  self.context_len, args.disable_radix_cache or hybrid,
                                   self.model_runner.device, args.radix_eviction_policy,
                                   self.kv_events, build_hicache(args, self.model_runner,
                                                                 model_path,
                                                                 DEFAULT_WEIGHT_VERSION),
-                                  swa=self.model_runner.swa_spec())
+                                  swa=self.model_runner.swa_spec(),
+                                  state_slots=self.model_runner.state_pool_size)
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling

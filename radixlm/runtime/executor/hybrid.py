@@ -1,0 +1,66 @@
+"""Serving a hybrid model (linear-attention layers beside attention, ``ModelConfig.is_hybrid``):
+its state pool, and the features that cannot serve one yet, refused at start-up by name.
+
+What does not work yet, and why:
+
+- the radix cache: a cached prefix's K/V is not enough, a request would also need the linear
+  layers' state after that prefix, which the tree does not keep yet. The scheduler matches
+  no prefix for a hybrid model (``Scheduler``: the tree is off), so every request computes
+  its whole prompt; reusing K/V alone would give wrong tokens.
+- ``--tp-size`` > 1: the linear layers are not sharded.
+- ``--disaggregation-mode``: the state would have to travel with the K/V.
+- ``--enable-hierarchical-cache``: the storage tier keeps K/V pages only (and needs the tree).
+- ``--enable-hybrid-swa-memory``: no hybrid family has sliding layers.
+- ``--is-embedding``: pooling over a hybrid is untested.
+Decode CUDA graphs are off for hybrids (the state's gather and scatter are not captured).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from radixlm.radix_cache.state_pool import StatePool, StateSpec
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def refuse_hybrid_features(args: ServerArgs, config: ModelConfig) -> None:
+    """ValueError naming the first flag a hybrid model cannot serve with yet."""
+    if not config.is_hybrid:
+        return
+    model = f"{'/'.join(config.architectures)} (a hybrid of linear-attention layers)"
+    refused = [
+        (args.tp_size > 1, f"--tp-size {args.tp_size}: its linear-attention layers are not "
+         "sharded yet"),
+        (args.disaggregation_mode != "null", f"--disaggregation-mode "
+         f"{args.disaggregation_mode}: its recurrent state does not travel with the KV yet"),
+        (args.enable_hierarchical_cache, "--enable-hierarchical-cache: the storage tier keeps "
+         "K/V pages, not its recurrent state"),
+        (args.enable_hybrid_swa_memory, "--enable-hybrid-swa-memory: it has no sliding "
+         "layers, and the SWA pool does not hold recurrent state"),
+        (args.is_embedding, "--is-embedding: pooling a hybrid model is not supported yet"),
+    ]
+    for bad, why in refused:
+        if bad:
+            raise ValueError(f"{model} cannot be served with {why}")
+
+
+def make_state_pool(specs: dict[int, StateSpec], size: int, dtype: torch.dtype,
+                    device: torch.device) -> StatePool:
+    """``size`` slots of every linear layer's state (conv in ``dtype``, the delta rule's
+    matrix in float32)."""
+    pool = StatePool(size, specs, dtype, device)
+    logger.info("state pool: %d slots of %d linear layers' state, %.1f MiB each, %.2f GiB in "
+                "all (the radix cache is off for hybrid models: no prefix is reused)", size,
+                len(specs), StatePool.bytes_per_slot(specs, dtype) / (1 << 20),
+                pool.nbytes / (1 << 30))
+    return pool
+
+
+def is_hybrid_model(model: nn.Module) -> bool:
+    return hasattr(model, "state_specs")

@@ -1,0 +1,233 @@
+"""Qwen3-Next and Qwen3.5 (dense): hybrids of Gated DeltaNet layers and gated attention.
+
+``layer_types`` interleaves ``linear_attention`` (three of four layers in the released
+checkpoints) with ``full_attention``; every layer then has the same MLP, with Gemma's
+``(1 + w)`` RMSNorms before the mixer and before the MLP::
+
+    linear_attention   x -> in_proj -> q k v | z | b a
+                       q k v -> causal conv1d (state: last K - 1 inputs) -> SiLU
+                       -> gated delta rule (state: [Hv, Dk, Dv] per sequence, float32)
+                       -> RMSNorm(o) * SiLU(z) per head -> out_proj
+    full_attention     q_proj gives q and a gate per head; q/k RMSNorm per head, partial
+                       RoPE (``partial_rotary_factor``), paged attention; o * sigmoid(gate)
+                       -> o_proj
+
+The linear layers' state of each running request lives in its slot of the state pool
+(``radix_cache/state_pool.py``, ``ForwardBatch.state``): an extend continues its sequences
+from their slots' states (zeros for a sequence with nothing computed) with the chunked rule,
+a decode steps each by one token; both write the new state back. Only the attention layers
+have K/V rows (``ModelConfig.kv_layer_index``). The math is ``layers/gated_delta.py``.
+
+The two families differ in the linear layers' checkpoint tensors: Qwen3-Next's
+``in_proj_qkvz`` / ``in_proj_ba`` are grouped by key head (each key head's q, k, then its
+value heads' v and z; its value heads' b, then a), Qwen3.5's ``in_proj_qkv``, ``in_proj_z``,
+``in_proj_b``, ``in_proj_a`` are plain concatenations. Qwen3.5's multimodal RoPE is plain
+RoPE for text (its three position ids are equal). Here each family's projections are one
+matmul (``in_proj``). Qwen3-Next with experts (``num_experts`` > 0) and Qwen3.5-MoE are not
+served yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixlm.radix_cache.state_pool import StateSpec
+from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear, Shard
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.layers.attention import RadixAttention
+from radixlm.runtime.executor.layers.gated_delta import (
+    causal_conv1d,
+    causal_conv1d_step,
+    chunk_gated_delta_rule,
+    gated_delta_gates,
+    recurrent_gated_delta_rule_step,
+    rms_norm_gated,
+)
+from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
+from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
+from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
+from radixlm.runtime.model_config import LINEAR, ModelConfig
+
+
+def _whole(parts: dict[str, int]) -> dict[str, Shard]:
+    """Checkpoint tensors stacked whole into one matmul (no tensor parallelism)."""
+    return {name: Shard(0, 0, rows, rows) for name, rows in parts.items()}
+
+
+class GatedAttention(nn.Module):
+    """Full attention whose q projection also gives a gate per head: ``o * sigmoid(gate)``
+    before ``o_proj``."""
+
+    def __init__(self, config: ModelConfig, spec: DecoderSpec, layer_id: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = d = config.head_dim
+        bias = config.attention_bias
+        # q_proj's rows: per head, its q then its gate
+        self.sizes = [2 * self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, _whole(
+            dict(zip(("q_proj", "k_proj", "v_proj"), self.sizes))), bias)
+        self.o_proj = RowParallelLinear(self.num_heads * d, config.hidden_size, bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, spec.norm_offset)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, spec.norm_offset)
+        self.attn = RadixAttention(config.kv_layer_index(layer_id), self.num_heads,
+                                   self.num_kv_heads, d, config.sm_scale, None)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, rotary: RotaryEmbedding,
+                last_rows: bool = False) -> torch.Tensor:
+        n, d, b = x.shape[0], self.head_dim, fb.attention_backend
+        qg, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        qg = qg.view(n, self.num_heads, 2 * d)
+        q, gate = qg[..., :d].contiguous(), qg[..., d:].reshape(n, self.num_heads * d)
+        q = norm_heads(self.q_norm, q, b)  # [N, Hq, D]
+        k = norm_heads(self.k_norm, k.reshape(n, self.num_kv_heads, d), b)  # [N, Hkv, D]
+        q, k = rotary(q, k, fb.positions, backend=b)
+        o = self.attn(q, k, v.reshape(n, self.num_kv_heads, d), fb, last_rows)
+        if last_rows:
+            gate = gate[fb.logits_indices]
+            if not o.shape[0]:  # no row wanted: only the K/V was owed
+                return x[:0]
+        return self.o_proj(o * torch.sigmoid(gate))
+
+
+class GatedDeltaNet(nn.Module):
+    """A Gated DeltaNet layer over packed sequences, its state in the state pool."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, grouped: bool) -> None:
+        super().__init__()
+        hf = config.hf_config
+        self.layer_id = layer_id
+        self.hk, self.hv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+        self.dk, self.dv = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
+        self.kernel = hf.get("linear_conv_kernel_dim", 4)
+        self.activation = hf.get("hidden_act", "silu")
+        self.eps = config.rms_norm_eps
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.grouped = grouped  # Qwen3-Next's tensors grouped by key head (module doc)
+        parts = ({"in_proj_qkvz": self.conv_dim + self.value_dim, "in_proj_ba": 2 * self.hv}
+                 if grouped else {"in_proj_qkv": self.conv_dim, "in_proj_z": self.value_dim,
+                                  "in_proj_b": self.hv, "in_proj_a": self.hv})
+        self.in_proj = ColumnParallelLinear(config.hidden_size, _whole(parts), False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, bias=False,
+                                groups=self.conv_dim, padding=self.kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(self.dv))
+        self.out_proj = RowParallelLinear(self.value_dim, config.hidden_size, False)
+
+    def state_spec(self) -> StateSpec:
+        return StateSpec(self.conv_dim, self.kernel - 1, (self.hv, self.dk, self.dv))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, hidden] -> (qkv [T, conv_dim] as q | k | v, z [T, Hv, Dv], b, a [T, Hv])."""
+        t, p = x.shape[0], self.in_proj(x)
+        if not self.grouped:
+            qkv, z, b, a = p.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
+            return qkv, z.reshape(t, self.hv, self.dv), b, a
+        r = self.hv // self.hk  # value heads per key head
+        qkvz, ba = p.split([self.conv_dim + self.value_dim, 2 * self.hv], dim=-1)
+        qkvz = qkvz.reshape(t, self.hk, 2 * self.dk + 2 * r * self.dv)  # by key head
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = ba.reshape(t, self.hk, 2 * r).split([r, r], dim=-1)
+        qkv = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return qkv, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; reads and writes the sequences' states."""
+        st = fb.state
+        assert st is not None, "a linear-attention layer needs ForwardBatch.state"
+        t = x.shape[0]
+        qkv, z, b, a = self._project(x)
+        conv_state, ssm = st.pool.read(self.layer_id, st.slots, st.fresh)
+        weight = self.conv1d.weight[:, 0]  # [C, K]
+        if fb.mode.is_decode:
+            qkv, conv_state = causal_conv1d_step(qkv, weight, None, conv_state, self.activation)
+        else:
+            qkv, conv_state, _ = causal_conv1d(qkv, weight, None, conv_state, st.seq_lens,
+                                               self.activation)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
+        v = v.reshape(t, self.hv, self.dv)
+        g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
+        if fb.mode.is_decode:
+            o, ssm = recurrent_gated_delta_rule_step(q, k, v, g, beta, ssm)
+        else:
+            o, ssm, _ = chunk_gated_delta_rule(q, k, v, g, beta, ssm, st.seq_lens)
+        st.pool.write(self.layer_id, st.slots, conv_state, ssm)
+        o = rms_norm_gated(o, z, self.norm.weight, self.eps)  # [T, Hv, Dv]
+        return self.out_proj(o.reshape(t, self.value_dim))
+
+
+class HybridDecoderLayer(nn.Module):
+    """Pre-norm layer whose mixer is gated attention or a Gated DeltaNet."""
+
+    grouped = True  # Qwen3-Next's linear-layer tensors
+
+    def __init__(self, config: ModelConfig, spec: DecoderSpec, layer_id: int) -> None:
+        super().__init__()
+        hidden, eps, offset = config.hidden_size, config.rms_norm_eps, spec.norm_offset
+        self.input_layernorm = RMSNorm(hidden, eps, offset)
+        self.is_linear = config.layer_types[layer_id] == LINEAR
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config, layer_id, self.grouped)
+        else:
+            self.self_attn = GatedAttention(config, spec, layer_id)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, offset)
+        self.mlp = MLP(config, spec)
+
+    def forward(self, x, residual, fb: ForwardBatch, rotary: RotaryEmbedding | None,
+                last_rows: bool = False):
+        """Returns ``(out, residual)`` as ``DecoderLayer``; ``last_rows``: of only the rows
+        of ``fb.logits_indices`` (a linear layer still runs every row: each one moves the
+        state)."""
+        b = fb.attention_backend
+        if residual is None:
+            residual, x = x, self.input_layernorm(x, backend=b)
+        else:
+            x, residual = self.input_layernorm(x, residual, backend=b)
+        if self.is_linear:
+            x = self.linear_attn(x, fb)
+            if last_rows:
+                x = x[fb.logits_indices]
+        else:
+            assert rotary is not None
+            x = self.self_attn(x, fb, rotary, last_rows)
+        if last_rows:
+            residual = residual[fb.logits_indices]
+            if not x.shape[0]:
+                return x, residual
+        x, residual = self.post_attention_layernorm(x, residual, backend=b)
+        return self.mlp(x, b), residual
+
+
+class Qwen3_5DecoderLayer(HybridDecoderLayer):
+    grouped = False
+
+
+class Qwen3NextForCausalLM(DecoderForCausalLM):
+    layer_class = HybridDecoderLayer
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.hf_config.get("num_experts"):
+            raise ValueError(f"{type(self).__name__} with experts (num_experts "
+                             f"{config.hf_config.get('num_experts')}) is not served yet; "
+                             "the dense variants (num_experts 0) are")
+        super().__init__(config)
+
+    @classmethod
+    def spec_for(cls, config: ModelConfig) -> DecoderSpec:
+        return DecoderSpec(norm_offset=1.0, qk_norm="head",
+                           activation=config.hf_config.get("hidden_act", "silu"))
+
+    def state_specs(self) -> dict[int, StateSpec]:
+        """Each linear layer's state of one sequence, by layer id (the state pool's
+        layout)."""
+        return {i: layer.linear_attn.state_spec() for i, layer in enumerate(self.model.layers)
+                if layer.is_linear}
+
+
+class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
+    layer_class = Qwen3_5DecoderLayer

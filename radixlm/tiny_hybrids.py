@@ -1,0 +1,73 @@
+"""Tiny random checkpoints of the hybrid families (linear-attention layers beside attention),
+written by transformers' own config and model classes as ``tiny_families.py`` writes the
+others, plus the built-in tokenizer.
+
+Qwen3-Next (dense: ``num_experts`` 0) and Qwen3.5 (``Qwen3_5TextConfig``, whose causal LM is
+``Qwen3_5ForCausalLM``): hidden 64, four layers with an attention layer second and a linear
+one last (``layer_types``), 2 key heads serving 4 value heads in the linear layers (so
+Qwen3-Next's tensors grouped by key head are exercised), a conv of 4 taps, partial RoPE
+(a quarter of head_dim 16).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import Tokenizer
+
+from radixlm.tiny_families import _redraw
+from radixlm.tiny_model import VOCAB_SIZE, train_tokenizer, write_tokenizer
+
+if TYPE_CHECKING:
+    import transformers
+
+logger = logging.getLogger(__name__)
+
+LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+_SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+         "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+         "layer_types": LAYER_TYPES, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+         "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25}}
+
+# arch -> (transformers config class, what is special about it)
+HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_next": ("Qwen3NextConfig", {"num_experts": 0}),
+    "qwen3_5": ("Qwen3_5TextConfig", {}),
+}
+
+
+def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
+    """The transformers config of the tiny ``arch`` checkpoint."""
+    import torch
+    import transformers
+
+    if arch not in HYBRIDS:
+        raise ValueError(f"arch must be one of {sorted(HYBRIDS)}, got {arch!r}")
+    cls_name, special = HYBRIDS[arch]
+    config = getattr(transformers, cls_name)(**{**_SIZE, "vocab_size": vocab_size, **special})
+    config.dtype = torch.float32
+    return config
+
+
+def make_hybrid_model(out_dir: str | Path, arch: str, seed: int = 0,
+                      tokenizer: Tokenizer | None = None) -> Path:
+    """Write the tiny ``arch`` checkpoint (config, safetensors, tokenizer) to ``out_dir``."""
+    import torch
+    import transformers
+
+    out = Path(out_dir)
+    tok = tokenizer or train_tokenizer(vocab_size=VOCAB_SIZE)
+    config = hybrid_config(arch, tok.get_vocab_size())
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _redraw(model, seed)
+    model.save_pretrained(out)
+    write_tokenizer(out, VOCAB_SIZE, tok)
+    logger.info("wrote a tiny %s model (%s) to %s", arch, type(model).__name__, out)
+    return out

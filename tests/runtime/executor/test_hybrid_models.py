@@ -1,0 +1,157 @@
+"""The hybrid families (Qwen3-Next dense, Qwen3.5 dense: Gated DeltaNet layers beside gated
+attention) against transformers on tiny checkpoints its own classes wrote
+(``radixlm.tiny_hybrids``): every row's logits through the runner with states carried across
+extends and decodes, and greedy tokens through the Engine (prompts of 20-300 tokens, chunked
+prefill shorter than them, two requests at once, a pool that forces retraction). Until the
+radix cache keeps recurrent states a hybrid reuses no prefix: no request reports cached
+tokens. Features that cannot serve a hybrid yet are refused by name."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from radixlm import cli
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.hybrid import refuse_hybrid_features
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
+from radixlm.runtime.model_config import LINEAR, ModelConfig
+from radixlm.tiny_hybrids import HYBRIDS, LAYER_TYPES, make_hybrid_model
+from radixlm.tiny_model import train_tokenizer
+
+# against transformers in float64: logits of these tiny models reach 20, and a float32 chunked
+# delta rule split at other places differs by about 2e-4 (transformers' own float32 model,
+# run in two extends, differs from its one-pass logits by 3e-4); a state not carried or a
+# wrong projection layout moves them by more than 1
+ATOL = 5e-4
+MAX_NEW = 30
+LENGTHS = (20, 75, 300)
+ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_prefill_size": 48},
+                  # two samples of three short prompts in a pool that cannot hold them all
+                  # decoding: requests are retracted, and recompute their whole sequence
+                  # from zeros when they come back
+                  "tiny_pool_n2": {"max_total_tokens": 128, "chunked_prefill_size": 16}}
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrids")
+    tok = train_tokenizer()
+    return {arch: make_hybrid_model(root / arch, arch, tokenizer=tok) for arch in HYBRIDS}
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+def hybrid(request, hybrid_dirs):
+    """(arch, model dir, prompts, transformers' model, its greedy outputs)."""
+    path = hybrid_dirs[request.param]
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 1000, (n,), generator=gen).tolist() for n in LENGTHS]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return request.param, path, prompts, hf, _hf_greedy(hf, prompts)
+
+
+def _hf_greedy(hf, prompts: list[list[int]]) -> list[list[int]]:
+    with torch.no_grad():
+        return [hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                            eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for p in prompts]
+
+
+def test_config_reads_linear_layers(hybrid):
+    _, path, *_ = hybrid
+    config = ModelConfig.from_hf(path)
+    assert config.layer_types == tuple(LAYER_TYPES) and config.is_hybrid
+    assert config.kv_layers == 1 and config.kv_layer_index(1) == 0
+    assert config.partial_rotary_factor == 0.25
+
+
+def _step(runner: ModelRunner, table: torch.Tensor, seqs: list[list[int]],
+          ranges: list[tuple[int, int]], decode: bool) -> torch.Tensor:
+    """One forward of ``seqs[i][a:b]`` for each sequence (request row i, state slot i),
+    every new row's logits."""
+    for i, (a, b) in enumerate(ranges):
+        table[i, a:b] = torch.arange(1000 * i + a, 1000 * i + b)  # slots of its own
+    batch = ModelWorkerBatch(decode, list(range(len(seqs))), [a for a, _ in ranges],
+                             [b - a for a, b in ranges],
+                             [t for s, (a, b) in zip(seqs, ranges) for t in s[a:b]],
+                             [(0, b - a) for a, b in ranges], state_slots=[2, 0])
+    return runner.forward(batch, table)
+
+
+def test_logits_match_transformers(hybrid):
+    """Two sequences: extend a prefix, extend past a 64-token chunk from the states left in
+    the slots, decode 3 steps; every row equals transformers' logits of the whole sequence.
+    The slots start with garbage: a fresh sequence must not read it. The reference is
+    transformers' model in float64."""
+    arch, path, prompts, hf, _ = hybrid
+    seqs = [prompts[1], prompts[2][:150]]
+    with torch.no_grad():
+        hf64 = copy.deepcopy(hf).double()
+        ref = [hf64(torch.tensor([s])).logits[0].float() for s in seqs]
+    runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=4096,
+                                    device="cpu"), str(path))
+    pool = runner.state_pool
+    assert pool is not None and sorted(pool.specs) == [0, 2, 3]
+    for layer in pool.specs:
+        pool.conv[layer].normal_()
+        pool.ssm[layer].normal_()
+    table = torch.zeros(2, 256, dtype=torch.int64)
+    steps = [([(0, 7), (0, 30)], False), ([(7, 70), (30, 140)], False)]
+    steps += [([(70 + i, 71 + i), (140 + i, 141 + i)], True) for i in range(3)]
+    for ranges, decode in steps:
+        got = _step(runner, table, seqs, ranges, decode)
+        expected = torch.cat([ref[i][a:b] for i, (a, b) in enumerate(ranges)])
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=f"{arch} {ranges}")
+
+
+@pytest.mark.parametrize("config", list(ENGINE_CONFIGS))
+def test_greedy_matches_transformers(hybrid, make_engine, config):
+    arch, path, prompts, hf, expected = hybrid
+    if config.startswith("tiny_pool"):
+        prompts = [prompts[0], prompts[1][:24], prompts[2][:28]]
+        expected = _hf_greedy(hf, prompts)
+    eng = make_engine(model_path=str(path), **ENGINE_CONFIGS[config])
+    assert eng.scheduler.cache.tree.disable, "a hybrid model must not reuse cached K/V"
+    n = 2 if config.endswith("_n2") else 1
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, "n": n}
+    want = [e for e in expected for _ in range(n)]
+    for attempt in ("cold", "again"):
+        outs = eng.generate(input_ids=prompts, sampling_params=params)
+        got = [o["output_ids"] for o in outs]
+        assert got == want, f"{arch} {config} {attempt}: engine {got} != {want}"
+        assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
+    info = eng.get_server_info()
+    assert info["cache_hit_rate"] == 0
+    if config.startswith("tiny_pool"):
+        assert info["num_preemptions"] > 0, "the pool was meant to retract"
+
+
+def test_hybrid_refuses_what_cannot_serve_it(hybrid_dirs):
+    path = str(hybrid_dirs["qwen3_next"])
+    config = ModelConfig.from_hf(path)
+    args = ServerArgs(model_path=path, device="cpu")
+    refuse_hybrid_features(args, config)  # the defaults serve it
+    for change, flag in (({"tp_size": 2}, "--tp-size 2"),
+                         ({"disaggregation_mode": "prefill"}, "--disaggregation-mode"),
+                         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+                         ({"enable_hybrid_swa_memory": True}, "--enable-hybrid-swa-memory"),
+                         ({"is_embedding": True}, "--is-embedding")):
+        bad = dataclasses.replace(args)
+        for key, value in change.items():
+            object.__setattr__(bad, key, value)  # skip the cross-field checks of validate
+        with pytest.raises(ValueError, match=f"Qwen3NextForCausalLM.*{flag}"):
+            refuse_hybrid_features(bad, config)
+
+
+def test_make_tiny_model_writes_the_hybrids(tmp_path):
+    for arch in HYBRIDS:
+        assert cli.main(["make-tiny-model", str(tmp_path / arch), "--arch", arch]) == 0
+        config = ModelConfig.from_hf(tmp_path / arch)
+        assert LINEAR in config.layer_types
+        assert config.architectures == (
+            {"qwen3_next": "Qwen3NextForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[arch],)
