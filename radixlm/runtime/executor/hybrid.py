@@ -50,6 +50,16 @@ def refuse_hybrid_features(args: ServerArgs, config: ModelConfig) -> None:
             raise ValueError(f"{model} cannot be served with {why}")
 
 
+def state_pool_slots(rows: int, explicit: bool, kv_pool_bytes: int, per_slot: int) -> int:
+    """State slots: one per request row (``rows``: the scheduler's running requests + 1).
+    Unless --max-running-requests set them (``explicit``), no more than the KV pool's bytes
+    buy: a released hybrid's state is tens of MiB a request (Qwen3.5-9B's 24 linear layers:
+    about 50 MiB), so 257 default rows could outgrow the KV pool many times."""
+    if explicit:
+        return rows
+    return max(min(rows, kv_pool_bytes // per_slot + 1), 2)
+
+
 def make_state_pool(specs: dict[int, StateSpec], size: int, dtype: torch.dtype,
                     device: torch.device) -> StatePool:
     """``size`` slots of every linear layer's state (conv in ``dtype``, the delta rule's

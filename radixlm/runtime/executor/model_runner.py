@@ -20,6 +20,7 @@ from radixlm.radix_cache.kv_pool import (
     kv_cache_dtype_name,
     kv_cache_torch_dtype,
 )
+from radixlm.radix_cache.state_pool import StatePool
 from radixlm.radix_cache.swa_allocator import SWASpec
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import (
@@ -40,7 +41,11 @@ from radixlm.runtime.executor.batch_builder import ForwardBatchBuilder
 from radixlm.runtime.executor.cuda_graph_runner import DEFAULT_MAX_BS, CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.forward_heap import ForwardHeap, release_free_heap
-from radixlm.runtime.executor.hybrid import make_state_pool, refuse_hybrid_features
+from radixlm.runtime.executor.hybrid import (
+    make_state_pool,
+    refuse_hybrid_features,
+    state_pool_slots,
+)
 from radixlm.runtime.executor.models import (
     build_model,
     decode_windows,
@@ -140,10 +145,12 @@ class ModelRunner:
         self.swa_pool_size = (0 if self.swa is None else swa_pool_size(
             self.pool_size, self.swa_ratio, self.swa.window, args.page_size))
         self.kv_pool = self._make_pool()
-        # a hybrid model: one state slot per request row the scheduler can hand out
+        # a hybrid model: a state slot per request row the scheduler hands out (hybrid.py)
         specs = state_specs(self.model)
-        self.state_pool = (make_state_pool(specs, max_running_requests(args, self.pool_size)
-                                           + 1, self.dtype, self.device) if specs else None)
+        self.state_pool = None if not specs else make_state_pool(specs, state_pool_slots(
+            max_running_requests(args, self.pool_size) + 1, bool(args.max_running_requests),
+            self.kv_pool_bytes, StatePool.bytes_per_slot(specs, self.dtype)), self.dtype,
+            self.device)
         logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from radixlm import cli
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.hybrid import refuse_hybrid_features
+from radixlm.runtime.executor.hybrid import refuse_hybrid_features, state_pool_slots
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import LINEAR, ModelConfig
@@ -35,7 +35,9 @@ ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_pref
                   # two samples of three short prompts in a pool that cannot hold them all
                   # decoding: requests are retracted, and recompute their whole sequence
                   # from zeros when they come back
-                  "tiny_pool_n2": {"max_total_tokens": 128, "chunked_prefill_size": 16}}
+                  # (--max-running-requests: more state slots than 128 tokens of KV would buy)
+                  "tiny_pool_n2": {"max_total_tokens": 128, "chunked_prefill_size": 16,
+                                   "max_running_requests": 8}}
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +157,19 @@ def test_make_tiny_model_writes_the_hybrids(tmp_path):
         assert LINEAR in config.layer_types
         assert config.architectures == (
             {"qwen3_next": "Qwen3NextForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[arch],)
+
+
+def test_state_pool_size():
+    """A slot per request row, unless the rows' states would outgrow the KV pool without
+    --max-running-requests asking for them."""
+    assert state_pool_slots(257, False, 1 << 30, 1 << 10) == 257  # tiny states: every row
+    assert state_pool_slots(257, False, 1 << 30, 50 << 20) == 21  # 20 states in 1 GiB
+    assert state_pool_slots(257, True, 1 << 30, 50 << 20) == 257  # asked for
+    assert state_pool_slots(257, False, 1 << 20, 50 << 20) == 2  # one request at least
+
+
+def test_scheduler_runs_no_more_requests_than_state_slots(hybrid_dirs, make_engine):
+    path = hybrid_dirs["qwen3_5"]
+    eng = make_engine(model_path=str(path), max_running_requests=3)
+    assert eng.scheduler.model_runner.state_pool_size == 4
+    assert eng.scheduler.cache.states.size == 4 and eng.scheduler.max_running_requests == 3

@@ -92,6 +92,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.context_len = self.model_config.context_length
         pool = self.model_runner.pool_size
         self.max_running_requests = max_running_requests(args, pool)
+        if self.model_runner.state_pool is not None:  # no more than the state slots
+            self.max_running_requests = min(self.max_running_requests,
+                                            self.model_runner.state_pool_size - 1)
         # the tree's KV events: published (--kv-events-config) and/or read by the dispatcher
         self.kv_events = (KVEventRecorder(args.page_size, MEDIUM_GPU if self.model_runner.device
                                           .type == "cuda" else MEDIUM_CPU)
