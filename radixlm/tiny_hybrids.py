@@ -6,7 +6,8 @@ Qwen3-Next (dense: ``num_experts`` 0) and Qwen3.5 (``Qwen3_5TextConfig``, whose 
 ``Qwen3_5ForCausalLM``): hidden 64, four layers with an attention layer second and a linear
 one last (``layer_types``), 2 key heads serving 4 value heads in the linear layers (so
 Qwen3-Next's tensors grouped by key head are exercised), a conv of 4 taps, partial RoPE
-(a quarter of head_dim 16).
+(a quarter of head_dim 16). ``qwen3_5mm``: the same language model inside a Qwen3.5
+vision-language checkpoint, as Qwen3.5 is released.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ _SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
 HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next": ("Qwen3NextConfig", {"num_experts": 0}),
     "qwen3_5": ("Qwen3_5TextConfig", {}),
+    # as Qwen3.5 is released: a vision-language model (a one-block vision tower) whose
+    # language model is served
+    "qwen3_5mm": ("Qwen3_5Config", {"vision_config": {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "out_hidden_size": 64, "num_position_embeddings": 16, "patch_size": 14}}),
 }
 
 
@@ -50,7 +56,11 @@ def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     if arch not in HYBRIDS:
         raise ValueError(f"arch must be one of {sorted(HYBRIDS)}, got {arch!r}")
     cls_name, special = HYBRIDS[arch]
-    config = getattr(transformers, cls_name)(**{**_SIZE, "vocab_size": vocab_size, **special})
+    text = {**_SIZE, "vocab_size": vocab_size}
+    if "vision_config" in special:  # multimodal: the sizes are the language model's
+        config = getattr(transformers, cls_name)(text_config=text, **special)
+    else:
+        config = getattr(transformers, cls_name)(**text, **special)
     config.dtype = torch.float32
     return config
 
@@ -65,7 +75,9 @@ def make_hybrid_model(out_dir: str | Path, arch: str, seed: int = 0,
     tok = tokenizer or train_tokenizer(vocab_size=VOCAB_SIZE)
     config = hybrid_config(arch, tok.get_vocab_size())
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto = (transformers.AutoModelForImageTextToText if "vision_config" in HYBRIDS[arch][1]
+            else transformers.AutoModelForCausalLM)
+    model = auto.from_config(config, dtype=torch.float32)
     _redraw(model, seed)
     model.save_pretrained(out)
     write_tokenizer(out, VOCAB_SIZE, tok)

@@ -294,14 +294,23 @@ def _sliding_window(hf: dict) -> int | None:
     return hf.get("sliding_window")
 
 
+_GATED_DELTANET_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+
 def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     """config.json's ``layer_types``, else the family's rule as transformers derives it:
     Gemma 3 every ``sliding_window_pattern``-th layer full, Gemma 2 alternating, OLMo 3
     every fourth full, Qwen2's and Qwen3's layers from ``max_window_layers`` on sliding,
     every layer sliding elsewhere (Mistral, Phi-3) when there is a window. Qwen3-MoE slides
     every layer whatever the file says: its transformers config has neither
-    ``max_window_layers`` nor ``layer_types`` (real checkpoints carry the first anyway)."""
+    ``max_window_layers`` nor ``layer_types`` (real checkpoints carry the first anyway).
+    Qwen3-Next's and Qwen3.5's files may give ``full_attention_interval`` instead: every
+    that-many-th layer attention, the others ``LINEAR``."""
     n = hf["num_hidden_layers"]
+    if hf.get("model_type") in _GATED_DELTANET_TYPES and not hf.get("layer_types"):
+        # the released config.json files: one attention layer every full_attention_interval
+        interval = hf.get("full_attention_interval", 4)
+        return tuple(LINEAR if (i + 1) % interval else FULL for i in range(n))
     if hf.get("model_type") == "qwen3_moe":
         return (FULL if sliding_window is None else SLIDING,) * n
     if hf.get("layer_types"):

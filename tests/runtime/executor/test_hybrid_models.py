@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from radixlm import cli
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.hybrid import refuse_hybrid_features, state_pool_slots
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.models import build_model, load_model
+from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
-from radixlm.runtime.model_config import LINEAR, ModelConfig
+from radixlm.runtime.model_config import FULL, LINEAR, ModelConfig
 from radixlm.tiny_hybrids import HYBRIDS, LAYER_TYPES, make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
 
@@ -49,7 +54,8 @@ def hybrid_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=sorted(HYBRIDS))
 def hybrid(request, hybrid_dirs):
-    """(arch, model dir, prompts, transformers' model, its greedy outputs)."""
+    """(arch, model dir, prompts, transformers' model, its greedy outputs). For the
+    vision-language checkpoint, transformers' causal LM is its language model too."""
     path = hybrid_dirs[request.param]
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 1000, (n,), generator=gen).tolist() for n in LENGTHS]
@@ -68,6 +74,7 @@ def test_config_reads_linear_layers(hybrid):
     _, path, *_ = hybrid
     config = ModelConfig.from_hf(path)
     assert config.layer_types == tuple(LAYER_TYPES) and config.is_hybrid
+    assert config.hidden_size == 64
     assert config.kv_layers == 1 and config.kv_layer_index(1) == 0
     assert config.partial_rotary_factor == 0.25
 
@@ -155,8 +162,9 @@ def test_make_tiny_model_writes_the_hybrids(tmp_path):
         assert cli.main(["make-tiny-model", str(tmp_path / arch), "--arch", arch]) == 0
         config = ModelConfig.from_hf(tmp_path / arch)
         assert LINEAR in config.layer_types
-        assert config.architectures == (
-            {"qwen3_next": "Qwen3NextForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[arch],)
+        assert config.architectures == ({"qwen3_next": "Qwen3NextForCausalLM",
+                                         "qwen3_5": "Qwen3_5ForCausalLM",
+                                         "qwen3_5mm": "Qwen3_5ForConditionalGeneration"}[arch],)
 
 
 def test_state_pool_size():
@@ -173,3 +181,29 @@ def test_scheduler_runs_no_more_requests_than_state_slots(hybrid_dirs, make_engi
     eng = make_engine(model_path=str(path), max_running_requests=3)
     assert eng.scheduler.model_runner.state_pool_size == 4
     assert eng.scheduler.cache.states.size == 4 and eng.scheduler.max_running_requests == 3
+
+
+def test_released_checkpoint_layouts(hybrid_dirs, tmp_path):
+    """What released files carry besides the tiny ones: multi-token-prediction tensors
+    (``mtp.``, not loaded), a vision tower (not loaded), and ``full_attention_interval``
+    instead of ``layer_types``; experts are refused by name until they are served."""
+    src = hybrid_dirs["qwen3_next"]
+    mtp = tmp_path / "mtp"
+    shutil.copytree(src, mtp)
+    tensors = load_file(mtp / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.zeros(64, 128)
+    tensors["model.layers.9.extra.weight"] = torch.zeros(2)
+    save_file(tensors, mtp / "model.safetensors")
+    model = build_model(ModelConfig.from_hf(mtp))
+    with pytest.raises(ValueError, match=r"unexpected tensors \[model.layers.9.extra.weight\]"):
+        plan_load(model, mtp)
+    vlm = load_model(ModelConfig.from_hf(hybrid_dirs["qwen3_5mm"]), hybrid_dirs["qwen3_5mm"])
+    assert any(n.startswith("model.visual.") for n in checkpoint_shapes(hybrid_dirs["qwen3_5mm"]))
+    assert not any("visual" in n for n, _ in vlm.named_parameters())
+    config = json.loads((src / "config.json").read_text())
+    del config["layer_types"]
+    (mtp / "config.json").write_text(json.dumps({**config, "full_attention_interval": 2}))
+    assert ModelConfig.from_hf(mtp).layer_types == (LINEAR, FULL, LINEAR, FULL)
+    (mtp / "config.json").write_text(json.dumps({**config, "num_experts": 4}))
+    with pytest.raises(ValueError, match="Qwen3NextForCausalLM with experts"):
+        build_model(ModelConfig.from_hf(mtp))

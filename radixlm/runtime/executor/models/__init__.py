@@ -33,7 +33,11 @@ from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
 from radixlm.runtime.executor.models.qwen3_moe import Qwen3MoeForCausalLM
-from radixlm.runtime.executor.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
+from radixlm.runtime.executor.models.qwen3_next import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3NextForCausalLM,
+)
 from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
 from radixlm.runtime.executor.models.weights import load_weights
 from radixlm.runtime.model_config import ModelConfig
@@ -66,6 +70,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     # hybrids: Gated DeltaNet layers (their state in the state pool) beside attention
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    # text-only: the vision tower is not loaded
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,

@@ -23,8 +23,9 @@ The two families differ in the linear layers' checkpoint tensors: Qwen3-Next's
 value heads' v and z; its value heads' b, then a), Qwen3.5's ``in_proj_qkv``, ``in_proj_z``,
 ``in_proj_b``, ``in_proj_a`` are plain concatenations. Qwen3.5's multimodal RoPE is plain
 RoPE for text (its three position ids are equal). Here each family's projections are one
-matmul (``in_proj``). Qwen3-Next with experts (``num_experts`` > 0) and Qwen3.5-MoE are not
-served yet.
+matmul (``in_proj``). Released Qwen3.5 checkpoints are vision-language models
+(``Qwen3_5ForConditionalGeneration``): their language model is served. Qwen3-Next with
+experts (``num_experts`` > 0) and Qwen3.5-MoE are not served yet.
 """
 
 from __future__ import annotations
@@ -229,5 +230,27 @@ class Qwen3NextForCausalLM(DecoderForCausalLM):
                 if layer.is_linear}
 
 
+    def canonical_checkpoint_name(self, name: str) -> str | None:
+        """The released checkpoints' multi-token-prediction layers (``mtp.``) are not
+        loaded (no speculative decoding reads them)."""
+        return None if name.startswith("mtp.") else name
+
+
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     layer_class = Qwen3_5DecoderLayer
+
+
+class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+    """The language model of a Qwen3.5 checkpoint as released (a vision-language model),
+    served text-only: config.json's ``text_config`` (``ModelConfig``), the tensors under
+    ``model.language_model.`` and ``lm_head.``; the vision tower (``model.visual.``) and the
+    MTP layers are not loaded."""
+
+    _SKIPPED = ("model.visual.", "mtp.")
+
+    def canonical_checkpoint_name(self, name: str) -> str | None:
+        if name.startswith(self._SKIPPED):
+            return None
+        if name.startswith("model.language_model."):
+            return "model." + name[len("model.language_model."):]
+        return name  # lm_head., or not a language-model tensor (reported as unexpected)
