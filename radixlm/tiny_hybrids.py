@@ -40,6 +40,15 @@ _SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
 HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next": ("Qwen3NextConfig", {"num_experts": 0}),
     "qwen3_5": ("Qwen3_5TextConfig", {}),
+    # 4 experts, 2 a token, a shared expert of 48; Qwen3-Next's layer 2 dense
+    # (mlp_only_layers), its weights not renormalized (norm_topk_prob false)
+    "qwen3_next_moe": ("Qwen3NextConfig", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "mlp_only_layers": [2],
+        "norm_topk_prob": False}),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48}),
     # as Qwen3.5 is released: a vision-language model (a one-block vision tower) whose
     # language model is served
     "qwen3_5mm": ("Qwen3_5Config", {"vision_config": {

@@ -17,15 +17,16 @@ from typing import Any
 
 # config.json ``architectures`` names radixlm serves; ``executor/models``' MODEL_CLASSES has
 # a class for each (it asserts so at import). Of the hybrid attention / state-space models,
-# dense Qwen3-Next and Qwen3.5 are served; Nemotron-H, Jamba, ... and MLA (DeepSeek-V2/V3)
-# are not.
+# Qwen3-Next and Qwen3.5 (dense and MoE) are served; Nemotron-H, Jamba, ... and MLA
+# (DeepSeek-V2/V3) are not.
 SERVED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GemmaForCausalLM",
     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
     "Phi3ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
     "GraniteForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
@@ -40,7 +41,8 @@ ARCHITECTURE_OF_MODEL_TYPE = {
     "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
-    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
 }
 # what AutoTokenizer builds a tokenizer from: a tokenizers serialization, a sentencepiece
 # or tiktoken model, a BPE or WordPiece vocabulary

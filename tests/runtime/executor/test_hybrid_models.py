@@ -29,10 +29,10 @@ from radixlm.runtime.model_config import FULL, LINEAR, ModelConfig
 from radixlm.tiny_hybrids import HYBRIDS, LAYER_TYPES, make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
 
-# against transformers in float64: logits of these tiny models reach 20, and a float32 chunked
-# delta rule split at other places differs by about 2e-4 (transformers' own float32 model,
-# run in two extends, differs from its one-pass logits by 3e-4); a state not carried or a
-# wrong projection layout moves them by more than 1
+# against transformers in float64 (float32 for MoE): logits of these tiny models reach 20,
+# and a float32 chunked delta rule split at other places differs by about 2e-4
+# (transformers' own float32 model, run in two extends, differs from its one-pass logits by
+# 3e-4); a state not carried or a wrong projection layout moves them by more than 1
 ATOL = 5e-4
 MAX_NEW = 30
 LENGTHS = (20, 75, 300)
@@ -96,12 +96,13 @@ def test_logits_match_transformers(hybrid):
     """Two sequences: extend a prefix, extend past a 64-token chunk from the states left in
     the slots, decode 3 steps; every row equals transformers' logits of the whole sequence.
     The slots start with garbage: a fresh sequence must not read it. The reference is
-    transformers' model in float64."""
+    transformers' model in float64 (float32 with experts)."""
     arch, path, prompts, hf, _ = hybrid
     seqs = [prompts[1], prompts[2][:150]]
+    # transformers' grouped expert matmul has no float64: the MoE models' float32
+    ref_model = hf if "moe" in arch else copy.deepcopy(hf).double()
     with torch.no_grad():
-        hf64 = copy.deepcopy(hf).double()
-        ref = [hf64(torch.tensor([s])).logits[0].float() for s in seqs]
+        ref = [ref_model(torch.tensor([s])).logits[0].float() for s in seqs]
     runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=4096,
                                     device="cpu"), str(path))
     pool = runner.state_pool
@@ -163,7 +164,9 @@ def test_make_tiny_model_writes_the_hybrids(tmp_path):
         config = ModelConfig.from_hf(tmp_path / arch)
         assert LINEAR in config.layer_types
         assert config.architectures == ({"qwen3_next": "Qwen3NextForCausalLM",
+                                         "qwen3_next_moe": "Qwen3NextForCausalLM",
                                          "qwen3_5": "Qwen3_5ForCausalLM",
+                                         "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
                                          "qwen3_5mm": "Qwen3_5ForConditionalGeneration"}[arch],)
 
 
@@ -186,7 +189,7 @@ def test_scheduler_runs_no_more_requests_than_state_slots(hybrid_dirs, make_engi
 def test_released_checkpoint_layouts(hybrid_dirs, tmp_path):
     """What released files carry besides the tiny ones: multi-token-prediction tensors
     (``mtp.``, not loaded), a vision tower (not loaded), and ``full_attention_interval``
-    instead of ``layer_types``; experts are refused by name until they are served."""
+    instead of ``layer_types``."""
     src = hybrid_dirs["qwen3_next"]
     mtp = tmp_path / "mtp"
     shutil.copytree(src, mtp)
@@ -204,6 +207,3 @@ def test_released_checkpoint_layouts(hybrid_dirs, tmp_path):
     del config["layer_types"]
     (mtp / "config.json").write_text(json.dumps({**config, "full_attention_interval": 2}))
     assert ModelConfig.from_hf(mtp).layer_types == (LINEAR, FULL, LINEAR, FULL)
-    (mtp / "config.json").write_text(json.dumps({**config, "num_experts": 4}))
-    with pytest.raises(ValueError, match="Qwen3NextForCausalLM with experts"):
-        build_model(ModelConfig.from_hf(mtp))

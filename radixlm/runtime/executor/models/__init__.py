@@ -36,6 +36,8 @@ from radixlm.runtime.executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from radixlm.runtime.executor.models.qwen3_next import (
     Qwen3_5ForCausalLM,
     Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
     Qwen3NextForCausalLM,
 )
 from radixlm.runtime.executor.models.smollm3 import SmolLM3ForCausalLM
@@ -72,6 +74,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     # text-only: the vision tower is not loaded
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,

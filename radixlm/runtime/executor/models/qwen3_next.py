@@ -24,11 +24,17 @@ value heads' v and z; its value heads' b, then a), Qwen3.5's ``in_proj_qkv``, ``
 ``in_proj_b``, ``in_proj_a`` are plain concatenations. Qwen3.5's multimodal RoPE is plain
 RoPE for text (its three position ids are equal). Here each family's projections are one
 matmul (``in_proj``). Released Qwen3.5 checkpoints are vision-language models
-(``Qwen3_5ForConditionalGeneration``): their language model is served. Qwen3-Next with
-experts (``num_experts`` > 0) and Qwen3.5-MoE are not served yet.
+(``Qwen3_5ForConditionalGeneration``): their language model is served.
+
+With experts (Qwen3-Next as released, Qwen3.5-MoE), a sparse layer's MLP is ``layers/moe.py``'s
+routed experts plus a shared expert every token takes, scaled by ``sigmoid(x @
+shared_expert_gate)``; Qwen3-Next's sparse layers and ``norm_topk_prob`` as Qwen3-MoE's,
+Qwen3.5-MoE's every layer, always renormalized.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -36,6 +42,7 @@ from torch import nn
 from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear, Shard
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import (
     causal_conv1d,
@@ -45,9 +52,11 @@ from radixlm.runtime.executor.layers.gated_delta import (
     recurrent_gated_delta_rule_step,
     rms_norm_gated,
 )
+from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
 from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
+from radixlm.runtime.executor.models.qwen3_moe import sparse_layers
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 
 
@@ -162,6 +171,45 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o.reshape(t, self.value_dim))
 
 
+class SharedExpertMLP(nn.Module):
+    """The shared expert: a gated MLP of its own intermediate size (``shared_expert.``)."""
+
+    def __init__(self, hidden: int, inter: int, activation: str) -> None:
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(hidden, _whole({"gate_proj": inter,
+                                                                 "up_proj": inter}), False)
+        self.down_proj = RowParallelLinear(inter, hidden, False)
+        self.act_and_mul = act_and_mul(activation)
+
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x), backend=backend))
+
+
+class SharedExpertMoeBlock(SparseMoeBlock):
+    """Routed experts plus a shared expert every token takes, scaled by a sigmoid gate:
+    ``experts(x) + sigmoid(x @ shared_expert_gate) * shared_expert(x)``."""
+
+    def __init__(self, hidden: int, spec: MoESpec, activation: str, shared_inter: int) -> None:
+        super().__init__(hidden, spec, activation)
+        self.shared_expert = SharedExpertMLP(hidden, shared_inter, activation)
+        self.shared_expert_gate = RowParallelLinear(hidden, 1, False)
+
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, backend)
+        return super().forward(x, backend) + shared
+
+
+@dataclass(frozen=True)
+class SharedExpertBlock:
+    """``DecoderSpec.moe_block`` of these families (a value: specs compare equal when the
+    checkpoints' options do)."""
+
+    shared_inter: int
+
+    def __call__(self, hidden: int, spec: MoESpec, activation: str) -> SharedExpertMoeBlock:
+        return SharedExpertMoeBlock(hidden, spec, activation, self.shared_inter)
+
+
 class HybridDecoderLayer(nn.Module):
     """Pre-norm layer whose mixer is gated attention or a Gated DeltaNet."""
 
@@ -177,7 +225,11 @@ class HybridDecoderLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(config, spec, layer_id)
         self.post_attention_layernorm = RMSNorm(hidden, eps, offset)
-        self.mlp = MLP(config, spec)
+        if spec.moe is not None and spec.moe.is_sparse(layer_id):
+            assert spec.moe_block is not None
+            self.mlp: nn.Module = spec.moe_block(hidden, spec.moe, spec.activation)
+        else:
+            self.mlp = MLP(config, spec)
 
     def forward(self, x, residual, fb: ForwardBatch, rotary: RotaryEmbedding | None,
                 last_rows: bool = False):
@@ -211,17 +263,25 @@ class Qwen3_5DecoderLayer(HybridDecoderLayer):
 class Qwen3NextForCausalLM(DecoderForCausalLM):
     layer_class = HybridDecoderLayer
 
-    def __init__(self, config: ModelConfig) -> None:
-        if config.hf_config.get("num_experts"):
-            raise ValueError(f"{type(self).__name__} with experts (num_experts "
-                             f"{config.hf_config.get('num_experts')}) is not served yet; "
-                             "the dense variants (num_experts 0) are")
-        super().__init__(config)
-
     @classmethod
     def spec_for(cls, config: ModelConfig) -> DecoderSpec:
-        return DecoderSpec(norm_offset=1.0, qk_norm="head",
-                           activation=config.hf_config.get("hidden_act", "silu"))
+        hf = config.hf_config
+        spec = DecoderSpec(norm_offset=1.0, qk_norm="head",
+                           activation=hf.get("hidden_act", "silu"))
+        if not num_experts_of(hf):  # dense
+            return spec
+        return replace(spec, moe=cls.moe_spec(config),
+                       moe_block=SharedExpertBlock(hf["shared_expert_intermediate_size"]))
+
+    @classmethod
+    def moe_spec(cls, config: ModelConfig) -> MoESpec:
+        """Qwen3-Next's routing: softmax, top k, renormalized when ``norm_topk_prob``, the
+        weights rounded to the model dtype; sparse layers as Qwen3-MoE's."""
+        hf = config.hf_config
+        return MoESpec(num_experts=num_experts_of(hf), top_k=hf["num_experts_per_tok"],
+                       intermediate_size=hf["moe_intermediate_size"],
+                       renormalize=bool(hf.get("norm_topk_prob", True)), weights_in_dtype=True,
+                       sparse_layers=sparse_layers(hf, config.num_layers))
 
     def state_specs(self) -> dict[int, StateSpec]:
         """Each linear layer's state of one sequence, by layer id (the state pool's
@@ -254,3 +314,17 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
         if name.startswith("model.language_model."):
             return "model." + name[len("model.language_model."):]
         return name  # lm_head., or not a language-model tensor (reported as unexpected)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3.5-MoE: Qwen3.5 whose every layer's MLP is routed experts (always
+    renormalized) and a shared expert."""
+
+    @classmethod
+    def moe_spec(cls, config: ModelConfig) -> MoESpec:
+        return replace(super().moe_spec(config), renormalize=True, sparse_layers=None)
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM,
+                                         Qwen3_5ForConditionalGeneration):
+    """Qwen3.5-MoE as released: a vision-language model whose language model is served."""
