@@ -184,6 +184,9 @@ def test_scheduler_runs_no_more_requests_than_state_slots(hybrid_dirs, make_engi
     eng = make_engine(model_path=str(path), max_running_requests=3)
     assert eng.scheduler.model_runner.state_pool_size == 4
     assert eng.scheduler.cache.states.size == 4 and eng.scheduler.max_running_requests == 3
+    info = eng.get_server_info()
+    assert info["state_pool_slots"] == info["free_state_slots"] == 4
+    assert info["state_pool_bytes"] == eng.scheduler.model_runner.state_pool.nbytes > 0
 
 
 def test_released_checkpoint_layouts(hybrid_dirs, tmp_path):

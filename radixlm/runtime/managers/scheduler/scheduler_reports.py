@@ -126,6 +126,12 @@ class SchedulerReports:
             "weight_bytes": self.model_runner.weight_bytes,
             "kv_cache_bytes": self.model_runner.kv_pool_bytes,
             "graph_bytes": self.model_runner.graph_bytes,
+            # a hybrid model's state pool (radix_cache/state_pool.py); 0 for other models
+            "state_pool_slots": self.model_runner.state_pool_size,
+            "free_state_slots": (0 if self.cache.states is None
+                                 else self.cache.states.available_size()),
+            "state_pool_bytes": (0 if self.model_runner.state_pool is None
+                                 else self.model_runner.state_pool.nbytes),
             "disaggregation_mode": self.args.disaggregation_mode,
             "pooling": (None if self.embeddings is None else  # --is-embedding
                         {"method": self.embeddings.config.method,
