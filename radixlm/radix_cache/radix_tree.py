@@ -18,6 +18,9 @@ tokens are inserted (``insert(..., counted_len=)`` keeps a request from counting
 Events (``events=KVEventRecorder``, see ``kv_events.py``): a new leaf records BlockStored
 (its pages' chained hashes, kept on the node), an evicted leaf BlockRemoved, ``reset``
 AllBlocksCleared; a split divides a node's hashes and records nothing.
+
+Snapshots (``states=StateSlots``, a hybrid model: ``snapshot_tree.py``): nodes may hold the
+linear layers' state after their path; a match is cut back to the deepest such node.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 
 from radixlm.radix_cache.allocator import PagedAllocator
 from radixlm.radix_cache.kv_events import KVEventRecorder, chain_hashes
+from radixlm.radix_cache.snapshot_tree import SnapshotTree
+from radixlm.radix_cache.state_pool import StateSlots
 from radixlm.radix_cache.swa_tree import SWATree
 from radixlm.radix_cache.tree_checks import TreeChecks
 
@@ -52,6 +57,9 @@ class TreeNode:
     swa_tombstone: bool = False
     swa_lock_ref: int = 0
     swa_uuid: int = 0
+    # a hybrid model: the state-pool slot with the linear layers' state after this node's
+    # path (None: none; snapshot_tree.py)
+    snapshot: int | None = None
 
     def __repr__(self) -> str:
         return (
@@ -95,7 +103,7 @@ def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
     return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
 
 
-class RadixCache(TreeChecks, SWATree):
+class RadixCache(TreeChecks, SWATree, SnapshotTree):
     """Prefix cache over KV slots from ``allocator``; only whole pages are cached.
 
     Requests in different ``namespace`` s never share a node: the root's children are keyed
@@ -104,11 +112,14 @@ class RadixCache(TreeChecks, SWATree):
     of ``EVICTION_POLICIES`` (see the module docstring). ``events``: where inserts,
     evictions and resets are recorded (None: nowhere). ``swa_window``: with an
     ``SWAAllocator``, the sliding window (tombstones and sliding locks: ``swa_tree.py``).
+    ``states``: a hybrid model's state slots: nodes keep recurrent-state snapshots, at
+    most ``snapshot_budget`` (``snapshot_tree.py``).
     """
 
     def __init__(self, allocator: PagedAllocator, page_size: int, disable: bool = False,
                  eviction_policy: str = "lru", events: KVEventRecorder | None = None,
-                 swa_window: int | None = None):
+                 swa_window: int | None = None, states: StateSlots | None = None,
+                 snapshot_budget: int = 0):
         assert page_size == allocator.page_size, (
             f"page_size={page_size} but allocator.page_size={allocator.page_size}"
         )
@@ -131,6 +142,7 @@ class RadixCache(TreeChecks, SWATree):
         # called with each leaf before eviction frees it (its path's slots still hold
         # their KV): the hierarchical cache writes it to storage (managers/hicache.py)
         self.on_evict: Callable[[TreeNode], None] | None = None
+        self.init_snapshots(states, snapshot_budget)
         self.reset_state()
 
     # ---- bookkeeping ----------------------------------------------------------------
@@ -138,6 +150,7 @@ class RadixCache(TreeChecks, SWATree):
     def reset_state(self) -> None:
         """Forget everything without freeing slots (used by ``__init__`` and ``reset``)."""
         self.root = self._new_node([], self._empty(), None)
+        self._snapshots = {}
         self._evictable_size = 0
         self._protected_size = 0
         self._swa_evictable_size = 0
@@ -147,6 +160,7 @@ class RadixCache(TreeChecks, SWATree):
         """Drop every node and free all its slots through the allocator. Nothing may be locked."""
         assert self._protected_size == 0, f"reset with {self._protected_size} locked tokens"
         self.allocator.free(self.all_slots())
+        self._reset_snapshots()
         self.reset_state()
         if self.events is not None:
             self.events.cleared()
@@ -169,18 +183,25 @@ class RadixCache(TreeChecks, SWATree):
 
     # ---- match / insert -------------------------------------------------------------
 
-    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], namespace: str | None = None,
+                     raw: bool = False) -> MatchResult:
         """Longest cached page-aligned prefix of ``token_ids`` in ``namespace``.
 
         Returns the tree's slots of that prefix and the deepest node covering it; if the
         match ends inside a node, that node is split there so ``last_node`` ends exactly at
         the prefix. Touches the LRU time of every node on the path. The caller should
-        ``inc_lock_ref(last_node)`` while it uses the slots.
+        ``inc_lock_ref(last_node)`` while it uses the slots. With snapshots (a hybrid
+        model) and not ``raw``, the match is cut back to the deepest node on it that has a
+        snapshot (``last_node.snapshot``; the root when none has).
         """
         if self.disable:
             return MatchResult(self._empty(), self.root)
         key = self._aligned_key(token_ids)
         node, pos, values = self._walk(key, namespace)
+        if self.states is not None and not raw:
+            cut = self._snapshot_cut(node)
+            if cut is not node:
+                return MatchResult(self._path_slots(cut), cut)
         if self.swa_window is not None:  # only as far as the sliding K/V is there
             node = self._swa_cut(node)
             return MatchResult(self._path_slots(node), node)
@@ -320,7 +341,7 @@ class RadixCache(TreeChecks, SWATree):
         """Free unlocked leaves in ``eviction_policy`` order (lru: least recently used
         first; lfu: fewest hits first, then least recently used) until ``num_tokens`` are
         freed or nothing is evictable. Returns the number of tokens freed."""
-        heap = [(self._priority(n), n) for n in self._evictable_leaves()]
+        heap = [(self._leaf_priority(n), n) for n in self._evictable_leaves()]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
         removed: list[int] = []
@@ -331,7 +352,7 @@ class RadixCache(TreeChecks, SWATree):
             self._remove_leaf(leaf, freed, removed)
             num_freed += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (self._priority(parent), parent))
+                heapq.heappush(heap, (self._leaf_priority(parent), parent))
         self._free_removed(freed, removed)
         return num_freed
 
@@ -344,6 +365,7 @@ class RadixCache(TreeChecks, SWATree):
         if self.on_evict is not None:
             self.on_evict(leaf)
         del parent.children[self._child_key(parent, leaf.key, leaf.namespace)]
+        self._drop_snapshot(leaf)
         freed.append(leaf.value)
         removed.extend(leaf.block_hashes)
         self._evictable_size -= len(leaf.key)

@@ -51,6 +51,9 @@ class StateSlots:
         self._is_free[slot] = False
         return slot
 
+    def is_free(self, slot: int) -> bool:
+        return self._is_free[slot]
+
     def free(self, slot: int) -> None:
         assert 0 <= slot < self.size and not self._is_free[slot], (
             f"bad free of state slot {slot} (size {self.size})")
@@ -122,6 +125,13 @@ class StatePool:
             conv[fresh] = 0
             ssm[fresh] = 0
         return conv, ssm
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's states of slots ``src`` [n] into slots ``dst`` [n] (a snapshot
+        into a request's slot, or a request's state into a snapshot)."""
+        for layer in self.specs:
+            self.conv[layer][dst] = self.conv[layer][src]
+            self.ssm[layer][dst] = self.ssm[layer][src]
 
     def write(self, layer: int, slots: torch.Tensor, conv: torch.Tensor,
               ssm: torch.Tensor) -> None:

@@ -20,7 +20,8 @@ class TreeChecks:
 
         Checks parent pointers, child keys, key/value lengths, page alignment, path locking
         (a child's ``lock_ref`` and ``hit_count`` <= its parent's), namespaces, the size
-        counters, that no slot is held twice and that no held slot is free in the allocator.
+        counters, that no slot is held twice and that no held slot is free in the allocator,
+        and the snapshots' state slots (``snapshot_tree.py``).
         """
         root = self.root
         assert root.parent is None and not root.key and root.value.numel() == 0, f"root {root}"
@@ -40,6 +41,7 @@ class TreeChecks:
         self._check_slots(torch.cat(values) if values else self._empty())
         if self.swa_window is not None:
             self._check_swa()
+        self._check_snapshots()
 
     def _check_swa(self) -> None:
         """Live nodes have every sliding slot, tombstones none and no sliding lock; a
@@ -113,6 +115,7 @@ class TreeChecks:
             lines.append(
                 f"{'  ' * depth}[{node.namespace}] {head}{more} len={len(node.key)} "
                 f"lock_ref={node.lock_ref} t={node.last_access} hits={node.hit_count}"
+                + ("" if node.snapshot is None else f" snapshot={node.snapshot}")
             )
             stack.extend((c, depth + 1) for c in reversed(node.children.values()))
         return "\n".join(lines)

@@ -20,6 +20,7 @@ from radixlm.runtime.executor.forward_batch import (
     SWAIndices,
     WindowView,
 )
+from radixlm.runtime.executor.layers.gated_delta import Snapshots
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 
 
@@ -53,11 +54,23 @@ class ForwardBatchBuilder:
             "a hybrid model's batch carries state_slots")
         assert len(batch.state_slots) == len(batch), (batch.state_slots, len(batch))
         fresh = [p == 0 for p in batch.prefix_lens]
-        return StateIndices(
+        st = StateIndices(
             self.state_pool,
             torch.tensor(batch.state_slots, dtype=torch.int64, device=self.device),
             torch.tensor(fresh, device=self.device) if any(fresh) else None,
             list(batch.extend_lens))
+        inner, at_end = [], []
+        for i, tokens, slot in batch.state_saves or ():
+            if tokens == batch.extend_lens[i]:
+                at_end.append([batch.state_slots[i], slot])
+            else:
+                inner.append((i, tokens, slot))
+        if inner:
+            st.saves = Snapshots.of([(i, n) for i, n, _ in inner], self.device)
+            st.save_slots = torch.tensor([s for _, _, s in inner], dtype=torch.int64,
+                                         device=self.device)
+        st.saves_at_end = at_end or None
+        return st
 
     def _decode_batch(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor) -> ForwardBatch:
         """One new token per sequence, built with a few vectorised ops."""

@@ -22,6 +22,7 @@ from radixlm.kernels.reference import Layout
 from radixlm.kernels.shared_prefix import AttentionPlan
 from radixlm.radix_cache.kv_pool import KVPool, SWAKVPool
 from radixlm.radix_cache.state_pool import StatePool
+from radixlm.runtime.executor.layers.gated_delta import Snapshots
 
 
 @dataclass
@@ -59,6 +60,14 @@ class StateIndices:
     slots: torch.Tensor  # [B] int64
     fresh: torch.Tensor | None  # [B] bool; None: no sequence is fresh
     seq_lens: list[int]  # new tokens per sequence (host side: the chunk layout's)
+    # snapshots inside the sequences (radix_cache/snapshot_tree.py): the state after
+    # ``saves.lens[j]`` new tokens of sequence ``saves.seqs[j]`` goes to ``save_slots[j]``
+    # (written by the model's linear layers); None: none
+    saves: Snapshots | None = None
+    save_slots: torch.Tensor | None = None  # [S] int64
+    # snapshots at a sequence's end: [own slot, snapshot slot], copied by the runner after
+    # the forward (so a model that ignores ``saves`` still gets these)
+    saves_at_end: list[list[int]] | None = None
 
 
 class ForwardMode(enum.Enum):

@@ -1,12 +1,12 @@
 """Serving a hybrid model (linear-attention layers beside attention, ``ModelConfig.is_hybrid``):
 its state pool, and the features that cannot serve one yet, refused at start-up by name.
 
+The radix cache keeps the linear layers' state after cached prefixes (snapshots, in slots of
+the state pool beside the requests' own: ``snapshot_state_slots``; the tree's side is
+``radix_cache/snapshot_tree.py``): a request matching a prefix starts from the snapshot.
+
 What does not work yet, and why:
 
-- the radix cache: a cached prefix's K/V is not enough, a request would also need the linear
-  layers' state after that prefix, which the tree does not keep yet. The scheduler matches
-  no prefix for a hybrid model (``Scheduler``: the tree is off), so every request computes
-  its whole prompt; reusing K/V alone would give wrong tokens.
 - ``--tp-size`` > 1: the linear layers are not sharded.
 - ``--disaggregation-mode``: the state would have to travel with the K/V.
 - ``--enable-hierarchical-cache``: the storage tier keeps K/V pages only (and needs the tree).
@@ -60,14 +60,27 @@ def state_pool_slots(rows: int, explicit: bool, kv_pool_bytes: int, per_slot: in
     return max(min(rows, kv_pool_bytes // per_slot + 1), 2)
 
 
+def snapshot_state_slots(request_slots: int, explicit: bool, kv_pool_bytes: int,
+                         per_slot: int, radix_cache: bool) -> int:
+    """State slots for the radix tree's snapshots (0 with the radix cache off): as many as
+    the requests have, as SGLang gives its Mamba cache about the KV pool's memory, and unless
+    --max-running-requests set the rows, no more than the KV pool's bytes buy. A snapshot is
+    a cached prefix's whole reusable state, so fewer would leave K/V in the tree that no
+    match can use; they are evicted least recently used, apart from the K/V."""
+    if not radix_cache:
+        return 0
+    if explicit:
+        return max(request_slots, 2)
+    return max(min(request_slots, kv_pool_bytes // per_slot), 2)
+
+
 def make_state_pool(specs: dict[int, StateSpec], size: int, dtype: torch.dtype,
                     device: torch.device) -> StatePool:
     """``size`` slots of every linear layer's state (conv in ``dtype``, the delta rule's
     matrix in float32)."""
     pool = StatePool(size, specs, dtype, device)
     logger.info("state pool: %d slots of %d linear layers' state, %.1f MiB each, %.2f GiB in "
-                "all (the radix cache is off for hybrid models: no prefix is reused)", size,
-                len(specs), StatePool.bytes_per_slot(specs, dtype) / (1 << 20),
+                "all", size, len(specs), StatePool.bytes_per_slot(specs, dtype) / (1 << 20),
                 pool.nbytes / (1 << 30))
     return pool
 

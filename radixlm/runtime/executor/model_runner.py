@@ -44,6 +44,7 @@ from radixlm.runtime.executor.forward_heap import ForwardHeap, release_free_heap
 from radixlm.runtime.executor.hybrid import (
     make_state_pool,
     refuse_hybrid_features,
+    snapshot_state_slots,
     state_pool_slots,
 )
 from radixlm.runtime.executor.models import (
@@ -146,11 +147,22 @@ class ModelRunner:
             self.pool_size, self.swa_ratio, self.swa.window, args.page_size))
         self.kv_pool = self._make_pool()
         # a hybrid model: a state slot per request row the scheduler hands out (hybrid.py)
+        # and as many again for the radix tree's snapshots of cached prefixes' states
         specs = state_specs(self.model)
-        self.state_pool = None if not specs else make_state_pool(specs, state_pool_slots(
-            max_running_requests(args, self.pool_size) + 1, bool(args.max_running_requests),
-            self.kv_pool_bytes, StatePool.bytes_per_slot(specs, self.dtype)), self.dtype,
-            self.device)
+        self.request_state_slots = self.snapshot_state_slots = 0
+        self.state_pool = None
+        if specs:
+            per_slot, explicit = StatePool.bytes_per_slot(specs, self.dtype), bool(
+                args.max_running_requests)
+            self.request_state_slots = state_pool_slots(
+                max_running_requests(args, self.pool_size) + 1, explicit, self.kv_pool_bytes,
+                per_slot)
+            self.snapshot_state_slots = snapshot_state_slots(
+                self.request_state_slots, explicit, self.kv_pool_bytes, per_slot,
+                not args.disable_radix_cache)
+            self.state_pool = make_state_pool(
+                specs, self.request_state_slots + self.snapshot_state_slots, self.dtype,
+                self.device)
         logger.info("KV pool: %d tokens, %s K/V (%.2f GiB), model dtype %s", self.pool_size,
                     self.kv_cache_dtype, self.kv_pool_bytes / (1 << 30),
                     kv_cache_dtype_name(self.dtype))
@@ -304,12 +316,29 @@ class ModelRunner:
         final hidden states of those rows instead, [rows, hidden] (every rank)."""
         if self.tp.size > 1:
             return self._tp_forward(batch, req_to_token)
+        if batch.state_restores:  # cached prefixes' states into the requests' slots
+            self._copy_states(batch.state_restores)
         fb = self.batch_builder.build(batch, req_to_token)
         if batch.is_decode and self.graph_runner is not None and not self.is_embedding:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
-        return self._run_model(fb)
+        out = self._run_model(fb)
+        if fb.state is not None and fb.state.saves_at_end:  # snapshots at a sequence's end
+            self._copy_states(fb.state.saves_at_end)
+        return out
+
+    @property
+    def inner_snapshots(self) -> bool:
+        """Whether the model writes states inside an extend (``StateIndices.saves``); a
+        hybrid without it snapshots only at the end of a forward's sequences."""
+        return bool(getattr(self.model, "inner_state_snapshots", False))
+
+    def _copy_states(self, pairs: list[list[int]]) -> None:
+        """``[src, dst]`` state slots: every linear layer's states copied."""
+        assert self.state_pool is not None, "state copies without a state pool"
+        t = torch.tensor(pairs, dtype=torch.int64, device=self.device)  # [n, 2]
+        self.state_pool.copy(t[:, 0], t[:, 1])
 
     @torch.inference_mode()
     def forward_and_sample(self, batch: ModelWorkerBatch, req_to_token: torch.Tensor

@@ -36,6 +36,11 @@ class ModelWorkerBatch:
     # a hybrid model's batch: each sequence's slot in the state pool (radix_cache/
     # state_pool.py); a sequence with prefix_lens 0 starts from zeros, not its slot
     state_slots: list[int] | None = None
+    # a hybrid model's snapshots (radix_cache/snapshot_tree.py): [snapshot slot, own slot]
+    # copied before the forward (a cached prefix's state), and [sequence, tokens, slot]:
+    # the state after that many of the sequence's new tokens written into slot
+    state_restores: list[list[int]] | None = None
+    state_saves: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.req_pool_indices)

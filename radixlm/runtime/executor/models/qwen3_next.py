@@ -153,11 +153,12 @@ class GatedDeltaNet(nn.Module):
         qkv, z, b, a = self._project(x)
         conv_state, ssm = st.pool.read(self.layer_id, st.slots, st.fresh)
         weight = self.conv1d.weight[:, 0]  # [C, K]
+        conv_snaps = ssm_snaps = None  # the radix cache's snapshots inside the sequences
         if fb.mode.is_decode:
             qkv, conv_state = causal_conv1d_step(qkv, weight, None, conv_state, self.activation)
         else:
-            qkv, conv_state, _ = causal_conv1d(qkv, weight, None, conv_state, st.seq_lens,
-                                               self.activation)
+            qkv, conv_state, conv_snaps = causal_conv1d(qkv, weight, None, conv_state,
+                                                        st.seq_lens, self.activation, st.saves)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
@@ -165,8 +166,11 @@ class GatedDeltaNet(nn.Module):
         if fb.mode.is_decode:
             o, ssm = recurrent_gated_delta_rule_step(q, k, v, g, beta, ssm)
         else:
-            o, ssm, _ = chunk_gated_delta_rule(q, k, v, g, beta, ssm, st.seq_lens)
+            o, ssm, ssm_snaps = chunk_gated_delta_rule(q, k, v, g, beta, ssm, st.seq_lens,
+                                                       snapshots=st.saves)
         st.pool.write(self.layer_id, st.slots, conv_state, ssm)
+        if conv_snaps is not None and ssm_snaps is not None and st.save_slots is not None:
+            st.pool.write(self.layer_id, st.save_slots, conv_snaps, ssm_snaps)
         o = rms_norm_gated(o, z, self.norm.weight, self.eps)  # [T, Hv, Dv]
         return self.out_proj(o.reshape(t, self.value_dim))
 
@@ -282,6 +286,9 @@ class Qwen3NextForCausalLM(DecoderForCausalLM):
                        intermediate_size=hf["moe_intermediate_size"],
                        renormalize=bool(hf.get("norm_topk_prob", True)), weights_in_dtype=True,
                        sparse_layers=sparse_layers(hf, config.num_layers))
+
+    # its linear layers write ``StateIndices.saves`` (snapshots inside an extend)
+    inner_state_snapshots = True
 
     def state_specs(self) -> dict[int, StateSpec]:
         """Each linear layer's state of one sequence, by layer id (the state pool's

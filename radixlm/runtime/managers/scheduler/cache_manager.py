@@ -6,6 +6,15 @@ place that moves slots between them, so the accounting invariant of docs/design.
     free + evictable + protected + request-owned == pool size
 
 can be checked here (``check_accounting``).
+
+A hybrid model's state slots (``radix_cache/state_pool.py``) are moved here too: each
+running request owns one, the tree's snapshots hold others (at most ``snapshot_slots``,
+counting the snapshots requests have pending), so ``free + request-owned + pending +
+tree-held == state pool size``. A request's snapshot is planned before its prefill forward
+(``plan_snapshots``: a page-aligned point of the chunk, the forward writes the state there
+into a fresh slot), given to the tree node ending at that point when the chunk's tokens are
+inserted, and a finished request's own slot becomes the snapshot at its end when that end
+is page-aligned (``release``).
 """
 
 from __future__ import annotations
@@ -38,13 +47,17 @@ class CacheManager:
                  disable_radix_cache: bool, device: torch.device,
                  eviction_policy: str = "lru", events: KVEventRecorder | None = None,
                  hicache: HiCache | None = None, swa: SWASpec | None = None,
-                 state_slots: int = 0) -> None:
+                 state_slots: int = 0, snapshot_slots: int = 0,
+                 inner_snapshots: bool = False) -> None:
         """``hicache``: the storage tier under the tree (``--enable-hierarchical-cache``):
         evicted pages are written to it, admissions load from it what the tree lacks.
         ``swa``: the sliding layers' pool (``--enable-hybrid-swa-memory``); each running
         request's sliding slots older than its window are freed as it runs.
         ``state_slots``: a hybrid model's state pool size (``radix_cache/state_pool.py``;
-        0: the model has no linear-attention layer): each running request owns one slot."""
+        0: the model has no linear-attention layer): each running request owns one slot,
+        and with the radix cache on, up to ``snapshot_slots`` of them are the tree's
+        recurrent-state snapshots. ``inner_snapshots``: the model writes states inside an
+        extend (``StateIndices.saves``), not only at its end."""
         self.page_size = page_size
         self.pool_size = pool_size
         self.swa = swa
@@ -55,14 +68,19 @@ class CacheManager:
                                           device=device)
         self.req_to_token_pool = ReqToTokenPool(
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
+        self.states = StateSlots(state_slots) if state_slots else None
+        self.snapshot_slots = 0 if disable_radix_cache or self.states is None else snapshot_slots
+        self.inner_snapshots = inner_snapshots
+        self.pending_snapshots = 0  # planned by requests, not yet given to the tree
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
                                eviction_policy=eviction_policy, events=events,
-                               swa_window=None if swa is None else swa.window)
+                               swa_window=None if swa is None else swa.window,
+                               states=self.states if self.snapshot_slots else None,
+                               snapshot_budget=self.snapshot_slots)
         self.hicache = None if disable_radix_cache else hicache
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
             self.hicache.attach_events(events)
-        self.states = StateSlots(state_slots) if state_slots else None
         self.running: dict[str, Req] = {}  # requests that hold a req_to_token row
         self.inserted: dict[str, int] = {}  # rid -> tokens it put in the tree (hits counted)
         self.evicted_tokens = 0  # freed by eviction since start (a metric)
@@ -103,6 +121,9 @@ class CacheManager:
             m, loaded = self._load_from_storage(req, ids, m)
         n = len(m.slots)
         self.req_to_token_pool.req_to_token[row, :n] = m.slots
+        if n and self.states is not None:  # its first forward starts from the snapshot
+            assert m.last_node.snapshot is not None, f"match of {n} without a snapshot"
+            req.state_restore = m.last_node.snapshot
         self.tree.inc_lock_ref(m.last_node)
         req.swa_uuid = self.tree.inc_swa_lock(m.last_node)
         req.req_pool_idx, req.last_node = row, m.last_node
@@ -249,7 +270,9 @@ class CacheManager:
         self.inserted[req.rid] = aligned
         # our copies of what the tree already had are duplicates
         self._free_range(row, req.prefix_len, min(p, aligned))
-        m = self.tree.match_prefix(ids[:aligned], namespace=req.namespace)
+        self._give_snapshot(req)
+        # its own tokens: their state is in its slot, so no cut back to a snapshot
+        m = self.tree.match_prefix(ids[:aligned], namespace=req.namespace, raw=True)
         assert len(m.slots) == aligned, f"re-match gave {len(m.slots)}, expected {aligned}"
         row[:aligned] = m.slots
         self.tree.inc_lock_ref(m.last_node)
@@ -277,8 +300,12 @@ class CacheManager:
             p, aligned = self._insert(req, row)
             self._free_range(row, req.prefix_len, min(p, aligned))
             self._free_range(row, aligned, req.alloc_len)
+            self._give_snapshot(req)
+            self._give_own_state(req, aligned)
         else:
             self._free_range(row, req.prefix_len, req.alloc_len)
+            self._drop_snapshot(req)
+        req.state_restore = None
         self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
@@ -290,6 +317,87 @@ class CacheManager:
         self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
         req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = req.swa_uuid = 0
+
+    # --- a hybrid model's snapshots ------------------------------------------------------
+    def plan_snapshots(self, reqs: list[Req], extend_lens: list[int], num_prefill: int
+                       ) -> None:
+        """Before a forward: each prefill chunk of ``reqs[:num_prefill]`` saves the state
+        at one page-aligned point of it into a fresh slot (``req.snap_pos`` /
+        ``req.snap_slot``, written by the forward), which the tree takes when the chunk's
+        tokens are inserted. No free slot within the budget (after evicting unlocked
+        snapshots): no snapshot, nothing else changes."""
+        if not self.snapshot_slots:
+            return
+        for req, n in zip(reqs[:num_prefill], extend_lens[:num_prefill]):
+            pos = self._snapshot_point(req, n)
+            if pos is None or req.snap_slot is not None:
+                continue
+            slot = self._alloc_snapshot()
+            if slot is None:
+                return
+            req.snap_pos, req.snap_slot = pos, slot
+            self.pending_snapshots += 1
+
+    def _snapshot_point(self, req: Req, n: int) -> int | None:
+        """Where a chunk ``[kv_len, kv_len + n)`` of ``req`` snapshots: its last page end,
+        but no later than the last page end before the sequence's last token (all that a
+        request with the same tokens can match: the n > 1 warm-up's samples); a model
+        without inner snapshots only at the chunk's end, when that is page-aligned.
+        None: no page end in the chunk."""
+        start, end = req.kv_len, req.kv_len + n
+        if self.inner_snapshots:
+            pos = min(end, req.seq_len - 1)
+            pos -= pos % self.page_size
+        else:
+            pos = end if end % self.page_size == 0 else 0
+        return pos if pos > start else None
+
+    def _alloc_snapshot(self) -> int | None:
+        """A state slot for a new snapshot, within the budget (evicting the least recently
+        used unlocked snapshot when it is full); None if none can be had."""
+        assert self.states is not None
+        held = self.tree.num_snapshots() + self.pending_snapshots
+        if held >= self.snapshot_slots and not self.tree.evict_snapshots(1):
+            return None
+        return self.states.alloc()
+
+    def _give_snapshot(self, req: Req) -> None:
+        """The tree takes ``req``'s pending snapshot at the node ending at its point (split
+        there if needed), unless that node has one already (then it is freed)."""
+        slot, pos = req.snap_slot, req.snap_pos
+        if slot is None:
+            return
+        req.snap_slot = None
+        self.pending_snapshots -= 1
+        m = (self.tree.match_prefix(req.fill_ids[:pos], namespace=req.namespace, raw=True)
+             if pos <= req.kv_len else None)  # else: not computed (no forward ran)
+        if m is None or len(m.slots) != pos or not self.tree.attach_snapshot(m.last_node, slot):
+            assert self.states is not None
+            self.states.free(slot)
+
+    def _drop_snapshot(self, req: Req) -> None:
+        """Free ``req``'s pending snapshot (released without caching)."""
+        if req.snap_slot is not None:
+            assert self.states is not None
+            self.states.free(req.snap_slot)
+            req.snap_slot = None
+            self.pending_snapshots -= 1
+
+    def _give_own_state(self, req: Req, aligned: int) -> None:
+        """A finished (or retracted) request whose computed tokens end on a page: its own
+        slot holds the state there, so the tree takes the slot as that node's snapshot
+        (within the budget) instead of it being freed."""
+        if (req.state_slot is None or not self.snapshot_slots or aligned == 0
+                or req.kv_len != aligned):
+            return
+        m = self.tree.match_prefix(req.fill_ids[:aligned], namespace=req.namespace, raw=True)
+        if len(m.slots) != aligned or m.last_node.snapshot is not None:
+            return
+        held = self.tree.num_snapshots() + self.pending_snapshots
+        if held >= self.snapshot_slots and not self.tree.evict_snapshots(1):
+            return
+        self.tree.attach_snapshot(m.last_node, req.state_slot)
+        req.state_slot = None
 
     def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
         if end > start:
@@ -354,12 +462,19 @@ class CacheManager:
             self.tree.check_integrity()
 
     def _check_state_accounting(self) -> None:
-        """free + request-owned == state pool size, each running request one slot of its
-        own (``StateSlots.check_integrity``)."""
+        """free + request-owned + pending + tree-held == state pool size, each running
+        request one slot of its own, each snapshot one (``StateSlots.check_integrity``),
+        and the snapshots within their budget."""
         assert self.states is not None
         owned = [r.state_slot for r in self.running.values()]
         assert None not in owned, f"running requests without a state slot: {owned}"
-        self.states.check_integrity(owned)
+        pending = [r.snap_slot for r in self.running.values() if r.snap_slot is not None]
+        assert len(pending) == self.pending_snapshots, (
+            f"pending snapshots {pending} != counter {self.pending_snapshots}")
+        held = self.tree.snapshot_slots()
+        assert len(held) + len(pending) <= self.snapshot_slots, (
+            f"{len(held)} + {len(pending)} pending snapshots > budget {self.snapshot_slots}")
+        self.states.check_integrity(owned + pending + held)
 
     def _check_swa_accounting(self, deep: bool) -> None:
         assert self.swa is not None and isinstance(self.allocator, SWAAllocator)

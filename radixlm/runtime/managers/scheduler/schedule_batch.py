@@ -65,6 +65,12 @@ class Req:
         self.swa_uuid = 0  # its sliding lock in the tree (0: none)
         # a hybrid model's request: its slot in the state pool while admitted (state_pool.py)
         self.state_slot: int | None = None
+        # its first forward copies this snapshot slot into state_slot (a cached prefix)
+        self.state_restore: int | None = None
+        # a snapshot the next forward writes: the state after snap_pos tokens, into
+        # snap_slot, which the tree takes when those tokens are inserted (cache_manager.py)
+        self.snap_pos = 0
+        self.snap_slot: int | None = None
         self.cached_tokens = 0
         self.storage_cached_tokens = 0  # of cached_tokens, loaded from the storage tier
         self.admitted_once = False
@@ -186,6 +192,7 @@ class ScheduleBatch:
         for r, n in zip(self.reqs, self.extend_lens):
             input_ids += r.tokens(r.kv_len, r.kv_len + n)
         slots = [r.state_slot for r in self.reqs]
+        restores, saves = self._state_copies()
         return ModelWorkerBatch(
             is_decode=self.is_decode,
             req_pool_indices=[r.req_pool_idx for r in self.reqs],
@@ -196,4 +203,20 @@ class ScheduleBatch:
             prefix_groups=self.prefix_groups,
             sampling=sampling,
             state_slots=None if all(s is None for s in slots) else state_slots_of(slots),
+            state_restores=restores,
+            state_saves=saves,
         )
+
+    def _state_copies(self) -> tuple[list[list[int]] | None, list[list[int]] | None]:
+        """A hybrid model's snapshot copies of this forward: ``[snapshot, own slot]`` to
+        restore before it (each once: taken off the request), ``[i, tokens, slot]`` to save
+        (the state of sequence ``i`` after ``tokens`` of its new tokens)."""
+        restores, saves = [], []
+        for i, r in enumerate(self.reqs):
+            if r.state_restore is not None:
+                restores.append([r.state_restore, r.state_slot])
+                r.state_restore = None
+            n = self.extend_lens[i]
+            if r.snap_slot is not None and r.kv_len < r.snap_pos <= r.kv_len + n:
+                saves.append([i, r.snap_pos - r.kv_len, r.snap_slot])
+        return restores or None, saves or None

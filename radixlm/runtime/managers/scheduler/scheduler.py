@@ -92,29 +92,26 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         self.context_len = self.model_config.context_length
         pool = self.model_runner.pool_size
         self.max_running_requests = max_running_requests(args, pool)
-        if self.model_runner.state_pool is not None:  # no more than the state slots
+        if self.model_runner.state_pool is not None:  # no more than the requests' slots
             self.max_running_requests = min(self.max_running_requests,
-                                            self.model_runner.state_pool_size - 1)
+                                            self.model_runner.request_state_slots - 1)
         # the tree's KV events: published (--kv-events-config) and/or read by the dispatcher
         self.kv_events = (KVEventRecorder(args.page_size, MEDIUM_GPU if self.model_runner.device
                                           .type == "cuda" else MEDIUM_CPU)
                           if wants_kv_events(args) else None)
         self.kv_event_sinks: list[Callable[[KVEventBatch], Any]] = []
-        # a hybrid model reuses no cached prefix yet: K/V without the linear layers' state
-        # after it would give wrong tokens (executor/hybrid.py)
-        hybrid = self.model_runner.state_pool is not None
-        if hybrid and not args.disable_radix_cache:
-            logger.info("%s is a hybrid model: the radix cache is off (no prefix is reused "
-                        "until the tree keeps recurrent states)",
-                        self.model_config.architectures[0])
+        # a hybrid model's tree keeps recurrent-state snapshots in their own state slots
+        # (radix_cache/snapshot_tree.py)
         self.cache = CacheManager(pool, args.page_size, self.max_running_requests + 1,
-                                  self.context_len, args.disable_radix_cache or hybrid,
+                                  self.context_len, args.disable_radix_cache,
                                   self.model_runner.device, args.radix_eviction_policy,
                                   self.kv_events, build_hicache(args, self.model_runner,
                                                                 model_path,
                                                                 DEFAULT_WEIGHT_VERSION),
                                   swa=self.model_runner.swa_spec(),
-                                  state_slots=self.model_runner.state_pool_size)
+                                  state_slots=self.model_runner.state_pool_size,
+                                  snapshot_slots=self.model_runner.snapshot_state_slots,
+                                  inner_snapshots=self.model_runner.inner_snapshots)
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling
@@ -228,6 +225,7 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         # what samples after the forward; grammar masks fill while the model runs
         sampling = None if self.embeddings is not None else self.outputs.sampling_batch(batch)
         t0, decode = time.perf_counter(), batch.is_decode
+        self.cache.plan_snapshots(batch.reqs, batch.extend_lens, batch.num_prefill)
         logits, sampled = self.model_runner.forward_and_sample(
             batch.worker_batch(sampling), self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
