@@ -85,10 +85,16 @@ _PRIORITY = {"lru": _lru_priority, "lfu": _lfu_priority}
 
 @dataclass
 class MatchResult:
-    """``slots``: the tree's KV slots of the matched prefix; ``last_node``: deepest node."""
+    """``slots``: the tree's KV slots of the matched prefix; ``last_node``: deepest node;
+    ``raw_len``: with snapshots, how far the K/V matched before the cut back (-1: no cut)."""
 
     slots: torch.Tensor
     last_node: TreeNode
+    cut_from: int = -1
+
+    @property
+    def raw_len(self) -> int:
+        return self.prefix_len if self.cut_from < 0 else self.cut_from
 
     @property
     def prefix_len(self) -> int:
@@ -201,7 +207,7 @@ class RadixCache(TreeChecks, SWATree, SnapshotTree):
         if self.states is not None and not raw:
             cut = self._snapshot_cut(node)
             if cut is not node:
-                return MatchResult(self._path_slots(cut), cut)
+                return MatchResult(self._path_slots(cut), cut, pos)
         if self.swa_window is not None:  # only as far as the sliding K/V is there
             node = self._swa_cut(node)
             return MatchResult(self._path_slots(node), node)

@@ -42,6 +42,7 @@ class SnapshotTree:
     def init_snapshots(self, states: StateSlots | None, budget: int) -> None:
         self.states, self.snapshot_budget = states, budget
         self._snapshots: dict[int, Any] = {}  # slot -> node holding it
+        self.evicted_snapshots = 0  # by evict_snapshots since start (a metric)
 
     def num_snapshots(self) -> int:
         """Snapshot slots held by the tree."""
@@ -83,6 +84,7 @@ class SnapshotTree:
                          key=lambda n: (n.last_access, n.node_id))[:num]
         for node in victims:
             self._drop_snapshot(node)
+        self.evicted_snapshots += len(victims)
         return len(victims)
 
     def _reset_snapshots(self) -> None:

@@ -10,11 +10,11 @@ can be checked here (``check_accounting``).
 A hybrid model's state slots (``radix_cache/state_pool.py``) are moved here too: each
 running request owns one, the tree's snapshots hold others (at most ``snapshot_slots``,
 counting the snapshots requests have pending), so ``free + request-owned + pending +
-tree-held == state pool size``. A request's snapshot is planned before its prefill forward
-(``plan_snapshots``: a page-aligned point of the chunk, the forward writes the state there
-into a fresh slot), given to the tree node ending at that point when the chunk's tokens are
-inserted, and a finished request's own slot becomes the snapshot at its end when that end
-is page-aligned (``release``).
+tree-held == state pool size``. A request's snapshots are planned before its prefill forward
+(``plan_snapshots``: page-aligned points of the chunk, where the forward writes the state
+into fresh slots), given to the tree nodes ending at those points when the chunk's tokens
+are inserted, and a finished request's own slot becomes the snapshot at its end when that
+end is page-aligned (``release``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 # a shared prefix shorter than this is not worth a separate attention pass
 MIN_SHARED_PREFIX = 64
+# a hybrid's prefill snapshots its state at 64, 128, 256, ... tokens (``plan_snapshots``):
+# a later request sharing any prefix of L >= 64 tokens reuses more than L / 2 of it, at
+# log2(prompt / 64) snapshots a prompt
+FIRST_DOUBLING_SNAPSHOT = 64
 
 
 def _ceil_to(n: int, page: int) -> int:
@@ -124,6 +128,9 @@ class CacheManager:
         if n and self.states is not None:  # its first forward starts from the snapshot
             assert m.last_node.snapshot is not None, f"match of {n} without a snapshot"
             req.state_restore = m.last_node.snapshot
+        # where its K/V match ended past the snapshot: the branch point other requests
+        # with this prefix will want a snapshot at
+        req.branch_pos = m.raw_len if m.raw_len > n else 0
         self.tree.inc_lock_ref(m.last_node)
         req.swa_uuid = self.tree.inc_swa_lock(m.last_node)
         req.req_pool_idx, req.last_node = row, m.last_node
@@ -322,35 +329,38 @@ class CacheManager:
     def plan_snapshots(self, reqs: list[Req], extend_lens: list[int], num_prefill: int
                        ) -> None:
         """Before a forward: each prefill chunk of ``reqs[:num_prefill]`` saves the state
-        at one page-aligned point of it into a fresh slot (``req.snap_pos`` /
-        ``req.snap_slot``, written by the forward), which the tree takes when the chunk's
-        tokens are inserted. No free slot within the budget (after evicting unlocked
-        snapshots): no snapshot, nothing else changes."""
+        at page-aligned points of it into fresh slots (``req.snaps``: ``[pos, slot]``,
+        written by the forward), which the tree takes when the chunk's tokens are
+        inserted. No free slot within the budget (after evicting unlocked snapshots): no
+        more snapshots, nothing else changes."""
         if not self.snapshot_slots:
             return
         for req, n in zip(reqs[:num_prefill], extend_lens[:num_prefill]):
-            pos = self._snapshot_point(req, n)
-            if pos is None or req.snap_slot is not None:
-                continue
-            slot = self._alloc_snapshot()
-            if slot is None:
-                return
-            req.snap_pos, req.snap_slot = pos, slot
-            self.pending_snapshots += 1
+            for pos in self._snapshot_points(req, n):
+                slot = self._alloc_snapshot()
+                if slot is None:
+                    return
+                req.snaps.append([pos, slot])
+                self.pending_snapshots += 1
 
-    def _snapshot_point(self, req: Req, n: int) -> int | None:
-        """Where a chunk ``[kv_len, kv_len + n)`` of ``req`` snapshots: its last page end,
-        but no later than the last page end before the sequence's last token (all that a
-        request with the same tokens can match: the n > 1 warm-up's samples); a model
-        without inner snapshots only at the chunk's end, when that is page-aligned.
-        None: no page end in the chunk."""
-        start, end = req.kv_len, req.kv_len + n
-        if self.inner_snapshots:
-            pos = min(end, req.seq_len - 1)
-            pos -= pos % self.page_size
-        else:
-            pos = end if end % self.page_size == 0 else 0
-        return pos if pos > start else None
+    def _snapshot_points(self, req: Req, n: int) -> list[int]:
+        """Where a chunk ``[kv_len, kv_len + n)`` of ``req`` snapshots, page-aligned:
+        its end, but no later than the last token before the sequence's last (all that a
+        request with the same tokens can match: the n > 1 warm-up's samples); the branch
+        point where its K/V match outran its snapshot match (the next request with that
+        prefix matches it all); and 64, 128, 256, ... tokens (a request sharing part of
+        this prompt reuses at least half of the part). A model without inner snapshots:
+        only the chunk's end, when that is page-aligned."""
+        start, end, ps = req.kv_len, req.kv_len + n, self.page_size
+        if not self.inner_snapshots:
+            return [end] if end % ps == 0 and end > start else []
+        last = min(end, req.seq_len - 1)
+        points = {last, req.branch_pos}
+        p = FIRST_DOUBLING_SNAPSHOT
+        while p <= last:
+            points.add(p)
+            p *= 2
+        return sorted({q - q % ps for q in points if start < q - q % ps <= last})
 
     def _alloc_snapshot(self) -> int | None:
         """A state slot for a new snapshot, within the budget (evicting the least recently
@@ -362,26 +372,24 @@ class CacheManager:
         return self.states.alloc()
 
     def _give_snapshot(self, req: Req) -> None:
-        """The tree takes ``req``'s pending snapshot at the node ending at its point (split
-        there if needed), unless that node has one already (then it is freed)."""
-        slot, pos = req.snap_slot, req.snap_pos
-        if slot is None:
-            return
-        req.snap_slot = None
-        self.pending_snapshots -= 1
-        m = (self.tree.match_prefix(req.fill_ids[:pos], namespace=req.namespace, raw=True)
-             if pos <= req.kv_len else None)  # else: not computed (no forward ran)
-        if m is None or len(m.slots) != pos or not self.tree.attach_snapshot(m.last_node, slot):
-            assert self.states is not None
-            self.states.free(slot)
+        """The tree takes ``req``'s pending snapshots at the nodes ending at their points
+        (split there if needed), except where a node has one already (those are freed)."""
+        assert self.states is not None or not req.snaps
+        for pos, slot in req.snaps:
+            m = (self.tree.match_prefix(req.fill_ids[:pos], namespace=req.namespace, raw=True)
+                 if pos <= req.kv_len else None)  # else: not computed (no forward ran)
+            if (m is None or len(m.slots) != pos
+                    or not self.tree.attach_snapshot(m.last_node, slot)):
+                self.states.free(slot)
+        self.pending_snapshots -= len(req.snaps)
+        req.snaps = []
 
     def _drop_snapshot(self, req: Req) -> None:
-        """Free ``req``'s pending snapshot (released without caching)."""
-        if req.snap_slot is not None:
-            assert self.states is not None
-            self.states.free(req.snap_slot)
-            req.snap_slot = None
-            self.pending_snapshots -= 1
+        """Free ``req``'s pending snapshots (released without caching)."""
+        for _, slot in req.snaps:
+            self.states.free(slot)
+        self.pending_snapshots -= len(req.snaps)
+        req.snaps = []
 
     def _give_own_state(self, req: Req, aligned: int) -> None:
         """A finished (or retracted) request whose computed tokens end on a page: its own
@@ -468,7 +476,7 @@ class CacheManager:
         assert self.states is not None
         owned = [r.state_slot for r in self.running.values()]
         assert None not in owned, f"running requests without a state slot: {owned}"
-        pending = [r.snap_slot for r in self.running.values() if r.snap_slot is not None]
+        pending = [slot for r in self.running.values() for _, slot in r.snaps]
         assert len(pending) == self.pending_snapshots, (
             f"pending snapshots {pending} != counter {self.pending_snapshots}")
         held = self.tree.snapshot_slots()

@@ -67,10 +67,10 @@ class Req:
         self.state_slot: int | None = None
         # its first forward copies this snapshot slot into state_slot (a cached prefix)
         self.state_restore: int | None = None
-        # a snapshot the next forward writes: the state after snap_pos tokens, into
-        # snap_slot, which the tree takes when those tokens are inserted (cache_manager.py)
-        self.snap_pos = 0
-        self.snap_slot: int | None = None
+        # snapshots the next forward writes: [pos, slot], the state after pos tokens into
+        # slot, which the tree takes when those tokens are inserted (cache_manager.py)
+        self.snaps: list[list[int]] = []
+        self.branch_pos = 0  # where its K/V match outran its snapshot match (0: it did not)
         self.cached_tokens = 0
         self.storage_cached_tokens = 0  # of cached_tokens, loaded from the storage tier
         self.admitted_once = False
@@ -217,6 +217,6 @@ class ScheduleBatch:
                 restores.append([r.state_restore, r.state_slot])
                 r.state_restore = None
             n = self.extend_lens[i]
-            if r.snap_slot is not None and r.kv_len < r.snap_pos <= r.kv_len + n:
-                saves.append([i, r.snap_pos - r.kv_len, r.snap_slot])
+            saves += [[i, pos - r.kv_len, slot] for pos, slot in r.snaps
+                      if r.kv_len < pos <= r.kv_len + n]
         return restores or None, saves or None
