@@ -8,6 +8,11 @@ one last (``layer_types``), 2 key heads serving 4 value heads in the linear laye
 Qwen3-Next's tensors grouped by key head are exercised), a conv of 4 taps, partial RoPE
 (a quarter of head_dim 16). ``qwen3_5mm``: the same language model inside a Qwen3.5
 vision-language checkpoint, as Qwen3.5 is released.
+
+The Mamba2 hybrids (``MAMBA2_HYBRIDS``): hidden 64, Mamba2 mixers of 8 heads of 16 in 2
+groups with a state of 16 and chunks of 32 (so prompts span several), attention of 4 heads
+(2 KV) of 16. Nemotron-H: the five blocks ``M * - M E`` (Mamba2, attention, relu^2 MLP,
+Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from radixlm.tiny_families import _redraw
 from radixlm.tiny_model import VOCAB_SIZE, train_tokenizer, write_tokenizer
 
 if TYPE_CHECKING:
+    import torch
     import transformers
 
 logger = logging.getLogger(__name__)
@@ -37,7 +43,7 @@ _SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                              "partial_rotary_factor": 0.25}}
 
 # arch -> (transformers config class, what is special about it)
-HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
+GATED_DELTA_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next": ("Qwen3NextConfig", {"num_experts": 0}),
     "qwen3_5": ("Qwen3_5TextConfig", {}),
     # 4 experts, 2 a token, a shared expert of 48; Qwen3-Next's layer 2 dense
@@ -55,6 +61,20 @@ HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
         "out_hidden_size": 64, "num_position_embeddings": 16, "patch_size": 14}}),
 }
+_MAMBA2_SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
+                "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+# arch -> (config class, its fields besides _MAMBA2_SIZE)
+MAMBA2_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "nemotron_h": ("NemotronHConfig", {
+        "layers_block_type": ["linear_attention", "full_attention", "mlp", "linear_attention",
+                              "moe"],
+        "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+        "chunk_size": 32, "layer_norm_epsilon": 1e-5, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 48, "routed_scaling_factor": 1.5}),
+}
+HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS}
 
 
 def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
@@ -65,7 +85,7 @@ def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     if arch not in HYBRIDS:
         raise ValueError(f"arch must be one of {sorted(HYBRIDS)}, got {arch!r}")
     cls_name, special = HYBRIDS[arch]
-    text = {**_SIZE, "vocab_size": vocab_size}
+    text = {**(_MAMBA2_SIZE if arch in MAMBA2_HYBRIDS else _SIZE), "vocab_size": vocab_size}
     if "vision_config" in special:  # multimodal: the sizes are the language model's
         config = getattr(transformers, cls_name)(text_config=text, **special)
     else:
@@ -88,7 +108,20 @@ def make_hybrid_model(out_dir: str | Path, arch: str, seed: int = 0,
             else transformers.AutoModelForCausalLM)
     model = auto.from_config(config, dtype=torch.float32)
     _redraw(model, seed)
+    _spread_routers(model)
     model.save_pretrained(out)
     write_tokenizer(out, VOCAB_SIZE, tok)
     logger.info("wrote a tiny %s model (%s) to %s", arch, type(model).__name__, out)
     return out
+
+
+def _spread_routers(model: torch.nn.Module) -> None:
+    """Nemotron-H's sigmoid router (``mixer.gate``) drawn wide, as ``_redraw`` draws the
+    softmax ones: scores far apart, so no near-tie picks other experts at other precisions."""
+    import torch
+
+    hidden = model.config.get_text_config().hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mixer.gate.weight"):
+                p.mul_(2.0 / hidden**0.5 / p.std())

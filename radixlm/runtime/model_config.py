@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
-LINEAR = "linear_attention"  # a hybrid's recurrent layers (Qwen3-Next's Gated DeltaNet)
+LINEAR = "linear_attention"  # a hybrid's recurrent layers (Gated DeltaNet, Mamba2)
+MLP_ONLY = "mlp"  # a layer with no mixer: no K/V, no state (Nemotron-H's MLP and MoE blocks)
+_KV_TYPES = (FULL, SLIDING)
 _DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -111,13 +113,14 @@ class ModelConfig:
             architectures=tuple(hf.get("architectures") or (arch,)),
             model_type=model_type,
             hidden_size=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"],
+            num_layers=_num_layers(hf),
             num_attention_heads=heads,
             num_key_value_heads=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             intermediate_size=hf["intermediate_size"],
             vocab_size=hf["vocab_size"],
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            # Nemotron-H names it layer_norm_epsilon (its norms are RMSNorms too)
+            rms_norm_eps=float(hf.get("rms_norm_eps", hf.get("layer_norm_epsilon", 1e-6))),
             rope_theta=float(_rope_theta(hf)),
             rope_scaling=_rope_scaling(hf),
             max_position_embeddings=max_pos,
@@ -161,19 +164,21 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> int:
-        """Layers with K/V rows in the KV pool (a hybrid's linear layers have none)."""
-        return self.num_layers - self.layer_types.count(LINEAR)
+        """Layers with K/V rows in the KV pool (a hybrid's linear and MLP-only layers have
+        none)."""
+        return sum(t in _KV_TYPES for t in self.layer_types)
 
     @property
     def is_hybrid(self) -> bool:
-        """Whether some layers keep a recurrent state instead of K/V (``LINEAR``)."""
-        return LINEAR in self.layer_types
+        """Whether some layers keep a recurrent state (``LINEAR``, or Falcon-H1's Mamba2
+        beside attention in every layer)."""
+        return LINEAR in self.layer_types or self.model_type in _PARALLEL_HYBRID_TYPES
 
     def kv_layer_index(self, layer_id: int) -> int:
         """The KV pool's layer of attention layer ``layer_id`` (its rank among the layers
         with K/V)."""
-        assert self.layer_types[layer_id] != LINEAR, f"layer {layer_id} has no K/V"
-        return layer_id - self.layer_types[:layer_id].count(LINEAR)
+        assert self.layer_types[layer_id] in _KV_TYPES, f"layer {layer_id} has no K/V"
+        return sum(t in _KV_TYPES for t in self.layer_types[:layer_id])
 
     @property
     def q_size(self) -> int:
@@ -295,6 +300,33 @@ def _sliding_window(hf: dict) -> int | None:
 
 
 _GATED_DELTANET_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# every layer has attention and a Mamba2 mixer side by side: K/V and a state
+_PARALLEL_HYBRID_TYPES = ("falcon_h1",)
+# Nemotron-H's blocks (``layers_block_type``, or the released files' hybrid_override_pattern)
+_NEMOTRON_H_NAMES = {LINEAR: LINEAR, FULL: FULL, "mlp": MLP_ONLY, "moe": MLP_ONLY,
+                     "mamba": LINEAR, "attention": FULL}
+# Granite 4's and Bamba's names as released (transformers 5 writes linear / full_attention)
+_MAMBA_NAMES = {"mamba": LINEAR, "attention": FULL}
+
+
+def nemotron_h_blocks(hf: dict) -> list[str]:
+    """Nemotron-H's block of each layer as transformers names them (``linear_attention``,
+    ``full_attention``, ``mlp``, ``moe``), from ``layers_block_type`` or
+    ``hybrid_override_pattern`` (``M * - E``)."""
+    if hf.get("layers_block_type"):
+        return list(hf["layers_block_type"])
+    pattern = hf["hybrid_override_pattern"]
+    names = {"M": LINEAR, "*": FULL, "-": "mlp", "E": "moe"}
+    if set(pattern) - set(names):
+        raise ValueError(f"hybrid_override_pattern in config.json must be of M * - E, got "
+                         f"{pattern!r}")
+    return [names[c] for c in pattern]
+
+
+def _num_layers(hf: dict) -> int:
+    if hf.get("model_type") == "nemotron_h":  # its file may omit num_hidden_layers
+        return len(nemotron_h_blocks(hf))
+    return hf["num_hidden_layers"]
 
 
 def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
@@ -306,7 +338,15 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     ``max_window_layers`` nor ``layer_types`` (real checkpoints carry the first anyway).
     Qwen3-Next's and Qwen3.5's files may give ``full_attention_interval`` instead: every
     that-many-th layer attention, the others ``LINEAR``."""
-    n = hf["num_hidden_layers"]
+    n = _num_layers(hf)
+    if hf.get("model_type") == "nemotron_h":
+        blocks = nemotron_h_blocks(hf)
+        if set(blocks) - set(_NEMOTRON_H_NAMES):
+            raise ValueError(f"layers_block_type in config.json must be of "
+                             f"{sorted(_NEMOTRON_H_NAMES)}, got {blocks}")
+        return tuple(_NEMOTRON_H_NAMES[b] for b in blocks)
+    if hf.get("model_type") == "granitemoehybrid" and hf.get("layer_types"):
+        hf = {**hf, "layer_types": [_MAMBA_NAMES.get(t, t) for t in hf["layer_types"]]}
     if hf.get("model_type") in _GATED_DELTANET_TYPES and not hf.get("layer_types"):
         # the released config.json files: one attention layer every full_attention_interval
         interval = hf.get("full_attention_interval", 4)

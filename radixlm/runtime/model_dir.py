@@ -17,8 +17,8 @@ from typing import Any
 
 # config.json ``architectures`` names radixlm serves; ``executor/models``' MODEL_CLASSES has
 # a class for each (it asserts so at import). Of the hybrid attention / state-space models,
-# Qwen3-Next and Qwen3.5 (dense and MoE) are served; Nemotron-H, Jamba, ... and MLA
-# (DeepSeek-V2/V3) are not.
+# Qwen3-Next and Qwen3.5 (dense and MoE) and the Mamba2 hybrids (Nemotron-H) are served;
+# Jamba (Mamba v1 layers) and MLA (DeepSeek-V2/V3) are not.
 SERVED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GemmaForCausalLM",
@@ -26,7 +26,7 @@ SERVED_ARCHITECTURES = (
     "Phi3ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
     "GraniteForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM",
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
@@ -42,7 +42,12 @@ ARCHITECTURE_OF_MODEL_TYPE = {
     "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
-    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "nemotron_h": "NemotronHForCausalLM",
+}
+# architectures refused with a reason beyond "not served"
+NOT_SERVED_WHY = {
+    "JambaForCausalLM": "its Mamba v1 layers are not implemented (radixlm's state-space "
+                        "layers are Mamba2's: Nemotron-H)",
 }
 # what AutoTokenizer builds a tokenizer from: a tokenizers serialization, a sentencepiece
 # or tiktoken model, a BPE or WordPiece vocabulary
@@ -114,7 +119,9 @@ def served_architecture(hf: dict[str, Any], where: str | Path = "config.json") -
     for name in archs:
         if name in SERVED_ARCHITECTURES:
             return name
-    raise ModelDirError(f"{where}: radixlm does not serve {_named(archs, hf)}; it serves "
+    why = "".join(f" ({name}: {NOT_SERVED_WHY[name]})" for name in archs
+                  if name in NOT_SERVED_WHY)
+    raise ModelDirError(f"{where}: radixlm does not serve {_named(archs, hf)}{why}; it serves "
                         f"{', '.join(SERVED_ARCHITECTURES)}")
 
 

@@ -27,7 +27,8 @@ from radixlm.runtime.executor.models import build_model, load_model
 from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import FULL, LINEAR, ModelConfig
-from radixlm.tiny_hybrids import HYBRIDS, LAYER_TYPES, make_hybrid_model
+from radixlm.tiny_hybrids import GATED_DELTA_HYBRIDS as HYBRIDS
+from radixlm.tiny_hybrids import LAYER_TYPES, make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
 
 # against transformers in float64 (float32 for MoE): logits of these tiny models reach 20,

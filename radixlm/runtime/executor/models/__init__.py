@@ -28,6 +28,7 @@ from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
 from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
+from radixlm.runtime.executor.models.nemotron_h import NemotronHForCausalLM
 from radixlm.runtime.executor.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
 from radixlm.runtime.executor.models.qwen2 import Qwen2ForCausalLM
@@ -76,6 +77,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
+    # Mamba2 hybrids: Mamba2 layers (their state in the state pool) beside attention
+    "NemotronHForCausalLM": NemotronHForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,

@@ -1,0 +1,122 @@
+"""The Mamba2 mixer of the Mamba2 hybrids (Nemotron-H, Granite 4 hybrid, Falcon-H1, Bamba) as
+a layer whose state lives in the state pool, and what those families share.
+
+    x -> in_proj -> gate [I] | xBC [conv_dim] | dt [H]
+      -> layers/mamba2.py (conv with its state, SSD scan with its state, gated norm)
+      -> out_proj
+
+An extend continues each sequence from its slot's state (zeros for a sequence with nothing
+computed, ``ForwardBatch.state.fresh``) and writes the new state back, as the Gated DeltaNet
+layers of ``qwen3_next.py`` do; a decode steps each sequence by one token. The radix cache's
+snapshots inside an extend (``StateIndices.saves``) come from the chunked scan's and the
+conv's ``Snapshots`` and go to their own slots (``save_slots``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixlm.radix_cache.state_pool import StateSpec
+from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear, Shard
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.layers.attention import RadixAttention
+from radixlm.runtime.executor.layers.gated_delta import RecurrentState
+from radixlm.runtime.executor.layers.mamba2 import (
+    NO_DT_LIMIT,
+    Mamba2Spec,
+    Mamba2Weights,
+    mamba2_mixer,
+    mamba2_mixer_step,
+)
+from radixlm.runtime.executor.models.decoder import Attention, DecoderSpec
+from radixlm.runtime.model_config import ModelConfig
+
+
+def whole(parts: dict[str, int]) -> dict[str, Shard]:
+    """Checkpoint tensors stacked whole into one matmul (no tensor parallelism)."""
+    return {name: Shard(0, 0, rows, rows) for name, rows in parts.items()}
+
+
+def json_float(value: Any) -> float:
+    """A float of config.json: transformers writes infinity as ``{"__float__": "Infinity"}``."""
+    if isinstance(value, dict) and "__float__" in value:
+        return float(value["__float__"])
+    return float(value)
+
+
+def dt_limit_of(hf: dict) -> tuple[float, float]:
+    """``time_step_limit`` (None or absent: no limit)."""
+    limit = hf.get("time_step_limit")
+    if not limit:
+        return NO_DT_LIMIT
+    low, high = (json_float(v) for v in limit)
+    return (low, high)
+
+
+class Mamba2Layer(nn.Module):
+    """A Mamba2 mixer over packed sequences, its conv and SSM states in the state pool
+    (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers'."""
+
+    def __init__(self, hidden: int, spec: Mamba2Spec, layer_id: int, kernel: int,
+                 conv_bias: bool, proj_bias: bool, norm: bool = True) -> None:
+        super().__init__()
+        self.spec, self.layer_id, self.kernel = spec, layer_id, kernel
+        inter, conv_dim, heads = spec.intermediate_size, spec.conv_dim, spec.num_heads
+        self.sizes = [inter, conv_dim, heads]
+        self.in_proj = ColumnParallelLinear(hidden, whole({"in_proj": sum(self.sizes)}),
+                                            proj_bias)
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, bias=conv_bias, groups=conv_dim,
+                                padding=kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(heads))
+        self.A_log = nn.Parameter(torch.zeros(heads))
+        self.D = nn.Parameter(torch.ones(heads))
+        if norm:  # Falcon-H1 may have none (mamba_rms_norm false)
+            self.norm = nn.Module()
+            self.norm.weight = nn.Parameter(torch.ones(inter))
+        self.has_norm = norm
+        self.out_proj = RowParallelLinear(inter, hidden, proj_bias)
+
+    def state_spec(self) -> StateSpec:
+        return StateSpec(self.spec.conv_dim, self.kernel - 1, self.spec.ssm_shape)
+
+    def _weights(self) -> Mamba2Weights:
+        return Mamba2Weights(self.conv1d.weight[:, 0], self.conv1d.bias, self.dt_bias,
+                             self.A_log, self.D, self.norm.weight if self.has_norm else None)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; reads and writes the sequences' states."""
+        st = fb.state
+        assert st is not None, "a Mamba2 layer needs ForwardBatch.state"
+        gate, xbc, dt = self.in_proj(x).split(self.sizes, dim=-1)
+        state = RecurrentState(*st.pool.read(self.layer_id, st.slots, st.fresh))
+        snaps = None  # the radix cache's snapshots inside the sequences (``st.saves``)
+        if fb.mode.is_decode:
+            out, state = mamba2_mixer_step(gate, xbc, dt, self._weights(), self.spec, state)
+        else:
+            out, state, snaps = mamba2_mixer(gate, xbc, dt, self._weights(), self.spec, state,
+                                             st.seq_lens, st.saves)
+        st.pool.write(self.layer_id, st.slots, state.conv, state.ssm)
+        if snaps is not None and st.save_slots is not None:
+            st.pool.write(self.layer_id, st.save_slots, snaps.conv, snaps.ssm)
+        return self.out_proj(out)
+
+
+class KVAttention(Attention):
+    """The decoder's attention in a hybrid: its K/V in the KV pool's layer of its rank among
+    the layers that have K/V (``ModelConfig.kv_layer_index``)."""
+
+    def __init__(self, config: ModelConfig, spec: DecoderSpec, layer_id: int) -> None:
+        super().__init__(config, spec, layer_id)
+        self.attn = RadixAttention(config.kv_layer_index(layer_id), self.num_heads,
+                                   self.num_kv_heads, self.head_dim,
+                                   spec.sm_scale or config.sm_scale, None, spec.attn_logit_cap)
+
+
+def mamba2_state_specs(layers: nn.ModuleList, name: str) -> dict[int, StateSpec]:
+    """Each Mamba2 layer's state of one sequence by layer id (the state pool's layout):
+    the layers holding a ``Mamba2Layer`` at attribute ``name``."""
+    return {i: getattr(layer, name).state_spec() for i, layer in enumerate(layers)
+            if isinstance(getattr(layer, name, None), Mamba2Layer)}
