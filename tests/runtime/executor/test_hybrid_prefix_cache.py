@@ -74,12 +74,16 @@ def test_shared_prefix_is_reused(hybrid, make_engine, config):
     assert all(n.snapshot is not None for n in [tree.match_prefix(a).last_node])
 
 
-def test_n2_warm_up_prefill_is_reused(hybrid, make_engine):
+@pytest.mark.parametrize("inner", [True, False])
+def test_n2_warm_up_prefill_is_reused(hybrid, make_engine, inner):
     """n > 1: the engine's warm-up prefill leaves a snapshot where the samples' match ends
-    (the last page before the prompt's last token), so both samples reuse the prompt."""
+    (the last page before the prompt's last token), so both samples reuse the prompt; a
+    model that snapshots only at an extend's end (``inner`` False, as a hybrid whose layers
+    ignore ``StateIndices.saves``) gets it by the warm-up's prefill ending a chunk there."""
     arch, path, (a, *_), _, expected = hybrid
     eng = make_engine(model_path=str(path), page_size=4)
-    cached = _run(eng, [a], expected, f"{arch} n=2", n=2)
+    eng.scheduler.cache.inner_snapshots = inner
+    cached = _run(eng, [a], expected, f"{arch} n=2 inner={inner}", n=2)
     assert cached == [(len(a) - 1) // 4 * 4] * 2, f"{arch}: samples cached {cached}"
 
 

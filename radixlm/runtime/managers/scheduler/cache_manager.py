@@ -362,6 +362,17 @@ class CacheManager:
             p *= 2
         return sorted({q - q % ps for q in points if start < q - q % ps <= last})
 
+    def snapshot_stop(self, req: Req) -> int:
+        """Where ``req``'s prefill must end a chunk (0: nowhere): for a prefill-only
+        request (``max_new_tokens`` 0: the n > 1 warm-up) of a hybrid whose model snapshots
+        only at an extend's end, the last page end before its last token, as far as its
+        samples can match, so the snapshot they start from is there."""
+        if (not self.snapshot_slots or self.inner_snapshots
+                or req.sampling_params.max_new_tokens != 0):
+            return 0
+        pos = req.seq_len - 1
+        return pos - pos % self.page_size
+
     def _alloc_snapshot(self) -> int | None:
         """A state slot for a new snapshot, within the budget (evicting the least recently
         used unlocked snapshot when it is full); None if none can be had."""
