@@ -12,11 +12,16 @@ linear layer's pair, and a running request owns exactly one slot::
       release -> free(req.state_slot)                  read / write at batch.state_slots
 
 A slot is allocated when a request is admitted (no free slot: the request waits) and freed
-when it finishes or is retracted. Nothing is copied on either: a forward of a sequence with
-no computed token (``prefix_len == 0``: a fresh or a retracted request, which recomputes its
-whole sequence) reads zeros instead of its slot (``StatePool.read``'s ``fresh``), so a freed
-slot's stale numbers are never read. The accounting ``free + request-owned == size`` is
-checked by ``CacheManager.check_accounting``.
+when it finishes or is retracted. A forward of a sequence with no computed token
+(``prefix_len == 0``: a fresh or a retracted request, which recomputes its whole sequence)
+reads zeros instead of its slot (``StatePool.read``'s ``fresh``), so a freed slot's stale
+numbers are never read.
+
+With the radix cache on, more slots hold the tree's **snapshots**: the state after a cached
+prefix (``snapshot_tree.py``). A request matching one has it copied into its own slot before
+its first forward (``StatePool.copy``); a prefill writes new ones at chosen points of its
+chunk, and a finished request's slot may become one. The accounting ``free + request-owned
++ pending snapshots + tree-held == size`` is checked by ``CacheManager.check_accounting``.
 """
 
 from __future__ import annotations

@@ -101,6 +101,10 @@ def test_tiny_pool_evicts_and_retracts(hybrid, make_engine):
     assert eng.get_server_info()["num_preemptions"] > 0, "the pool was meant to retract"
     assert cache.evicted_tokens > 0 and any(cached), cached
     assert cache.tree.evicted_snapshots > 0, "the snapshot budget was meant to fill"
+    info = eng.get_server_info()
+    assert info["snapshot_state_slots"] == 7
+    assert info["evicted_state_snapshots"] == cache.tree.evicted_snapshots
+    assert info["state_snapshots"] == cache.tree.num_snapshots()
     assert cache.tree.num_snapshots() <= cache.snapshot_slots
 
 

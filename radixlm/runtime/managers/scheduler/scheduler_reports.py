@@ -132,6 +132,11 @@ class SchedulerReports:
                                  else self.cache.states.available_size()),
             "state_pool_bytes": (0 if self.model_runner.state_pool is None
                                  else self.model_runner.state_pool.nbytes),
+            # of its slots, the radix tree's snapshots of cached prefixes' states (their
+            # budget, held now, evicted since start: radix_cache/snapshot_tree.py)
+            "snapshot_state_slots": self.cache.snapshot_slots,
+            "state_snapshots": self.cache.tree.num_snapshots(),
+            "evicted_state_snapshots": self.cache.tree.evicted_snapshots,
             "disaggregation_mode": self.args.disaggregation_mode,
             "pooling": (None if self.embeddings is None else  # --is-embedding
                         {"method": self.embeddings.config.method,
