@@ -12,7 +12,9 @@ vision-language checkpoint, as Qwen3.5 is released.
 The Mamba2 hybrids (``MAMBA2_HYBRIDS``): hidden 64, Mamba2 mixers of 8 heads of 16 in 2
 groups with a state of 16 and chunks of 32 (so prompts span several), attention of 4 heads
 (2 KV) of 16. Nemotron-H: the five blocks ``M * - M E`` (Mamba2, attention, relu^2 MLP,
-Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert).
+Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert). Granite 4
+hybrid: ``mamba attention mamba mamba`` with Granite's multipliers, RoPE, 4 experts and the
+shared MLP.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ MAMBA2_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "chunk_size": 32, "layer_norm_epsilon": 1e-5, "n_routed_experts": 4,
         "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "moe_intermediate_size": 32,
         "moe_shared_expert_intermediate_size": 48, "routed_scaling_factor": 1.5}),
+    # Granite's multipliers (as tiny_families' granite), RoPE on, 4 experts of 32, 2 a
+    # token, a shared MLP of 48
+    "granitemoehybrid": ("GraniteMoeHybridConfig", {
+        "layer_types": ["mamba", "attention", "mamba", "mamba"], "num_hidden_layers": 4,
+        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_chunk_size": 32, "rms_norm_eps": 1e-5, "intermediate_size": 32,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 48,
+        "position_embedding_type": "rope", "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.2, "residual_multiplier": 0.5, "logits_scaling": 2.0}),
 }
 HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS}
 
@@ -89,7 +100,7 @@ def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     if "vision_config" in special:  # multimodal: the sizes are the language model's
         config = getattr(transformers, cls_name)(text_config=text, **special)
     else:
-        config = getattr(transformers, cls_name)(**text, **special)
+        config = getattr(transformers, cls_name)(**{**text, **special})
     config.dtype = torch.float32
     return config
 
@@ -116,12 +127,12 @@ def make_hybrid_model(out_dir: str | Path, arch: str, seed: int = 0,
 
 
 def _spread_routers(model: torch.nn.Module) -> None:
-    """Nemotron-H's sigmoid router (``mixer.gate``) drawn wide, as ``_redraw`` draws the
-    softmax ones: scores far apart, so no near-tie picks other experts at other precisions."""
+    """Nemotron-H's and Granite's routers drawn wide, as ``_redraw`` draws the others:
+    scores far apart, so no near-tie picks other experts at other precisions."""
     import torch
 
     hidden = model.config.get_text_config().hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("mixer.gate.weight"):
+            if name.endswith(("mixer.gate.weight", "block_sparse_moe.router.weight")):
                 p.mul_(2.0 / hidden**0.5 / p.std())

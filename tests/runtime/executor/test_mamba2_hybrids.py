@@ -1,8 +1,9 @@
-"""The Mamba2 hybrids (Nemotron-H, ...: Mamba2 layers beside attention) against transformers
-on tiny checkpoints its own classes wrote (``radixlm.tiny_hybrids.MAMBA2_HYBRIDS``): every
-row's logits through the runner with states carried across extends and decodes, and greedy
-tokens through the Engine (prompts of 20-300 tokens, chunked prefill shorter than them, page
-size 4, two samples of each prompt in a pool that forces retraction)."""
+"""The Mamba2 hybrids (Nemotron-H, Granite 4 hybrid: Mamba2 layers beside attention)
+against transformers on tiny checkpoints its own classes wrote
+(``radixlm.tiny_hybrids.MAMBA2_HYBRIDS``): every row's logits through the runner with states
+carried across extends and decodes, and greedy tokens through the Engine (prompts of 20-300
+tokens, chunked prefill shorter than them, page size 4, two samples of each prompt in a pool
+that forces retraction), and a cached prefix's state reused with the same tokens."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_pref
                   "tiny_pool_n2": {"max_total_tokens": 128, "chunked_prefill_size": 16,
                                    "max_running_requests": 8}}
 # arch -> (architecture, layers with a Mamba2 state, layers with K/V)
-EXPECTED = {"nemotron_h": ("NemotronHForCausalLM", [0, 3], 1)}
-WITH_EXPERTS = ("nemotron_h",)
+EXPECTED = {"nemotron_h": ("NemotronHForCausalLM", [0, 3], 1),
+            "granitemoehybrid": ("GraniteMoeHybridForCausalLM", [0, 2, 3], 1)}
+WITH_EXPERTS = ("nemotron_h", "granitemoehybrid")
 
 
 @pytest.fixture(scope="module")
@@ -166,16 +168,19 @@ def test_make_tiny_model_writes_the_mamba2_hybrids(tmp_path):
         assert config.architectures == (EXPECTED[arch][0],) and config.is_hybrid
 
 
-def test_nemotron_h_pattern_of_released_files():
-    """Released config.json files give ``hybrid_override_pattern`` and no layer list."""
-    from radixlm.runtime.model_config import MLP_ONLY, _layer_types, _num_layers
+def test_layer_names_of_released_files():
+    """Released config.json files: Nemotron-H's ``hybrid_override_pattern`` and no layer
+    list; Granite 4's ``mamba`` / ``attention`` layer types."""
+    from radixlm.runtime.model_config import FULL, MLP_ONLY, _layer_types, _num_layers
 
     hf = {"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-E"}
     assert _num_layers(hf) == 6
-    assert _layer_types(hf, None) == (LINEAR, MLP_ONLY, LINEAR, "full_attention", MLP_ONLY,
-                                      MLP_ONLY)
+    assert _layer_types(hf, None) == (LINEAR, MLP_ONLY, LINEAR, FULL, MLP_ONLY, MLP_ONLY)
     with pytest.raises(ValueError, match="hybrid_override_pattern"):
         _layer_types({"model_type": "nemotron_h", "hybrid_override_pattern": "MX"}, None)
+    granite = {"model_type": "granitemoehybrid", "num_hidden_layers": 3,
+               "layer_types": ["mamba", "attention", "mamba"]}
+    assert _layer_types(granite, None) == (LINEAR, FULL, LINEAR)
 
 
 def test_jamba_refused_by_name():

@@ -25,6 +25,7 @@ from radixlm.runtime.executor.models.gemma import (
 )
 from radixlm.runtime.executor.models.gpt_oss import GptOssForCausalLM
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
+from radixlm.runtime.executor.models.granitemoehybrid import GraniteMoeHybridForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
 from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
@@ -79,6 +80,7 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
     # Mamba2 hybrids: Mamba2 layers (their state in the state pool) beside attention
     "NemotronHForCausalLM": NemotronHForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,
