@@ -349,18 +349,20 @@ class CacheManager:
         request with the same tokens can match: the n > 1 warm-up's samples); the branch
         point where its K/V match outran its snapshot match (the next request with that
         prefix matches it all); and 64, 128, 256, ... tokens (a request sharing part of
-        this prompt reuses at least half of the part). A model without inner snapshots:
-        only the chunk's end, when that is page-aligned."""
+        this prompt reuses at least half of the part), in that order of worth (a full
+        budget keeps the first). A model without inner snapshots: only the chunk's end,
+        when that is page-aligned."""
         start, end, ps = req.kv_len, req.kv_len + n, self.page_size
         if not self.inner_snapshots:
             return [end] if end % ps == 0 and end > start else []
         last = min(end, req.seq_len - 1)
-        points = {last, req.branch_pos}
+        points = [last, req.branch_pos]
         p = FIRST_DOUBLING_SNAPSHOT
         while p <= last:
-            points.add(p)
+            points.insert(2, p)  # the deepest first
             p *= 2
-        return sorted({q - q % ps for q in points if start < q - q % ps <= last})
+        aligned = (q - q % ps for q in points)
+        return list(dict.fromkeys(q for q in aligned if start < q <= last))
 
     def snapshot_stop(self, req: Req) -> int:
         """Where ``req``'s prefill must end a chunk (0: nowhere): for a prefill-only
