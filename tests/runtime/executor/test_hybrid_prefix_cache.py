@@ -21,6 +21,10 @@ CONFIGS = {"default": {}, "chunk48": {"chunked_prefill_size": 48},
            "page4": {"page_size": 4}, "page4_chunk48": {"page_size": 4,
                                                          "chunked_prefill_size": 48}}
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+LOGPROBS: dict[tuple, torch.Tensor] = {}  # (arch, prompt) -> transformers' token logprobs
+# the engine's float32 logprobs against float64; a request started from a wrong or zero
+# state is off by far more even where its greedy tokens survive
+LOGPROB_ATOL = 2e-3
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -40,6 +44,13 @@ def hybrid(request, tmp_path_factory):
                                           do_sample=False, eos_token_id=None,
                                           pad_token_id=0)[0, len(p):].tolist()
                     for p in prompts + short}
+        # the greedy tokens' logprobs, from one float64 pass over prompt and output
+        ref = hf.double()
+        for p in prompts:
+            out = expected[tuple(p)]
+            logits = ref(torch.tensor([p + out[:-1]])).logits[0, len(p) - 1:]
+            LOGPROBS[request.param, tuple(p)] = torch.log_softmax(logits, -1)[
+                torch.arange(len(out)), out].float()
     return request.param, path, prompts, short, expected
 
 
@@ -63,8 +74,12 @@ def test_shared_prefix_is_reused(hybrid, make_engine, config):
     eng = make_engine(model_path=str(path), **CONFIGS[config])
     ps = CONFIGS[config].get("page_size", 1)
     assert _run(eng, [a], expected, f"{arch} {config} first") == [0]
-    (cached_b,) = _run(eng, [b], expected, f"{arch} {config} second")
+    out = eng.generate(input_ids=b, sampling_params=GREEDY, return_logprob=True)
+    cached_b = out["meta_info"]["cached_tokens"]
+    assert out["output_ids"] == expected[tuple(b)], f"{arch} {config} second"
     assert 0 < cached_b < SHARED, f"{arch} {config}: second request cached {cached_b}"
+    got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+    torch.testing.assert_close(got, LOGPROBS[arch, tuple(b)], atol=LOGPROB_ATOL, rtol=0)
     (cached_c,) = _run(eng, [c], expected, f"{arch} {config} third")
     assert cached_c == SHARED - SHARED % ps, f"{arch} {config}: third request cached {cached_c}"
     (again,) = _run(eng, [a], expected, f"{arch} {config} first again")
