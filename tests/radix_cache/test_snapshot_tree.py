@@ -20,10 +20,13 @@ def make(page_size: int = 1, budget: int = 4) -> tuple[PagedAllocator, StateSlot
 
 
 def insert(tree: RadixCache, alloc: PagedAllocator, tokens: list[int]) -> None:
-    slots = alloc.alloc(len(tokens))
+    """Insert with fresh slots as a caller would; free what the tree did not take."""
+    ps = tree.page_size
+    slots = alloc.alloc(-(-len(tokens) // ps) * ps)
     assert slots is not None
     p = tree.insert(tokens, slots)
-    alloc.free(slots[:p])
+    pos = torch.arange(slots.numel())
+    alloc.free(slots[(pos < p) | (pos >= len(tokens) - len(tokens) % ps)])
 
 
 def snapshot_at(tree: RadixCache, states: StateSlots, tokens: list[int]) -> int:
@@ -137,3 +140,45 @@ def test_without_states_the_match_is_not_cut():
     insert(tree, alloc, list(range(1, 9)))
     assert tree.match_prefix(list(range(1, 10))).prefix_len == 8
     tree.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_operations_keep_the_invariants(seed):
+    """Random inserts (splitting nodes), snapshots, locked matches, K/V and snapshot
+    evictions: after each step the tree is intact, every match ends on a snapshot, and
+    state slots are either free or held once."""
+    rng = torch.Generator().manual_seed(seed)
+    ps = (1, 2, 4)[seed % 3]
+    alloc, states, tree = make(page_size=ps, budget=6)
+    locked = []
+
+    def draw(n: int) -> int:
+        return int(torch.randint(0, n, (1,), generator=rng))
+
+    bases = [torch.randint(1, 50, (24,), generator=rng).tolist() for _ in range(3)]
+    for _ in range(100):
+        op = draw(5)
+        # a prefix of one of a few sequences, then a short tail of its own: shared paths
+        seq = bases[draw(3)][:draw(24) + 1] + [100 + draw(3)] * draw(4)
+        if op == 0 and alloc.available_size() >= 32:
+            insert(tree, alloc, seq)
+        elif op == 1:
+            m = tree.match_prefix(seq, raw=True)
+            held = tree.num_snapshots()
+            if m.prefix_len and m.last_node.snapshot is None and held < 6:
+                slot = states.alloc()
+                assert tree.attach_snapshot(m.last_node, slot)
+        elif op == 2:
+            m = tree.match_prefix(seq)
+            assert m.last_node is tree.root or m.last_node.snapshot is not None
+            assert m.raw_len >= m.prefix_len
+            tree.inc_lock_ref(m.last_node)
+            locked.append(m.last_node)
+        elif op == 3 and locked:
+            tree.dec_lock_ref(locked.pop(draw(len(locked))))
+        elif op == 4:
+            tree.evict(draw(16) + 1)
+            tree.evict_snapshots(1)
+        tree.check_integrity()
+        assert tree.num_snapshots() + states.available_size() == states.size
+        assert all(n.snapshot is not None for n in locked if n is not tree.root)
