@@ -14,7 +14,7 @@ groups with a state of 16 and chunks of 32 (so prompts span several), attention 
 (2 KV) of 16. Nemotron-H: the five blocks ``M * - M E`` (Mamba2, attention, relu^2 MLP,
 Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert). Granite 4
 hybrid: ``mamba attention mamba mamba`` with Granite's multipliers, RoPE, 4 experts and the
-shared MLP.
+shared MLP. Falcon-H1: three layers of attention beside Mamba2, every muP multiplier set.
 """
 
 from __future__ import annotations
@@ -84,6 +84,14 @@ MAMBA2_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 48,
         "position_embedding_type": "rope", "embedding_multiplier": 2.0,
         "attention_multiplier": 0.2, "residual_multiplier": 0.5, "logits_scaling": 2.0}),
+    # every muP multiplier away from 1, the mixer's gated norm on (normed before the gate)
+    "falcon_h1": ("FalconH1Config", {
+        "num_hidden_layers": 3, "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16,
+        "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32, "rms_norm_eps": 1e-5,
+        "mamba_rms_norm": True, "mamba_norm_before_gate": True, "embedding_multiplier": 2.0,
+        "lm_head_multiplier": 0.5, "key_multiplier": 0.5, "attention_in_multiplier": 0.8,
+        "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.2, "ssm_out_multiplier": 0.7,
+        "ssm_multipliers": [1.1, 0.9, 1.2, 0.8, 1.3], "mlp_multipliers": [1.5, 0.6]}),
 }
 HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS}
 

@@ -1,4 +1,4 @@
-"""The Mamba2 hybrids (Nemotron-H, Granite 4 hybrid: Mamba2 layers beside attention)
+"""The Mamba2 hybrids (Nemotron-H, Granite 4 hybrid, Falcon-H1: Mamba2 beside attention)
 against transformers on tiny checkpoints its own classes wrote
 (``radixlm.tiny_hybrids.MAMBA2_HYBRIDS``): every row's logits through the runner with states
 carried across extends and decodes, and greedy tokens through the Engine (prompts of 20-300
@@ -32,7 +32,8 @@ ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_pref
                                    "max_running_requests": 8}}
 # arch -> (architecture, layers with a Mamba2 state, layers with K/V)
 EXPECTED = {"nemotron_h": ("NemotronHForCausalLM", [0, 3], 1),
-            "granitemoehybrid": ("GraniteMoeHybridForCausalLM", [0, 2, 3], 1)}
+            "granitemoehybrid": ("GraniteMoeHybridForCausalLM", [0, 2, 3], 1),
+            "falcon_h1": ("FalconH1ForCausalLM", [0, 1, 2], 3)}
 WITH_EXPERTS = ("nemotron_h", "granitemoehybrid")
 
 
@@ -66,7 +67,9 @@ def test_config_reads_the_layers(hybrid):
     name, mamba, kv = EXPECTED[arch]
     assert config.architectures == (name,) and config.is_hybrid
     assert config.kv_layers == kv
-    assert [i for i, t in enumerate(config.layer_types) if t == LINEAR] == mamba
+    # Falcon-H1's layers all have K/V; their Mamba2 beside attention is not a layer type
+    linear = [] if arch == "falcon_h1" else mamba
+    assert [i for i, t in enumerate(config.layer_types) if t == LINEAR] == linear
 
 
 def _step(runner: ModelRunner, table: torch.Tensor, seqs: list[list[int]],

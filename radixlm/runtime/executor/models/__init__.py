@@ -17,6 +17,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
 from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
+from radixlm.runtime.executor.models.falcon_h1 import FalconH1ForCausalLM
 from radixlm.runtime.executor.models.gemma import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -81,6 +82,7 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     # Mamba2 hybrids: Mamba2 layers (their state in the state pool) beside attention
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
+    "FalconH1ForCausalLM": FalconH1ForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,

@@ -86,11 +86,15 @@ class Mamba2Layer(nn.Module):
         return Mamba2Weights(self.conv1d.weight[:, 0], self.conv1d.bias, self.dt_bias,
                              self.A_log, self.D, self.norm.weight if self.has_norm else None)
 
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> gate | xBC | dt [T, I + conv_dim + H] (Falcon-H1 scales it)."""
+        return self.in_proj(x)
+
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; reads and writes the sequences' states."""
         st = fb.state
         assert st is not None, "a Mamba2 layer needs ForwardBatch.state"
-        gate, xbc, dt = self.in_proj(x).split(self.sizes, dim=-1)
+        gate, xbc, dt = self.project(x).split(self.sizes, dim=-1)
         state = RecurrentState(*st.pool.read(self.layer_id, st.slots, st.fresh))
         snaps = None  # the radix cache's snapshots inside the sequences (``st.saves``)
         if fb.mode.is_decode:
