@@ -14,7 +14,8 @@ groups with a state of 16 and chunks of 32 (so prompts span several), attention 
 (2 KV) of 16. Nemotron-H: the five blocks ``M * - M E`` (Mamba2, attention, relu^2 MLP,
 Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert). Granite 4
 hybrid: ``mamba attention mamba mamba`` with Granite's multipliers, RoPE, 4 experts and the
-shared MLP. Falcon-H1: three layers of attention beside Mamba2, every muP multiplier set.
+shared MLP. Falcon-H1: three layers of attention beside Mamba2, every muP multiplier set. Bamba:
+``mamba attention mamba mamba`` (RoPE on half of each head) and a gated MLP.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ MAMBA2_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "lm_head_multiplier": 0.5, "key_multiplier": 0.5, "attention_in_multiplier": 0.8,
         "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.2, "ssm_out_multiplier": 0.7,
         "ssm_multipliers": [1.1, 0.9, 1.2, 0.8, 1.3], "mlp_multipliers": [1.5, 0.6]}),
+    "bamba": ("BambaConfig", {
+        "num_hidden_layers": 4, "attn_layer_indices": [1], "mamba_n_heads": 8,
+        "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32,
+        "rms_norm_eps": 1e-5}),
 }
 HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS}
 

@@ -136,8 +136,10 @@ class ModelConfig:
             torch_dtype=_DTYPES.get(hf.get("torch_dtype") or hf.get("dtype"), torch.float32),
             dtype=dtype,
             layer_types=_layer_types(hf, sliding_window),
-            partial_rotary_factor=float(hf.get("partial_rotary_factor")
-                                        or _rope_params(hf).get("partial_rotary_factor") or 1.0),
+            # Bamba rotates half of each head whatever its file says (transformers fixes it)
+            partial_rotary_factor=(0.5 if model_type == "bamba" else float(
+                hf.get("partial_rotary_factor")
+                or _rope_params(hf).get("partial_rotary_factor") or 1.0)),
             hf_config=hf,
         )
 
@@ -347,6 +349,9 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
         return tuple(_NEMOTRON_H_NAMES[b] for b in blocks)
     if hf.get("model_type") == "granitemoehybrid" and hf.get("layer_types"):
         hf = {**hf, "layer_types": [_MAMBA_NAMES.get(t, t) for t in hf["layer_types"]]}
+    if hf.get("model_type") == "bamba":  # attention at attn_layer_indices, Mamba2 elsewhere
+        attn = set(hf.get("attn_layer_indices") or ())
+        return tuple(FULL if i in attn else LINEAR for i in range(n))
     if hf.get("model_type") in _GATED_DELTANET_TYPES and not hf.get("layer_types"):
         # the released config.json files: one attention layer every full_attention_interval
         interval = hf.get("full_attention_interval", 4)

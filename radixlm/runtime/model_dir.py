@@ -18,7 +18,7 @@ from typing import Any
 # config.json ``architectures`` names radixlm serves; ``executor/models``' MODEL_CLASSES has
 # a class for each (it asserts so at import). Of the hybrid attention / state-space models,
 # Qwen3-Next and Qwen3.5 (dense and MoE) and the Mamba2 hybrids (Nemotron-H, Granite 4,
-# Falcon-H1) are served;
+# Falcon-H1, Bamba) are served;
 # Jamba (Mamba v1 layers) and MLA (DeepSeek-V2/V3) are not.
 SERVED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "Qwen2ForCausalLM",
@@ -28,7 +28,7 @@ SERVED_ARCHITECTURES = (
     "GraniteForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM",
-    "FalconH1ForCausalLM",
+    "FalconH1ForCausalLM", "BambaForCausalLM",
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
@@ -46,6 +46,7 @@ ARCHITECTURE_OF_MODEL_TYPE = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "nemotron_h": "NemotronHForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
+    "bamba": "BambaForCausalLM",
 }
 # architectures refused with a reason beyond "not served"
 NOT_SERVED_WHY = {

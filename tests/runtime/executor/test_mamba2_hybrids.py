@@ -1,4 +1,4 @@
-"""The Mamba2 hybrids (Nemotron-H, Granite 4 hybrid, Falcon-H1: Mamba2 beside attention)
+"""The Mamba2 hybrids (Nemotron-H, Granite 4 hybrid, Falcon-H1, Bamba: Mamba2 and attention)
 against transformers on tiny checkpoints its own classes wrote
 (``radixlm.tiny_hybrids.MAMBA2_HYBRIDS``): every row's logits through the runner with states
 carried across extends and decodes, and greedy tokens through the Engine (prompts of 20-300
@@ -33,7 +33,8 @@ ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_pref
 # arch -> (architecture, layers with a Mamba2 state, layers with K/V)
 EXPECTED = {"nemotron_h": ("NemotronHForCausalLM", [0, 3], 1),
             "granitemoehybrid": ("GraniteMoeHybridForCausalLM", [0, 2, 3], 1),
-            "falcon_h1": ("FalconH1ForCausalLM", [0, 1, 2], 3)}
+            "falcon_h1": ("FalconH1ForCausalLM", [0, 1, 2], 3),
+            "bamba": ("BambaForCausalLM", [0, 2, 3], 1)}
 WITH_EXPERTS = ("nemotron_h", "granitemoehybrid")
 
 
@@ -184,6 +185,8 @@ def test_layer_names_of_released_files():
     granite = {"model_type": "granitemoehybrid", "num_hidden_layers": 3,
                "layer_types": ["mamba", "attention", "mamba"]}
     assert _layer_types(granite, None) == (LINEAR, FULL, LINEAR)
+    bamba = {"model_type": "bamba", "num_hidden_layers": 3, "attn_layer_indices": [2]}
+    assert _layer_types(bamba, None) == (LINEAR, LINEAR, FULL)
 
 
 def test_jamba_refused_by_name():

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel_state import TpGroup, building_with
+from radixlm.runtime.executor.models.bamba import BambaForCausalLM
 from radixlm.runtime.executor.models.decoder import DecoderForCausalLM
 from radixlm.runtime.executor.models.falcon_h1 import FalconH1ForCausalLM
 from radixlm.runtime.executor.models.gemma import (
@@ -83,6 +84,7 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,
