@@ -16,6 +16,7 @@ both are read, with ``embeddings`` and ``norm_f`` as the decoder's ``embed_token
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,10 +128,18 @@ class NemotronHMoE(nn.Module):
         return out
 
 
+def _field(hf: dict, name: str, legacy: str, default: Any) -> Any:
+    """A mixer field under its name or the older ``mamba_*`` one some released files use."""
+    return hf[name] if name in hf else hf.get(legacy, default)
+
+
 def mamba2_spec(hf: dict) -> Mamba2Spec:
+    limit = _field(hf, "time_step_limit", "mamba_dt_limit", None)
     return Mamba2Spec(num_heads=hf["mamba_num_heads"], head_dim=hf["mamba_head_dim"],
-                      n_groups=hf["n_groups"], d_state=hf["ssm_state_size"],
-                      chunk_size=hf.get("chunk_size", 128), dt_limit=dt_limit_of(hf),
+                      n_groups=_field(hf, "n_groups", "mamba_n_groups", 8),
+                      d_state=hf["ssm_state_size"],
+                      chunk_size=_field(hf, "chunk_size", "mamba_chunk_size", 128),
+                      dt_limit=dt_limit_of({"time_step_limit": limit}),
                       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
                       activation=hf.get("mamba_hidden_act", "silu"))
 
@@ -145,8 +154,10 @@ class NemotronHBlock(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if self.kind == "linear_attention":
             self.mixer: nn.Module = Mamba2Layer(
-                config.hidden_size, mamba2_spec(hf), layer_id, hf.get("conv_kernel", 4),
-                bool(hf.get("use_conv_bias", True)), bool(hf.get("use_bias", False)))
+                config.hidden_size, mamba2_spec(hf), layer_id,
+                _field(hf, "conv_kernel", "mamba_d_conv", 4),
+                bool(_field(hf, "use_conv_bias", "mamba_conv_bias", True)),
+                bool(hf.get("use_bias", False)))
         elif self.kind == "full_attention":
             self.mixer = KVAttention(config, spec, layer_id)
         elif self.kind == "mlp":
