@@ -8,6 +8,7 @@ that forces retraction), and a cached prefix's state reused with the same tokens
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from radixlm import cli
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.hybrid import refuse_hybrid_features
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import LINEAR, ModelConfig
@@ -163,6 +165,18 @@ def test_cached_prefix_state_is_reused(hybrid, make_engine, case):
     cached = out["meta_info"]["cached_tokens"]
     assert (shared or 300) - 8 <= cached <= (shared or 330), out["meta_info"]
     eng.scheduler.cache.check_accounting()
+
+
+def test_refuses_what_cannot_serve_a_hybrid(mamba_dirs):
+    """Falcon-H1 (no ``LINEAR`` layer type: its Mamba2 is beside attention) is a hybrid too."""
+    for arch, path in mamba_dirs.items():
+        config = ModelConfig.from_hf(path)
+        args = ServerArgs(model_path=str(path), device="cpu")
+        refuse_hybrid_features(args, config)  # the defaults serve it
+        bad = dataclasses.replace(args)
+        object.__setattr__(bad, "tp_size", 2)  # skip the cross-field checks of validate
+        with pytest.raises(ValueError, match=f"{EXPECTED[arch][0]}.*--tp-size 2"):
+            refuse_hybrid_features(bad, config)
 
 
 def test_make_tiny_model_writes_the_mamba2_hybrids(tmp_path):
