@@ -97,7 +97,7 @@ def test_n2_warm_up_prefill_is_reused(hybrid, make_engine, inner):
     ignore ``StateIndices.saves``) gets it by the warm-up's prefill ending a chunk there."""
     arch, path, (a, *_), _, expected = hybrid
     eng = make_engine(model_path=str(path), page_size=4)
-    eng.scheduler.cache.inner_snapshots = inner
+    eng.scheduler.cache.snapshots.inner = inner
     cached = _run(eng, [a], expected, f"{arch} n=2 inner={inner}", n=2)
     assert cached == [(len(a) - 1) // 4 * 4] * 2, f"{arch}: samples cached {cached}"
 
@@ -130,7 +130,7 @@ def test_flush_cache_frees_snapshots(hybrid, make_engine):
     cache = eng.scheduler.cache
     assert cache.tree.num_snapshots() > 0
     assert eng.flush_cache()
-    assert cache.tree.num_snapshots() == 0 and cache.pending_snapshots == 0
+    assert cache.tree.num_snapshots() == 0 and cache.snapshots.pending == 0
     assert cache.states.available_size() == cache.states.size
     cache.check_accounting()
     assert _run(eng, [b], expected, f"{arch} after flush") == [0]

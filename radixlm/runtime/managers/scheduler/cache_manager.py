@@ -8,13 +8,9 @@ place that moves slots between them, so the accounting invariant of docs/design.
 can be checked here (``check_accounting``).
 
 A hybrid model's state slots (``radix_cache/state_pool.py``) are moved here too: each
-running request owns one, the tree's snapshots hold others (at most ``snapshot_slots``,
-counting the snapshots requests have pending), so ``free + request-owned + pending +
-tree-held == state pool size``. A request's snapshots are planned before its prefill forward
-(``plan_snapshots``: page-aligned points of the chunk, where the forward writes the state
-into fresh slots), given to the tree nodes ending at those points when the chunk's tokens
-are inserted, and a finished request's own slot becomes the snapshot at its end when that
-end is page-aligned (``release``).
+running request owns one, the tree's snapshots hold others (``snapshots.py``: where they are
+taken and handed to the tree), so ``free + request-owned + pending + tree-held == state pool
+size``.
 """
 
 from __future__ import annotations
@@ -31,15 +27,12 @@ from radixlm.radix_cache.state_pool import StateSlots
 from radixlm.radix_cache.swa_allocator import SWAAllocator, SWASpec
 from radixlm.runtime.managers.scheduler.hicache import HiCache
 from radixlm.runtime.managers.scheduler.schedule_batch import Req
+from radixlm.runtime.managers.scheduler.snapshots import Snapshots
 
 logger = logging.getLogger(__name__)
 
 # a shared prefix shorter than this is not worth a separate attention pass
 MIN_SHARED_PREFIX = 64
-# a hybrid's prefill snapshots its state at 64, 128, 256, ... tokens (``plan_snapshots``):
-# a later request sharing any prefix of L >= 64 tokens reuses more than L / 2 of it, at
-# log2(prompt / 64) snapshots a prompt
-FIRST_DOUBLING_SNAPSHOT = 64
 
 
 def _ceil_to(n: int, page: int) -> int:
@@ -74,13 +67,13 @@ class CacheManager:
             max_reqs, _ceil_to(max_context_len, page_size) + page_size, device=device)
         self.states = StateSlots(state_slots) if state_slots else None
         self.snapshot_slots = 0 if disable_radix_cache or self.states is None else snapshot_slots
-        self.inner_snapshots = inner_snapshots
-        self.pending_snapshots = 0  # planned by requests, not yet given to the tree
         self.tree = RadixCache(self.allocator, page_size, disable=disable_radix_cache,
                                eviction_policy=eviction_policy, events=events,
                                swa_window=None if swa is None else swa.window,
                                states=self.states if self.snapshot_slots else None,
                                snapshot_budget=self.snapshot_slots)
+        self.snapshots = None if self.states is None else Snapshots(
+            self.states, self.tree, self.snapshot_slots, page_size, inner_snapshots)
         self.hicache = None if disable_radix_cache else hicache
         if self.hicache is not None:
             self.tree.on_evict = self.hicache.on_evict
@@ -277,7 +270,8 @@ class CacheManager:
         self.inserted[req.rid] = aligned
         # our copies of what the tree already had are duplicates
         self._free_range(row, req.prefix_len, min(p, aligned))
-        self._give_snapshot(req)
+        if self.snapshots is not None:
+            self.snapshots.give(req)
         # its own tokens: their state is in its slot, so no cut back to a snapshot
         m = self.tree.match_prefix(ids[:aligned], namespace=req.namespace, raw=True)
         assert len(m.slots) == aligned, f"re-match gave {len(m.slots)}, expected {aligned}"
@@ -307,11 +301,13 @@ class CacheManager:
             p, aligned = self._insert(req, row)
             self._free_range(row, req.prefix_len, min(p, aligned))
             self._free_range(row, aligned, req.alloc_len)
-            self._give_snapshot(req)
-            self._give_own_state(req, aligned)
+            if self.snapshots is not None:
+                self.snapshots.give(req)
+                self.snapshots.give_own_state(req, aligned)
         else:
             self._free_range(row, req.prefix_len, req.alloc_len)
-            self._drop_snapshot(req)
+            if self.snapshots is not None:
+                self.snapshots.drop(req)
         req.state_restore = None
         self.tree.dec_swa_lock(req.last_node, req.swa_uuid)
         self.tree.dec_lock_ref(req.last_node)
@@ -324,101 +320,6 @@ class CacheManager:
         self.inserted.pop(req.rid, None)
         req.req_pool_idx, req.last_node = None, None
         req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = req.swa_uuid = 0
-
-    # --- a hybrid model's snapshots ------------------------------------------------------
-    def plan_snapshots(self, reqs: list[Req], extend_lens: list[int], num_prefill: int
-                       ) -> None:
-        """Before a forward: each prefill chunk of ``reqs[:num_prefill]`` saves the state
-        at page-aligned points of it into fresh slots (``req.snaps``: ``[pos, slot]``,
-        written by the forward), which the tree takes when the chunk's tokens are
-        inserted. No free slot within the budget (after evicting unlocked snapshots): no
-        more snapshots, nothing else changes."""
-        if not self.snapshot_slots:
-            return
-        for req, n in zip(reqs[:num_prefill], extend_lens[:num_prefill]):
-            for pos in self._snapshot_points(req, n):
-                slot = self._alloc_snapshot()
-                if slot is None:
-                    return
-                req.snaps.append([pos, slot])
-                self.pending_snapshots += 1
-
-    def _snapshot_points(self, req: Req, n: int) -> list[int]:
-        """Where a chunk ``[kv_len, kv_len + n)`` of ``req`` snapshots, page-aligned:
-        its end, but no later than the last token before the sequence's last (all that a
-        request with the same tokens can match: the n > 1 warm-up's samples); the branch
-        point where its K/V match outran its snapshot match (the next request with that
-        prefix matches it all); and 64, 128, 256, ... tokens (a request sharing part of
-        this prompt reuses at least half of the part), in that order of worth (a full
-        budget keeps the first). A model without inner snapshots: only the chunk's end,
-        when that is page-aligned."""
-        start, end, ps = req.kv_len, req.kv_len + n, self.page_size
-        if not self.inner_snapshots:
-            return [end] if end % ps == 0 and end > start else []
-        last = min(end, req.seq_len - 1)
-        points = [last, req.branch_pos]
-        p = FIRST_DOUBLING_SNAPSHOT
-        while p <= last:
-            points.insert(2, p)  # the deepest first
-            p *= 2
-        aligned = (q - q % ps for q in points)
-        return list(dict.fromkeys(q for q in aligned if start < q <= last))
-
-    def snapshot_stop(self, req: Req) -> int:
-        """Where ``req``'s prefill must end a chunk (0: nowhere): for a prefill-only
-        request (``max_new_tokens`` 0: the n > 1 warm-up) of a hybrid whose model snapshots
-        only at an extend's end, the last page end before its last token, as far as its
-        samples can match, so the snapshot they start from is there."""
-        if (not self.snapshot_slots or self.inner_snapshots
-                or req.sampling_params.max_new_tokens != 0):
-            return 0
-        pos = req.seq_len - 1
-        return pos - pos % self.page_size
-
-    def _alloc_snapshot(self) -> int | None:
-        """A state slot for a new snapshot, within the budget (evicting the least recently
-        used unlocked snapshot when it is full); None if none can be had."""
-        assert self.states is not None
-        held = self.tree.num_snapshots() + self.pending_snapshots
-        if held >= self.snapshot_slots and not self.tree.evict_snapshots(1):
-            return None
-        return self.states.alloc()
-
-    def _give_snapshot(self, req: Req) -> None:
-        """The tree takes ``req``'s pending snapshots at the nodes ending at their points
-        (split there if needed), except where a node has one already (those are freed)."""
-        assert self.states is not None or not req.snaps
-        for pos, slot in req.snaps:
-            m = (self.tree.match_prefix(req.fill_ids[:pos], namespace=req.namespace, raw=True)
-                 if pos <= req.kv_len else None)  # else: not computed (no forward ran)
-            if (m is None or len(m.slots) != pos
-                    or not self.tree.attach_snapshot(m.last_node, slot)):
-                self.states.free(slot)
-        self.pending_snapshots -= len(req.snaps)
-        req.snaps = []
-
-    def _drop_snapshot(self, req: Req) -> None:
-        """Free ``req``'s pending snapshots (released without caching)."""
-        for _, slot in req.snaps:
-            self.states.free(slot)
-        self.pending_snapshots -= len(req.snaps)
-        req.snaps = []
-
-    def _give_own_state(self, req: Req, aligned: int) -> None:
-        """A finished (or retracted) request whose computed tokens end on a page: its own
-        slot holds the state there, so the tree takes the slot as that node's snapshot
-        (within the budget) instead of it being freed."""
-        if (req.state_slot is None or not self.snapshot_slots or aligned == 0
-                or req.kv_len != aligned):
-            return
-        m = self.tree.match_prefix(req.fill_ids[:aligned], namespace=req.namespace, raw=True)
-        if len(m.slots) != aligned or m.last_node.snapshot is not None:
-            return
-        held = self.tree.num_snapshots() + self.pending_snapshots
-        if held >= self.snapshot_slots and not self.tree.evict_snapshots(1):
-            return
-        self.tree.attach_snapshot(m.last_node, req.state_slot)
-        req.state_slot = None
 
     def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
         if end > start:
@@ -477,25 +378,10 @@ class CacheManager:
             f"request-owned {owned} = {total} != pool size {self.pool_size}")
         if self.swa is not None:
             self._check_swa_accounting(deep)
-        if self.states is not None:
-            self._check_state_accounting()
+        if self.snapshots is not None:
+            self.snapshots.check(list(self.running.values()))
         if deep:
             self.tree.check_integrity()
-
-    def _check_state_accounting(self) -> None:
-        """free + request-owned + pending + tree-held == state pool size, each running
-        request one slot of its own, each snapshot one (``StateSlots.check_integrity``),
-        and the snapshots within their budget."""
-        assert self.states is not None
-        owned = [r.state_slot for r in self.running.values()]
-        assert None not in owned, f"running requests without a state slot: {owned}"
-        pending = [slot for r in self.running.values() for _, slot in r.snaps]
-        assert len(pending) == self.pending_snapshots, (
-            f"pending snapshots {pending} != counter {self.pending_snapshots}")
-        held = self.tree.snapshot_slots()
-        assert len(held) + len(pending) <= self.snapshot_slots, (
-            f"{len(held)} + {len(pending)} pending snapshots > budget {self.snapshot_slots}")
-        self.states.check_integrity(owned + pending + held)
 
     def _check_swa_accounting(self, deep: bool) -> None:
         assert self.swa is not None and isinstance(self.allocator, SWAAllocator)

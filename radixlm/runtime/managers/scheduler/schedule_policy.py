@@ -192,7 +192,7 @@ class PrefillAdder:
             n = min(n, self.rem_input)
         if self.cache.max_extend is not None:  # the SWA pool: one forward's sliding slots
             n = min(n, self.cache.max_extend)
-        stop = self.cache.snapshot_stop(req)
+        stop = 0 if self.cache.snapshots is None else self.cache.snapshots.stop(req)
         if req.kv_len < stop < req.kv_len + n:  # a chunk ends there: its state is saved
             n = stop - req.kv_len
         if n <= 0 or not self.cache.alloc(req, n):

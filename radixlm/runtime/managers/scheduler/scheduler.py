@@ -225,7 +225,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         # what samples after the forward; grammar masks fill while the model runs
         sampling = None if self.embeddings is not None else self.outputs.sampling_batch(batch)
         t0, decode = time.perf_counter(), batch.is_decode
-        self.cache.plan_snapshots(batch.reqs, batch.extend_lens, batch.num_prefill)
+        if self.cache.snapshots is not None:  # a hybrid: where its prefill saves its state
+            self.cache.snapshots.plan(batch.reqs, batch.extend_lens, batch.num_prefill)
         logits, sampled = self.model_runner.forward_and_sample(
             batch.worker_batch(sampling), self.cache.req_to_token_pool.req_to_token)
         self.stats["forward_steps"] += 1
