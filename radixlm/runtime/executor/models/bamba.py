@@ -14,32 +14,16 @@ from torch import nn
 
 from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.executor.layers.mamba2 import Mamba2Spec
 from radixlm.runtime.executor.layers.norm import RMSNorm
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
 from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
 from radixlm.runtime.executor.models.mamba_hybrid import (
     KVAttention,
     Mamba2Layer,
-    dt_limit_of,
+    mamba2_spec_of,
     mamba2_state_specs,
 )
 from radixlm.runtime.model_config import LINEAR, ModelConfig
-
-
-def mamba2_spec(config: ModelConfig) -> Mamba2Spec:
-    hf = config.hf_config
-    inter = int(hf.get("mamba_expand", 2) * config.hidden_size)
-    heads = hf["mamba_n_heads"]
-    head_dim = hf.get("mamba_d_head", "auto")
-    head_dim = inter // heads if head_dim == "auto" else head_dim
-    if heads * head_dim != inter:
-        raise ValueError(f"mamba_n_heads * mamba_d_head ({heads} * {head_dim}) must be "
-                         f"mamba_expand * hidden_size ({inter})")
-    return Mamba2Spec(num_heads=heads, head_dim=head_dim, n_groups=hf.get("mamba_n_groups", 1),
-                      d_state=hf["mamba_d_state"], chunk_size=hf.get("mamba_chunk_size", 256),
-                      dt_limit=dt_limit_of(hf), norm_eps=config.rms_norm_eps,
-                      activation=hf.get("hidden_act", "silu"))
 
 
 class BambaDecoderLayer(nn.Module):
@@ -52,7 +36,7 @@ class BambaDecoderLayer(nn.Module):
         self.pre_ff_layernorm = RMSNorm(hidden, eps)
         self.is_mamba = config.layer_types[layer_id] == LINEAR
         if self.is_mamba:
-            self.mamba = Mamba2Layer(hidden, mamba2_spec(config), layer_id,
+            self.mamba = Mamba2Layer(hidden, mamba2_spec_of(config), layer_id,
                                      hf.get("mamba_d_conv", 4),
                                      bool(hf.get("mamba_conv_bias", True)),
                                      bool(hf.get("mamba_proj_bias", False)))

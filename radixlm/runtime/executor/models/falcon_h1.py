@@ -30,26 +30,10 @@ from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, Dec
 from radixlm.runtime.executor.models.mamba_hybrid import (
     KVAttention,
     Mamba2Layer,
-    dt_limit_of,
+    mamba2_spec_of,
     mamba2_state_specs,
 )
 from radixlm.runtime.model_config import ModelConfig
-
-
-def mamba2_spec(config: ModelConfig) -> Mamba2Spec:
-    hf = config.hf_config
-    inter = hf.get("mamba_d_ssm") or int(hf.get("mamba_expand", 2) * config.hidden_size)
-    heads = hf["mamba_n_heads"]
-    head_dim = hf.get("mamba_d_head", "auto")
-    head_dim = inter // heads if head_dim == "auto" else head_dim
-    if heads * head_dim != inter:
-        raise ValueError(f"mamba_n_heads * mamba_d_head ({heads} * {head_dim}) must be the "
-                         f"mixer's width ({inter})")
-    return Mamba2Spec(num_heads=heads, head_dim=head_dim, n_groups=hf.get("mamba_n_groups", 1),
-                      d_state=hf["mamba_d_state"], chunk_size=hf.get("mamba_chunk_size", 256),
-                      dt_limit=dt_limit_of(hf), norm_eps=config.rms_norm_eps,
-                      norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)),
-                      activation=hf.get("hidden_act", "silu"))
 
 
 def mup_vector(spec: Mamba2Spec, multipliers: list[float]) -> torch.Tensor:
@@ -64,7 +48,7 @@ class FalconH1Mamba(Mamba2Layer):
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         hf = config.hf_config
-        spec = mamba2_spec(config)
+        spec = mamba2_spec_of(config, norm_before_gate=True)
         super().__init__(config.hidden_size, spec, layer_id, hf.get("mamba_d_conv", 4),
                          bool(hf.get("mamba_conv_bias", True)),
                          bool(hf.get("mamba_proj_bias", False)),

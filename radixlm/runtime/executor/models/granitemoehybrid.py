@@ -27,7 +27,6 @@ from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.distributed.layers import ColumnParallelLinear, Placement, RowParallelLinear
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.activation import act_and_mul
-from radixlm.runtime.executor.layers.mamba2 import Mamba2Spec
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock
 from radixlm.runtime.executor.layers.norm import RMSNorm
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
@@ -35,7 +34,7 @@ from radixlm.runtime.executor.models.decoder import DecoderForCausalLM, DecoderS
 from radixlm.runtime.executor.models.mamba_hybrid import (
     KVAttention,
     Mamba2Layer,
-    dt_limit_of,
+    mamba2_spec_of,
     mamba2_state_specs,
     whole,
 )
@@ -65,19 +64,6 @@ class StackedMoeBlock(SparseMoeBlock):
                 f"{prefix}.output_linear.weight": Placement(f"{prefix}.experts.down_proj")}
 
 
-def mamba2_spec(config: ModelConfig) -> Mamba2Spec:
-    hf = config.hf_config
-    spec = Mamba2Spec(num_heads=hf["mamba_n_heads"], head_dim=hf["mamba_d_head"],
-                      n_groups=hf.get("mamba_n_groups", 1), d_state=hf["mamba_d_state"],
-                      chunk_size=hf.get("mamba_chunk_size", 256), dt_limit=dt_limit_of(hf),
-                      norm_eps=config.rms_norm_eps, activation=hf.get("hidden_act", "silu"))
-    expected = int(hf.get("mamba_expand", 2) * config.hidden_size)
-    if spec.intermediate_size != expected:
-        raise ValueError(f"mamba_n_heads * mamba_d_head ({spec.intermediate_size}) must be "
-                         f"mamba_expand * hidden_size ({expected})")
-    return spec
-
-
 class GraniteMoeHybridDecoderLayer(nn.Module):
     """A Mamba2 or attention mixer, then experts plus the shared MLP (module doc)."""
 
@@ -89,7 +75,7 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.is_mamba = config.layer_types[layer_id] == LINEAR
         if self.is_mamba:
-            self.mamba = Mamba2Layer(hidden, mamba2_spec(config), layer_id,
+            self.mamba = Mamba2Layer(hidden, mamba2_spec_of(config), layer_id,
                                      hf.get("mamba_d_conv", 4),
                                      bool(hf.get("mamba_conv_bias", True)),
                                      bool(hf.get("mamba_proj_bias", False)))

@@ -56,6 +56,26 @@ def dt_limit_of(hf: dict) -> tuple[float, float]:
     return (low, high)
 
 
+def mamba2_spec_of(config: ModelConfig, norm_before_gate: bool = False) -> Mamba2Spec:
+    """The mixer of the families that name it ``mamba_*`` (Bamba, Granite 4 hybrid,
+    Falcon-H1): its width ``mamba_d_ssm`` or ``mamba_expand * hidden_size``, ``mamba_d_head``
+    (or ``auto``: the width over the heads); ``norm_before_gate``: the default where the
+    config does not say (``mamba_norm_before_gate``)."""
+    hf = config.hf_config
+    inter = hf.get("mamba_d_ssm") or int(hf.get("mamba_expand", 2) * config.hidden_size)
+    heads = hf["mamba_n_heads"]
+    head_dim = hf.get("mamba_d_head", "auto")
+    head_dim = inter // heads if head_dim == "auto" else head_dim
+    if heads * head_dim != inter:
+        raise ValueError(f"mamba_n_heads * mamba_d_head ({heads} * {head_dim}) must be the "
+                         f"mixer's width (mamba_d_ssm or mamba_expand * hidden_size: {inter})")
+    return Mamba2Spec(num_heads=heads, head_dim=head_dim, n_groups=hf.get("mamba_n_groups", 1),
+                      d_state=hf["mamba_d_state"], chunk_size=hf.get("mamba_chunk_size", 256),
+                      dt_limit=dt_limit_of(hf), norm_eps=config.rms_norm_eps,
+                      norm_before_gate=bool(hf.get("mamba_norm_before_gate", norm_before_gate)),
+                      activation=hf.get("hidden_act", "silu"))
+
+
 class Mamba2Layer(nn.Module):
     """A Mamba2 mixer over packed sequences, its conv and SSM states in the state pool
     (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers'."""
