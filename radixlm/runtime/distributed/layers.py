@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -78,11 +78,40 @@ class Placement(NamedTuple):
     when None), from ``shard`` of the checkpoint tensor (all of it when None)."""
 
     param: str
-    rows: slice | int | tuple[int, slice] | None = None  # int / tuple: stacked experts
+    rows: slice | int | tuple[int | slice, slice] | None = None  # int / tuple: stacked experts
     shard: Shard | None = None
     # the checkpoint holds the parameter's last two dims swapped (gpt-oss's stacked experts,
     # [E, in, out]); ``shard`` indexes the checkpoint's dims
     transposed: bool = False
+
+
+class Placements(tuple):
+    """Several row ranges of one parameter, each filled from a slice of the same checkpoint
+    tensor (under tensor parallelism: this rank's q, k and v rows of a fused ``in_proj``).
+    ``plan_load`` takes any tuple of placements; ``param`` names their parameter."""
+
+    @property
+    def param(self) -> str:
+        return self[0].param
+
+
+def sliced_placement(param: str, shards: Sequence[Shard], start: int = 0
+                     ) -> Placement | Placements:
+    """Parameter ``param``'s rows from ``start`` on, filled by ``shards`` of one checkpoint
+    tensor in order (each ``shard.size`` rows along dim 0 of the parameter). Slices that
+    follow each other in the checkpoint are read as one (at tp_size 1: one placement)."""
+    merged: list[Shard] = []
+    for s in shards:
+        last = merged[-1] if merged else None
+        if last is not None and (last.dim, last.stop, last.full) == (s.dim, s.start, s.full):
+            merged[-1] = Shard(s.dim, last.start, s.stop, s.full)
+        else:
+            merged.append(s)
+    places = []
+    for s in merged:
+        places.append(Placement(param, slice(start, start + s.size), s))
+        start += s.size
+    return places[0] if len(places) == 1 else Placements(places)
 
 
 # --- the split of a model ----------------------------------------------------------------
@@ -101,6 +130,7 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
     moe_inter = config.hf_config.get("moe_intermediate_size")  # Qwen3-MoE's experts
     if moe_inter and moe_inter % tp_size:
         problems.append(f"moe_intermediate_size ({moe_inter}) is not divisible by tp_size")
+    problems += _linear_layer_problems(config.hf_config, tp_size)
     quant = config.hf_config.get("quantization_config")
     mxfp4 = isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
     if mxfp4 and not inter % tp_size and (inter // tp_size) % 32:  # models/mxfp4.BLOCK
@@ -113,6 +143,19 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
                         "is served on one rank")
     if problems:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
+
+
+# a hybrid's linear layers (Gated DeltaNet's key heads, Mamba2's heads and groups) and
+# shared experts split over the ranks too (models/qwen3_next.py, models/mamba_hybrid.py)
+_HYBRID_SPLITS = ("linear_num_key_heads", "linear_num_value_heads", "mamba_num_heads",
+                  "mamba_n_heads", "n_groups", "mamba_n_groups",
+                  "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+                  "shared_intermediate_size")
+
+
+def _linear_layer_problems(hf: dict, tp_size: int) -> list[str]:
+    return [f"{field} ({hf[field]}) is not divisible by tp_size" for field in _HYBRID_SPLITS
+            if isinstance(hf.get(field), int) and hf[field] % tp_size]
 
 
 def local_kv_heads(config: ModelConfig, tp_size: int) -> int:
@@ -135,6 +178,29 @@ def qkv_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
     q = Shard(0, tp.rank * q_heads * d, (tp.rank + 1) * q_heads * d, config.q_size)
     kv = Shard(0, kv_index * d, (kv_index + kv_heads) * d, config.kv_size)
     return {"q_proj": q, "k_proj": kv, "v_proj": kv}
+
+
+def section_shards(sections: Sequence[int], tp: TpGroup, dim: int = 0) -> tuple[Shard, ...]:
+    """This rank's share of each section of a tensor whose rows along ``dim`` are
+    ``sections`` one after another, each split evenly over the ranks (a fused projection's
+    parts: Mamba2's gate, x, B, C and dt; Qwen3.5's q, k and v). The caller checked that
+    every section divides."""
+    out, offset = [], 0
+    for n in sections:
+        assert n % tp.size == 0, f"a section of {n} rows over {tp.size} ranks"
+        local = n // tp.size
+        out.append(Shard(dim, offset + tp.rank * local, offset + (tp.rank + 1) * local,
+                         sum(sections)))
+        offset += n
+    return tuple(out)
+
+
+def split_rows(full: int, tp: TpGroup, what: str) -> Shard:
+    """This rank's share of ``full`` rows; ValueError naming ``what`` when they do not
+    split."""
+    if full % tp.size:
+        raise ValueError(f"{what} ({full}) is not divisible by tp_size ({tp.size})")
+    return section_shards([full], tp)[0]
 
 
 def gate_up_shards(config: ModelConfig, tp: TpGroup) -> dict[str, Shard]:
@@ -243,28 +309,35 @@ def prepack_weights(model: nn.Module, on: bool = True) -> int:
     return n
 
 
-class ColumnParallelLinear(Prepackable, nn.Linear):
-    """Checkpoint tensors ``parts`` (name -> this rank's shard of its rows), stacked in
-    one matmul in that order. No communication: the output stays split by rank."""
+def _shards_of(part: Shard | Sequence[Shard]) -> tuple[Shard, ...]:
+    return (part,) if isinstance(part, Shard) else tuple(part)
 
-    def __init__(self, in_features: int, parts: Mapping[str, Shard], bias: bool) -> None:
-        super().__init__(in_features, sum(s.size for s in parts.values()), bias=bias)
+
+class ColumnParallelLinear(Prepackable, nn.Linear):
+    """Checkpoint tensors ``parts`` (name -> this rank's shard of its rows, or several
+    shards of it: the parts of a fused checkpoint tensor, ``section_shards``), stacked in one
+    matmul in that order. No communication: the output stays split by rank."""
+
+    def __init__(self, in_features: int, parts: Mapping[str, Shard | Sequence[Shard]],
+                 bias: bool) -> None:
         self.parts = dict(parts)
+        rows = sum(s.size for part in self.parts.values() for s in _shards_of(part))
+        super().__init__(in_features, rows, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
-    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
-        out: dict[str, Placement] = {}
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement | Placements]:
+        out: dict[str, Placement | Placements] = {}
         start = 0
         module_path = prefix.rpartition(".")[0]
         for part, shard in self.parts.items():
-            rows = slice(start, start + shard.size)
             name = f"{module_path}.{part}" if module_path else part
-            out[f"{name}.weight"] = Placement(f"{prefix}.weight", rows, shard)
+            shards = _shards_of(shard)
+            out[f"{name}.weight"] = sliced_placement(f"{prefix}.weight", shards, start)
             if self.bias is not None:
-                out[f"{name}.bias"] = Placement(f"{prefix}.bias", rows, shard)
-            start += shard.size
+                out[f"{name}.bias"] = sliced_placement(f"{prefix}.bias", shards, start)
+            start += sum(s.size for s in shards)
         return out
 
 

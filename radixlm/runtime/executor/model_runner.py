@@ -314,15 +314,20 @@ class ModelRunner:
         """Logits [rows, vocab] float32 for the rows named by ``batch.logit_ranges`` (on a
         tensor-parallel rank other than 0: ``[rows, 0]``); with ``--is-embedding`` the
         final hidden states of those rows instead, [rows, hidden] (every rank)."""
+        if batch.state_restores:  # cached prefixes' states into the requests' slots
+            self._copy_states(batch.state_restores)  # (each rank its own heads' states)
         if self.tp.size > 1:
             return self._tp_forward(batch, req_to_token)
-        if batch.state_restores:  # cached prefixes' states into the requests' slots
-            self._copy_states(batch.state_restores)
         fb = self.batch_builder.build(batch, req_to_token)
         if batch.is_decode and self.graph_runner is not None and not self.is_embedding:
             nnz = sum(batch.prefix_lens) + len(batch)
             if self.graph_runner.can_run(len(batch), nnz):
                 return self.graph_runner.replay(fb, nnz)
+        return self._run_and_snapshot(fb)
+
+    def _run_and_snapshot(self, fb: ForwardBatch) -> torch.Tensor:
+        """The model over ``fb``, then the snapshots at its sequences' ends (on every rank:
+        each holds its heads' states)."""
         out = self._run_model(fb)
         if fb.state is not None and fb.state.saves_at_end:  # snapshots at a sequence's end
             self._copy_states(fb.state.saves_at_end)
@@ -360,7 +365,7 @@ class ModelRunner:
         def run() -> torch.Tensor:
             if self.tp.is_first:
                 send_step(self.tp, forward_step(batch, req_to_token))
-            return self._run_model(self.batch_builder.build(batch, req_to_token))
+            return self._run_and_snapshot(self.batch_builder.build(batch, req_to_token))
         return self._collective(run)
 
     def read_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:

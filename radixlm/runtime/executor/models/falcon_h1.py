@@ -55,7 +55,7 @@ class FalconH1Mamba(Mamba2Layer):
                          norm=bool(hf.get("mamba_rms_norm", False)))
         self.in_multiplier = float(hf.get("ssm_in_multiplier", 1.0))
         multipliers = hf.get("ssm_multipliers") or [1.0] * 5
-        self.register_buffer("mup", mup_vector(spec, multipliers), persistent=False)
+        self.register_buffer("mup", mup_vector(self.spec, multipliers), persistent=False)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return self.in_proj(x * self.in_multiplier) * self.mup.to(x.dtype)

@@ -24,7 +24,16 @@ import torch
 from torch import nn
 
 from radixlm.radix_cache.state_pool import StateSpec
-from radixlm.runtime.distributed.layers import ColumnParallelLinear, Placement, RowParallelLinear
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    Placement,
+    Placements,
+    RowParallelLinear,
+    Shard,
+    section_shards,
+    split_rows,
+)
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock
@@ -36,18 +45,20 @@ from radixlm.runtime.executor.models.mamba_hybrid import (
     Mamba2Layer,
     mamba2_spec_of,
     mamba2_state_specs,
-    whole,
 )
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 
 
 class SharedMLP(nn.Module):
-    """A gated MLP every token takes: ``input_linear`` gives gate then up."""
+    """A gated MLP every token takes: ``input_linear`` gives gate then up (a rank reads its
+    rows of each)."""
 
     def __init__(self, hidden: int, inter: int, activation: str) -> None:
         super().__init__()
-        self.input_linear = ColumnParallelLinear(hidden, whole({"input_linear": 2 * inter}),
-                                                 False)
+        tp = get_tp_group()
+        split_rows(inter, tp, "shared_intermediate_size")
+        self.input_linear = ColumnParallelLinear(
+            hidden, {"input_linear": section_shards([inter, inter], tp)}, False)
         self.output_linear = RowParallelLinear(inter, hidden, False)
         self.act_and_mul = act_and_mul(activation)
 
@@ -56,12 +67,24 @@ class SharedMLP(nn.Module):
 
 
 class StackedMoeBlock(SparseMoeBlock):
-    """``layers/moe.py``'s experts filled from Granite's stacked checkpoint tensors."""
+    """``layers/moe.py``'s experts filled from Granite's stacked checkpoint tensors (under
+    tensor parallelism: this rank's rows of every expert's gate and up, columns of down)."""
 
-    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
-        return {f"{prefix}.router.layer.weight": Placement(f"{prefix}.gate.weight"),
-                f"{prefix}.input_linear.weight": Placement(f"{prefix}.experts.gate_up_proj"),
-                f"{prefix}.output_linear.weight": Placement(f"{prefix}.experts.down_proj")}
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement | Placements]:
+        gate_up, down = f"{prefix}.experts.gate_up_proj", f"{prefix}.experts.down_proj"
+        layout: dict[str, Placement | Placements] = {
+            f"{prefix}.router.layer.weight": Placement(f"{prefix}.gate.weight"),
+            f"{prefix}.input_linear.weight": Placement(gate_up),
+            f"{prefix}.output_linear.weight": Placement(down)}
+        if self.tp.size > 1:  # input_linear [E, 2I, H]: gate's rows, then up's
+            rows = self.shard
+            layout[f"{prefix}.input_linear.weight"] = Placements(
+                Placement(gate_up, (slice(None), slice(i * rows.size, (i + 1) * rows.size)),
+                          Shard(1, i * rows.full + rows.start, i * rows.full + rows.stop,
+                                2 * rows.full)) for i in (0, 1))
+            layout[f"{prefix}.output_linear.weight"] = Placement(
+                down, None, Shard(2, rows.start, rows.stop, rows.full))
+        return layout
 
 
 class GraniteMoeHybridDecoderLayer(nn.Module):

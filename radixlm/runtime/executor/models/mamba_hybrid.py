@@ -10,17 +10,32 @@ computed, ``ForwardBatch.state.fresh``) and writes the new state back, as the Ga
 layers of ``qwen3_next.py`` do; a decode steps each sequence by one token. The radix cache's
 snapshots inside an extend (``StateIndices.saves``) come from the chunked scan's and the
 conv's ``Snapshots`` and go to their own slots (``save_slots``).
+
+Under tensor parallelism each rank holds ``1 / tp_size`` of the mixer's heads and of its
+groups (as SGLang splits it): its rows of ``in_proj``'s gate, x, B, C and dt sections, its
+conv channels of x, B and C, its heads' ``A_log``, ``D`` and ``dt_bias`` and its channels of
+the gated norm, whose groups are then whole on one rank (the norm over a group needs no
+communication); ``out_proj`` is row-parallel (one all-reduce). Its state is of its own
+heads and groups (``state_spec``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from radixlm.radix_cache.state_pool import StateSpec
-from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear, Shard
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    Placement,
+    RowParallelLinear,
+    section_shards,
+    sliced_placement,
+)
+from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import RecurrentState
@@ -35,9 +50,15 @@ from radixlm.runtime.executor.models.decoder import Attention, DecoderSpec
 from radixlm.runtime.model_config import ModelConfig
 
 
-def whole(parts: dict[str, int]) -> dict[str, Shard]:
-    """Checkpoint tensors stacked whole into one matmul (no tensor parallelism)."""
-    return {name: Shard(0, 0, rows, rows) for name, rows in parts.items()}
+def local_mamba2_spec(spec: Mamba2Spec, tp: TpGroup) -> Mamba2Spec:
+    """The mixer of this rank: its heads and groups (ValueError naming what does not split:
+    a group's norm and its heads must be on one rank)."""
+    for what, n in (("the Mamba2 heads", spec.num_heads), ("the Mamba2 groups (n_groups)",
+                                                          spec.n_groups)):
+        if n % tp.size:
+            raise ValueError(f"{what} ({n}) are not divisible by tp_size ({tp.size})")
+    return replace(spec, num_heads=spec.num_heads // tp.size,
+                   n_groups=spec.n_groups // tp.size)
 
 
 def json_float(value: Any) -> float:
@@ -78,16 +99,24 @@ def mamba2_spec_of(config: ModelConfig, norm_before_gate: bool = False) -> Mamba
 
 class Mamba2Layer(nn.Module):
     """A Mamba2 mixer over packed sequences, its conv and SSM states in the state pool
-    (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers'."""
+    (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers'.
+    ``spec``: the whole mixer's; ``self.spec``: this rank's share of it (module doc)."""
 
     def __init__(self, hidden: int, spec: Mamba2Spec, layer_id: int, kernel: int,
                  conv_bias: bool, proj_bias: bool, norm: bool = True) -> None:
         super().__init__()
-        self.spec, self.layer_id, self.kernel = spec, layer_id, kernel
-        inter, conv_dim, heads = spec.intermediate_size, spec.conv_dim, spec.num_heads
+        tp = get_tp_group()
+        self.spec, self.layer_id, self.kernel = local_mamba2_spec(spec, tp), layer_id, kernel
+        inter, conv_dim, heads = (self.spec.intermediate_size, self.spec.conv_dim,
+                                  self.spec.num_heads)
         self.sizes = [inter, conv_dim, heads]
-        self.in_proj = ColumnParallelLinear(hidden, whole({"in_proj": sum(self.sizes)}),
-                                            proj_bias)
+        groups = spec.n_groups * spec.d_state  # every rank's B (and C) channels
+        full_inter = spec.intermediate_size
+        self.conv_shards = section_shards([full_inter, groups, groups], tp)  # x | B | C
+        self.head_shard = section_shards([spec.num_heads], tp)[0]
+        self.norm_shard = section_shards([full_inter], tp)[0]
+        self.in_proj = ColumnParallelLinear(hidden, {"in_proj": section_shards(
+            [full_inter, full_inter, groups, groups, spec.num_heads], tp)}, proj_bias)
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, bias=conv_bias, groups=conv_dim,
                                 padding=kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(heads))
@@ -97,7 +126,22 @@ class Mamba2Layer(nn.Module):
             self.norm = nn.Module()
             self.norm.weight = nn.Parameter(torch.ones(inter))
         self.has_norm = norm
-        self.out_proj = RowParallelLinear(inter, hidden, proj_bias)
+        self.out_proj = RowParallelLinear(full_inter, hidden, proj_bias)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        """This rank's conv channels, heads and norm channels (the projections say their
+        own)."""
+        layout = {}
+        for name in ("conv1d.weight", "conv1d.bias"):
+            if name == "conv1d.weight" or self.conv1d.bias is not None:
+                layout[f"{prefix}.{name}"] = sliced_placement(f"{prefix}.{name}",
+                                                              self.conv_shards)
+        for name in ("A_log", "D", "dt_bias"):
+            layout[f"{prefix}.{name}"] = Placement(f"{prefix}.{name}", None, self.head_shard)
+        if self.has_norm:
+            layout[f"{prefix}.norm.weight"] = Placement(f"{prefix}.norm.weight", None,
+                                                        self.norm_shard)
+        return layout
 
     def state_spec(self) -> StateSpec:
         return StateSpec(self.spec.conv_dim, self.kernel - 1, self.spec.ssm_shape)

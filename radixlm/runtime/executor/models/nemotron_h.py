@@ -23,7 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.radix_cache.state_pool import StateSpec
-from radixlm.runtime.distributed.layers import ColumnParallelLinear, Placement, RowParallelLinear
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    Placement,
+    RowParallelLinear,
+    Shard,
+    split_rows,
+)
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.mamba2 import Mamba2Spec
 from radixlm.runtime.executor.layers.norm import RMSNorm
@@ -34,7 +41,6 @@ from radixlm.runtime.executor.models.mamba_hybrid import (
     Mamba2Layer,
     dt_limit_of,
     mamba2_state_specs,
-    whole,
 )
 from radixlm.runtime.model_config import ModelConfig, nemotron_h_blocks
 
@@ -44,11 +50,13 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
 
 
 class Relu2MLP(nn.Module):
-    """``down_proj(relu(up_proj(x))^2)``: Nemotron-H's MLP blocks and shared expert."""
+    """``down_proj(relu(up_proj(x))^2)``: Nemotron-H's MLP blocks and shared expert (split
+    over ranks like the dense MLP)."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool, what: str) -> None:
         super().__init__()
-        self.up_proj = ColumnParallelLinear(hidden, whole({"up_proj": inter}), bias)
+        self.up_proj = ColumnParallelLinear(
+            hidden, {"up_proj": split_rows(inter, get_tp_group(), what)}, bias)
         self.down_proj = RowParallelLinear(inter, hidden, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,23 +68,31 @@ class NemotronHMoE(nn.Module):
     [E, L, I], L the latent size or hidden) plus a shared expert. Routing in float32:
     ``s = sigmoid(x @ gate.T)``; experts chosen by ``s + e_score_correction_bias`` within the
     ``topk_group`` best of ``n_group`` groups (a group scores its two best); weights are the
-    chosen ``s``, renormalized when ``norm_topk_prob``, times ``routed_scaling_factor``."""
+    chosen ``s``, renormalized when ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+    Under tensor parallelism each rank holds every expert's share of its intermediate rows
+    (``layers/moe.py``'s split); the router and the latent projections are whole, and the
+    experts' partial outputs are all-reduced before ``fc2_latent_proj``."""
 
     def __init__(self, hf: dict, hidden: int) -> None:
         super().__init__()
+        self.tp = tp = get_tp_group()
         self.num_experts, self.top_k = hf["n_routed_experts"], hf["num_experts_per_tok"]
         self.n_group, self.topk_group = hf.get("n_group", 1), hf.get("topk_group", 1)
         self.renormalize = bool(hf.get("norm_topk_prob", True))
         self.scaling = float(hf.get("routed_scaling_factor", 1.0))
         inter, latent = hf["moe_intermediate_size"], hf.get("moe_latent_size") or hidden
         bias = bool(hf.get("mlp_bias", False))
+        self.shard = split_rows(inter, tp, "moe_intermediate_size")
+        inter = self.shard.size  # this rank's
         self.gate = nn.Module()
         self.gate.weight = nn.Parameter(torch.zeros(self.num_experts, hidden))
         self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(self.num_experts))
         self.experts = nn.Module()
         self.experts.up_proj = nn.Parameter(torch.zeros(self.num_experts, inter, latent))
         self.experts.down_proj = nn.Parameter(torch.zeros(self.num_experts, latent, inter))
-        self.shared_experts = Relu2MLP(hidden, hf["moe_shared_expert_intermediate_size"], bias)
+        self.shared_experts = Relu2MLP(hidden, hf["moe_shared_expert_intermediate_size"], bias,
+                                       "moe_shared_expert_intermediate_size")
         self.latent = latent != hidden
         if self.latent:
             self.fc1_latent_proj = nn.Linear(hidden, latent, bias=bias)
@@ -111,20 +127,21 @@ class NemotronHMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         h = self.fc1_latent_proj(x) if self.latent else x
-        h = self.experts_forward(h, weights, ids)
+        h = self.tp.all_reduce(self.experts_forward(h, weights, ids))
         if self.latent:
             h = self.fc2_latent_proj(h)
         return h + self.shared_experts(x)
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         """The checkpoint's per-expert ``experts.{e}.up_proj.weight`` / ``down_proj.weight``
-        into the stacked parameters."""
+        (this rank's rows of up, columns of down) into the stacked parameters."""
         out = {f"{prefix}.{n}": Placement(f"{prefix}.{n}") for n, _ in self.named_parameters()
-               if not n.startswith("experts.")}
+               if not n.startswith(("experts.", "shared_experts."))}
+        rows, cols = self.shard, Shard(1, self.shard.start, self.shard.stop, self.shard.full)
         for e in range(self.num_experts):
-            for proj in ("up_proj", "down_proj"):
+            for proj, shard in (("up_proj", rows), ("down_proj", cols)):
                 out[f"{prefix}.experts.{e}.{proj}.weight"] = Placement(
-                    f"{prefix}.experts.{proj}", e)
+                    f"{prefix}.experts.{proj}", e, shard)
         return out
 
 
@@ -162,7 +179,7 @@ class NemotronHBlock(nn.Module):
             self.mixer = KVAttention(config, spec, layer_id)
         elif self.kind == "mlp":
             self.mixer = Relu2MLP(config.hidden_size, config.intermediate_size,
-                                  config.mlp_bias)
+                                  config.mlp_bias, "intermediate_size")
         else:
             self.mixer = NemotronHMoE(hf, config.hidden_size)
 

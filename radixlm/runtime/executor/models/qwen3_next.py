@@ -40,7 +40,17 @@ import torch
 from torch import nn
 
 from radixlm.radix_cache.state_pool import StateSpec
-from radixlm.runtime.distributed.layers import ColumnParallelLinear, RowParallelLinear, Shard
+from radixlm.runtime.distributed.layers import (
+    ColumnParallelLinear,
+    Placement,
+    RowParallelLinear,
+    local_kv_heads,
+    qkv_shards,
+    section_shards,
+    sliced_placement,
+    split_rows,
+)
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
@@ -52,7 +62,7 @@ from radixlm.runtime.executor.layers.gated_delta import (
     recurrent_gated_delta_rule_step,
     rms_norm_gated,
 )
-from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, num_experts_of
+from radixlm.runtime.executor.layers.moe import MoESpec, Router, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
 from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
@@ -60,25 +70,24 @@ from radixlm.runtime.executor.models.qwen3_moe import sparse_layers
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 
 
-def _whole(parts: dict[str, int]) -> dict[str, Shard]:
-    """Checkpoint tensors stacked whole into one matmul (no tensor parallelism)."""
-    return {name: Shard(0, 0, rows, rows) for name, rows in parts.items()}
-
-
 class GatedAttention(nn.Module):
     """Full attention whose q projection also gives a gate per head: ``o * sigmoid(gate)``
-    before ``o_proj``."""
+    before ``o_proj``. Split over ranks as the dense attention (``qkv_shards``): q_proj's
+    rows of this rank's heads (each head's q and gate are adjacent)."""
 
     def __init__(self, config: ModelConfig, spec: DecoderSpec, layer_id: int) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        tp = get_tp_group()
+        self.num_heads = config.num_attention_heads // tp.size  # this rank's heads
+        self.num_kv_heads = local_kv_heads(config, tp.size)
         self.head_dim = d = config.head_dim
         bias = config.attention_bias
         # q_proj's rows: per head, its q then its gate
         self.sizes = [2 * self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
-        self.qkv_proj = ColumnParallelLinear(config.hidden_size, _whole(
-            dict(zip(("q_proj", "k_proj", "v_proj"), self.sizes))), bias)
-        self.o_proj = RowParallelLinear(self.num_heads * d, config.hidden_size, bias)
+        parts = qkv_shards(config, tp)
+        parts["q_proj"] = split_rows(2 * config.q_size, tp, "q_proj's rows")
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, parts, bias)
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, spec.norm_offset)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, spec.norm_offset)
         self.attn = RadixAttention(config.kv_layer_index(layer_id), self.num_heads,
@@ -102,13 +111,23 @@ class GatedAttention(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """A Gated DeltaNet layer over packed sequences, its state in the state pool."""
+    """A Gated DeltaNet layer over packed sequences, its state in the state pool.
+
+    Under tensor parallelism each rank holds ``1 / tp_size`` of the key heads and their value
+    heads (as SGLang splits it): their rows of q, k, v, z, b and a, their conv channels,
+    ``A_log`` and ``dt_bias``; ``out_proj`` is row-parallel (one all-reduce). Qwen3-Next's
+    tensors grouped by key head give a rank one run of rows of each; Qwen3.5's
+    ``in_proj_qkv`` three (its q, k and v sections). Its state is of its own heads."""
 
     def __init__(self, config: ModelConfig, layer_id: int, grouped: bool) -> None:
         super().__init__()
-        hf = config.hf_config
+        hf, tp = config.hf_config, get_tp_group()
         self.layer_id = layer_id
-        self.hk, self.hv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+        hk, hv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+        if hk % tp.size:
+            raise ValueError(f"linear_num_key_heads ({hk}) is not divisible by tp_size "
+                             f"({tp.size})")
+        self.hk, self.hv = hk // tp.size, hv // tp.size  # this rank's heads
         self.dk, self.dv = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
         self.kernel = hf.get("linear_conv_kernel_dim", 4)
         self.activation = hf.get("hidden_act", "silu")
@@ -116,17 +135,31 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.grouped = grouped  # Qwen3-Next's tensors grouped by key head (module doc)
-        parts = ({"in_proj_qkvz": self.conv_dim + self.value_dim, "in_proj_ba": 2 * self.hv}
-                 if grouped else {"in_proj_qkv": self.conv_dim, "in_proj_z": self.value_dim,
-                                  "in_proj_b": self.hv, "in_proj_a": self.hv})
-        self.in_proj = ColumnParallelLinear(config.hidden_size, _whole(parts), False)
+        key, value = hk * self.dk, hv * self.dv  # every rank's
+        self.conv_shards = section_shards([key, key, value], tp)  # q | k | v channels
+        self.head_shard = section_shards([hv], tp)[0]
+        parts = ({"in_proj_qkvz": section_shards([2 * key + 2 * value], tp),
+                  "in_proj_ba": section_shards([2 * hv], tp)}
+                 if grouped else {"in_proj_qkv": self.conv_shards,
+                                  "in_proj_z": section_shards([value], tp),
+                                  "in_proj_b": self.head_shard, "in_proj_a": self.head_shard})
+        self.in_proj = ColumnParallelLinear(config.hidden_size, parts, False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, bias=False,
                                 groups=self.conv_dim, padding=self.kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(self.dv))
-        self.out_proj = RowParallelLinear(self.value_dim, config.hidden_size, False)
+        self.out_proj = RowParallelLinear(value, config.hidden_size, False)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        """This rank's conv channels and heads (the projections say their own)."""
+        conv = f"{prefix}.conv1d.weight"
+        layout = {conv: sliced_placement(conv, self.conv_shards),
+                  f"{prefix}.norm.weight": Placement(f"{prefix}.norm.weight")}
+        for name in ("A_log", "dt_bias"):
+            layout[f"{prefix}.{name}"] = Placement(f"{prefix}.{name}", None, self.head_shard)
+        return layout
 
     def state_spec(self) -> StateSpec:
         return StateSpec(self.conv_dim, self.kernel - 1, (self.hv, self.dk, self.dv))
@@ -180,8 +213,9 @@ class SharedExpertMLP(nn.Module):
 
     def __init__(self, hidden: int, inter: int, activation: str) -> None:
         super().__init__()
-        self.gate_up_proj = ColumnParallelLinear(hidden, _whole({"gate_proj": inter,
-                                                                 "up_proj": inter}), False)
+        part = split_rows(inter, get_tp_group(), "shared_expert_intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(hidden, {"gate_proj": part, "up_proj": part},
+                                                 False)
         self.down_proj = RowParallelLinear(inter, hidden, False)
         self.act_and_mul = act_and_mul(activation)
 
@@ -191,12 +225,18 @@ class SharedExpertMLP(nn.Module):
 
 class SharedExpertMoeBlock(SparseMoeBlock):
     """Routed experts plus a shared expert every token takes, scaled by a sigmoid gate:
-    ``experts(x) + sigmoid(x @ shared_expert_gate) * shared_expert(x)``."""
+    ``experts(x) + sigmoid(x @ shared_expert_gate) * shared_expert(x)``. Under tensor
+    parallelism the shared expert splits like the dense MLP; its gate is whole on every
+    rank, like the router."""
 
     def __init__(self, hidden: int, spec: MoESpec, activation: str, shared_inter: int) -> None:
         super().__init__(hidden, spec, activation)
         self.shared_expert = SharedExpertMLP(hidden, shared_inter, activation)
-        self.shared_expert_gate = RowParallelLinear(hidden, 1, False)
+        self.shared_expert_gate = Router(hidden, 1, bias=False)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        gate = f"{prefix}.shared_expert_gate.weight"
+        return {**super().checkpoint_layout(prefix), gate: Placement(gate)}
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, backend)
