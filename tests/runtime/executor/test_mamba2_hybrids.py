@@ -24,9 +24,14 @@ from radixlm.runtime.model_dir import ModelDirError, served_architecture
 from radixlm.tiny_hybrids import MAMBA2_HYBRIDS, make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
 
-# against transformers in float64: a float32 chunked scan split at other places differs by
-# about 1e-4; a state not carried or a wrong projection layout moves logits by more than 1
-ATOL = 5e-4
+# against transformers in float64 (float32 with experts: its grouped matmul has no float64).
+# 1e-4 holds for Falcon-H1 (4.9e-5) and Nemotron-H (5.0e-5). Bamba (1.7e-4) and Granite 4
+# (1.1e-4) are off by float32 rounding, not by our scan: against transformers run truly in
+# float64 (its own float32 casts in the norms and the SSD made float64), Bamba's 2.1e-4 is
+# 2.5e-4 with our layers' math in float64, and transformers' own float32 model is 2.8e-4 off;
+# each random tiny Mamba2 layer amplifies a relative perturbation of its input 2.4x. A state
+# not carried or a wrong projection layout moves logits by more than 1.
+ATOL = {"falcon_h1": 1e-4, "nemotron_h": 1e-4, "bamba": 5e-4, "granitemoehybrid": 5e-4}
 MAX_NEW = 30
 LENGTHS = (20, 75, 300)
 ENGINE_CONFIGS = {"default": {}, "page4_chunk48": {"page_size": 4, "chunked_prefill_size": 48},
@@ -112,7 +117,8 @@ def test_logits_match_transformers(hybrid):
     for ranges, decode in steps:
         got = _step(runner, table, seqs, ranges, decode)
         expected = torch.cat([ref[i][a:b] for i, (a, b) in enumerate(ranges)])
-        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=f"{arch} {ranges}")
+        torch.testing.assert_close(got, expected, atol=ATOL[arch], rtol=0,
+                                   msg=f"{arch} {ranges}")
 
 
 @pytest.mark.parametrize("config", list(ENGINE_CONFIGS))
