@@ -144,6 +144,36 @@ class StatePool:
         self.conv[layer][slots] = conv.to(self.conv_dtype)
         self.ssm[layer][slots] = ssm.to(self.ssm_dtype)
 
+    # --- one slot whole, as contiguous buffers (a prefill/decode transfer) ----------------
+    def slot_layout(self) -> list[tuple[int, tuple[int, ...], str, tuple[int, ...], str]]:
+        """What ``read_slot`` returns, layer by layer in ``read_slot``'s order:
+        ``(layer, conv shape, conv dtype, ssm shape, ssm dtype)`` (dtypes as "float32")."""
+        conv, ssm = (str(t).removeprefix("torch.") for t in (self.conv_dtype, self.ssm_dtype))
+        return [(i, tuple(self.conv[i].shape[1:]), conv, tuple(self.ssm[i].shape[1:]), ssm)
+                for i in sorted(self.specs)]
+
+    def read_slot(self, slot: int) -> list[torch.Tensor]:
+        """Slot ``slot``'s whole state as contiguous CPU copies (never views: the slot may
+        change while they are in flight): ``[conv, ssm]`` of each linear layer in ascending
+        layer order (``slot_layout``)."""
+        out = []
+        for i in sorted(self.specs):
+            out += [t[slot].to("cpu", copy=True).contiguous() for t in (self.conv[i], self.ssm[i])]
+        return out
+
+    def write_slot(self, slot: int, states: Sequence[torch.Tensor]) -> None:
+        """Write ``states`` as ``read_slot`` made them (shapes and dtypes of ``slot_layout``)
+        into slot ``slot``."""
+        layers = sorted(self.specs)
+        assert len(states) == 2 * len(layers), f"{len(states)} states for {len(layers)} layers"
+        for n, i in enumerate(layers):
+            conv, ssm = states[2 * n], states[2 * n + 1]
+            assert conv.shape == self.conv[i].shape[1:] and ssm.shape == self.ssm[i].shape[1:], (
+                f"layer {i}: states {tuple(conv.shape)}, {tuple(ssm.shape)} for a slot of "
+                f"{tuple(self.conv[i].shape[1:])}, {tuple(self.ssm[i].shape[1:])}")
+            self.conv[i][slot] = conv.to(self.conv[i].device, self.conv_dtype)
+            self.ssm[i][slot] = ssm.to(self.ssm[i].device, self.ssm_dtype)
+
 
 def state_slots_of(slots: Sequence[int | None]) -> list[int]:
     """The slots of a batch's requests; every one must hold one (a hybrid model's request

@@ -26,7 +26,11 @@ thread (``KVManager.poll``); a transport only moves bytes and queues what it rec
 Data: each ``KVChunk`` message is followed by ``2 * num_layers`` frames, K then V of each
 layer, each ``[num_tokens, num_kv_heads, head_dim]`` in the pool's dtype; chunks start on
 page boundaries and hold whole pages (the last page may be partly filled: its tail is
-whatever the prefill's pool held there, never read by attention).
+whatever the prefill's pool held there, never read by attention). A hybrid model's transfer
+(``KVLayout.state`` not empty) starts with one ``StateChunk``: ``2 * len(layout.state)``
+frames, the conv then the SSM state of each linear-attention layer, the request's state
+slot whole (its state at the prompt's end; the decode writes it into the slot it reserved,
+and fails the room if the last chunk comes without it).
 """
 
 from __future__ import annotations

@@ -15,7 +15,14 @@ import torch
 from radixlm.runtime.disaggregation.base import KVPoll
 from radixlm.runtime.disaggregation.kv_buffers import KVBuffers
 from radixlm.runtime.disaggregation.transport import Event, Peer, Transport
-from radixlm.runtime.disaggregation.wire import Abort, Ack, Claim, KVChunk, RouteInfo
+from radixlm.runtime.disaggregation.wire import (
+    Abort,
+    Ack,
+    Claim,
+    KVChunk,
+    RouteInfo,
+    StateChunk,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +76,13 @@ class KVSender(_Transfer):
         return self.claim.prefix_len
 
     def send(self, slots: torch.Tensor, first_token: int, prompt_len: int,
-             first_logprobs: FirstLogprobs | None = None) -> None:
+             first_logprobs: FirstLogprobs | None = None,
+             state_slot: int | None = None) -> None:
         """Ship the pool's ``slots`` (prompt positions ``decode_prefix_len ..``, whole pages)
-        and the first token (with its logprobs, when the request asked for them); the
-        transfer fails (never raises) if they do not fit the claim."""
+        and the first token (with its logprobs, when the request asked for them); for a
+        hybrid model first its recurrent state, state slot ``state_slot`` (the state at
+        the prompt's end, however it was computed). The transfer fails (never raises) if
+        they do not fit the claim."""
         claim = self.claim
         assert self.state == KVPoll.WaitingForInput and claim is not None, (
             f"send on room {self.room} in state {self.state.name}")
@@ -81,7 +91,12 @@ class KVSender(_Transfer):
                        f"{claim.prompt_len}-token prompt; the prefill server has "
                        f"{len(slots)} of {prompt_len} (tokenized differently?)")
             return
-        step = self.manager.buffers.chunk_tokens()
+        buffers = self.manager.buffers
+        if buffers.states is not None:
+            assert state_slot is not None, f"room {self.room}: a hybrid's request without state"
+            self.manager.transport.send(self.peer, StateChunk(self.room),
+                                        buffers.gather_state(state_slot))
+        step = buffers.chunk_tokens()
         starts = range(0, max(len(slots), 1), step)
         for start in starts:
             part = slots[start: start + step]
@@ -90,7 +105,7 @@ class KVSender(_Transfer):
             if last and first_logprobs is not None:
                 head.first_logprob, head.first_top_logprobs, head.first_ids_logprobs = (
                     first_logprobs)
-            self.manager.transport.send(self.peer, head, self.manager.buffers.gather(part))
+            self.manager.transport.send(self.peer, head, buffers.gather(part))
         self.manager.sent_tokens += len(slots)
         self.sent_at = self.manager.clock()
         self._to(KVPoll.Transferring, self.manager.waiting_timeout)
@@ -117,6 +132,8 @@ class KVReceiver(_Transfer):
         self.prefill_rank = prefill_rank  # the prefill replica asked for (None: room mod N)
         self.replica = 0  # the prefill replica holding the room, once the route is known
         self.slots: torch.Tensor | None = None
+        self.state_slot: int | None = None  # a hybrid's: where the prefill's state goes
+        self.state_written = False
         self.first_token: int | None = None
         self.first_logprobs: FirstLogprobs = (None, None, None)
         self.received = 0  # tokens written so far
@@ -136,12 +153,17 @@ class KVReceiver(_Transfer):
         self.replica = rank
         self._to(KVPoll.WaitingForInput, None)
 
-    def send_metadata(self, slots: torch.Tensor, prefix_len: int, prompt_len: int) -> None:
+    def send_metadata(self, slots: torch.Tensor, prefix_len: int, prompt_len: int,
+                      state_slot: int | None = None) -> None:
         """Claim the room: ``slots`` (this pool's, prompt positions ``prefix_len ..``, whole
-        pages) receive the prefill's pages."""
+        pages) receive the prefill's pages, and for a hybrid model state slot
+        ``state_slot`` its recurrent state (the whole of it, whatever ``prefix_len``)."""
         assert self.state == KVPoll.WaitingForInput and self.slots is None, (
             f"send_metadata on room {self.room} in state {self.state.name}")
-        self.slots = slots
+        assert (state_slot is None) == (self.manager.buffers.states is None), (
+            f"room {self.room}: state slot {state_slot} for a model "
+            f"{'with' if self.manager.buffers.states is not None else 'without'} state")
+        self.slots, self.state_slot = slots, state_slot
         self.manager.transport.send(self.addr, Claim(self.room, prompt_len, prefix_len,
                                                      len(slots)), replica=self.replica)
         self._to(KVPoll.WaitingForInput, self.manager.waiting_timeout)
@@ -165,6 +187,21 @@ class KVReceiver(_Transfer):
             return f"chunk ends at {chunk.offset + chunk.num_tokens}, {len(self.slots)} reserved"
         return self.manager.buffers.frames_problem(frames, chunk.num_tokens)
 
+    def _on_state(self, frames: list[Any]) -> None:
+        """A hybrid's recurrent state, before any chunk: into the reserved state slot."""
+        if self.slots is None or self.state not in (KVPoll.WaitingForInput,
+                                                    KVPoll.Transferring):
+            return
+        problem = self.manager.buffers.state_frames_problem(frames)
+        if problem is None and (self.state_written or self.received):
+            problem = "state after KV chunks, or twice"
+        if problem is not None:
+            self.abort(f"bad recurrent state from the prefill server: {problem}")
+            return
+        self.manager.buffers.scatter_state(self.state_slot, frames)
+        self.state_written = True
+        self._to(KVPoll.Transferring, self.manager.waiting_timeout)
+
     def _on_chunk(self, chunk: KVChunk, frames: list[Any]) -> None:
         if self.slots is None or self.state not in (KVPoll.WaitingForInput,
                                                     KVPoll.Transferring):
@@ -183,6 +220,9 @@ class KVReceiver(_Transfer):
         if self.received != len(self.slots) or chunk.first_token is None:
             self.abort(f"the prefill server sent {self.received} of {len(self.slots)} "
                        "tokens, or no first token")
+            return
+        if self.state_slot is not None and not self.state_written:
+            self.abort("the prefill server sent no recurrent state (a hybrid model's)")
             return
         self.first_token = chunk.first_token
         self.first_logprobs = (chunk.first_logprob, chunk.first_top_logprobs,
@@ -280,10 +320,13 @@ class KVManager:
             self._route(ev.peer, msg)
         elif isinstance(msg, Claim):
             self._claim(ev.peer, msg)
-        elif isinstance(msg, KVChunk):
+        elif isinstance(msg, KVChunk | StateChunk):
             receiver = self.receivers.get(msg.room)
             if receiver is not None and receiver.addr == ev.peer:
-                receiver._on_chunk(msg, ev.frames)
+                if isinstance(msg, KVChunk):
+                    receiver._on_chunk(msg, ev.frames)
+                else:
+                    receiver._on_state(ev.frames)
         elif isinstance(msg, Ack):
             sender = self.senders.get(msg.room)
             if sender is not None and sender.peer == ev.peer and \
@@ -327,7 +370,9 @@ class KVManager:
             mine = self.buffers.layout
             hint = ("; both servers must use the same --kv-cache-dtype (and --dtype)"
                     if info.layout.dtype != mine.dtype else "; the servers serve different "
-                    "models" if info.layout.model != mine.model else "")
+                    "models" if info.layout.model != mine.model else "; the servers' "
+                    "recurrent state layouts differ" if info.layout.state != mine.state
+                    else "")
             self._peer_gone(addr, f"the prefill server's KV layout {info.layout} differs "
                                   f"from this decode server's {mine}{hint}")
             return

@@ -6,10 +6,23 @@ from __future__ import annotations
 import msgspec
 
 
+class StateLayer(msgspec.Struct, frozen=True):
+    """One linear-attention layer's recurrent state of one sequence, as it travels: a
+    ``conv`` frame ``conv_shape`` of ``conv_dtype``, then an ``ssm`` frame ``ssm_shape`` of
+    ``ssm_dtype`` (``StatePool.slot_layout``)."""
+
+    layer: int
+    conv_shape: tuple[int, ...]
+    conv_dtype: str
+    ssm_shape: tuple[int, ...]
+    ssm_dtype: str
+
+
 class KVLayout(msgspec.Struct, frozen=True):
     """What both sides must agree on for pages to be copied slot for slot. ``model``
     (``ModelConfig.kv_identity``): pages of another model with the same geometry (a
-    Mistral and a Llama of one size) are refused too, not decoded into wrong tokens."""
+    Mistral and a Llama of one size) are refused too, not decoded into wrong tokens.
+    ``state``: a hybrid model's recurrent state, per linear layer (empty: no state pool)."""
 
     num_layers: int
     num_kv_heads: int
@@ -17,6 +30,7 @@ class KVLayout(msgspec.Struct, frozen=True):
     dtype: str
     page_size: int
     model: str = ""  # empty: a pool without a model (unit tests)
+    state: tuple[StateLayer, ...] = ()
 
 
 class RouteQuery(msgspec.Struct, tag=True):
@@ -66,6 +80,14 @@ class KVChunk(msgspec.Struct, tag=True):
     first_ids_logprobs: list[tuple[float, int]] | None = None
 
 
+class StateChunk(msgspec.Struct, tag=True):
+    """prefill -> decode, a hybrid model's only, before the room's first KVChunk: the
+    request's recurrent state at the end of its prompt, then 2 * len(KVLayout.state)
+    frames (conv then ssm of each linear layer, in ``KVLayout.state``'s order)."""
+
+    room: int
+
+
 class Ack(msgspec.Struct, tag=True):
     """decode -> prefill: every chunk of ``room`` is in place."""
 
@@ -79,7 +101,7 @@ class Abort(msgspec.Struct, tag=True):
     reason: str
 
 
-WireMsg = RouteQuery | RouteInfo | Register | Claim | KVChunk | Ack | Abort
+WireMsg = RouteQuery | RouteInfo | Register | Claim | StateChunk | KVChunk | Ack | Abort
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(WireMsg)
 

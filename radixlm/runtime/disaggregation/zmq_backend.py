@@ -6,7 +6,9 @@ Sockets, all owned by one I/O thread (zmq sockets are not thread-safe)::
     ROUTER tcp://host:BOOTSTRAP_PORT  <-------- DEALER (one per prefill)   RouteQuery
       (the bootstrap service)          -------> RouteInfo(transfer_ports, layout)
     ROUTER tcp://host:<free port>     <-------- DEALER (one per prefill    Claim / Ack / Abort
-      (transfers; ROUTER_MANDATORY)    -------> replica) KVChunk + 2*layers frames, Abort
+      (transfers; ROUTER_MANDATORY)    -------> replica) [StateChunk + 2*linear layers
+                                                         frames,] KVChunk + 2*layers
+                                                         frames, Abort
 
 With ``--dp-size N`` on the prefill server, replica 0 runs the bootstrap service and every
 replica its own transfer ROUTER; replicas 1..N-1 announce theirs to the service

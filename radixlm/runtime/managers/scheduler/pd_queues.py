@@ -15,6 +15,10 @@ Decode server (``DecodeQueues``)::
            into the tree, finish checks, grammar advanced over the first token (and
            any text it forces), then scheduler.running (decode as usual)
 
+A hybrid model's request also moves its recurrent state (its state slot, whole: the state
+at the prompt's end) with its KV; the decode side writes it into the slot it took at
+admission, instead of starting from a matched snapshot.
+
 A request with a grammar compiles it on both servers: the prefill masks the first token
 with it (a claimed room waits in bootstrapping until it compiles), the decode claims its
 room only once it compiled. A grammar that fails is a 400 where it fails, and its room
@@ -66,7 +70,8 @@ def create_kv_manager(args: ServerArgs, k: list[Any], v: list[Any], dp_rank: int
     if runner is not None and runner.tp.size > 1:
         shards = (runner.model_config.num_key_value_heads, runner.read_kv, runner.write_kv)
     model = runner.model_config.kv_identity() if runner is not None else ""
-    buffers = KVBuffers(k, v, args.page_size, shards, model)
+    states = runner.state_pool if runner is not None else None  # a hybrid's: travels too
+    buffers = KVBuffers(k, v, args.page_size, shards, model, states)
     assert args.disaggregation_transfer_backend == "zmq", args.disaggregation_transfer_backend
     prefill = args.disaggregation_mode == "prefill"
     transport = ZmqTransport(buffers.layout, keys, buffers.max_frame(),
@@ -163,7 +168,7 @@ class PrefillQueues(_Queues):
             row = self.s.cache.req_to_token_pool.req_to_token[req.req_pool_idx]
             if sender.poll() == KVPoll.WaitingForInput:
                 sender.send(row[sender.decode_prefix_len: end].clone(), req.output_ids[0],
-                            req.prompt_len, req.first_token_logprobs)
+                            req.prompt_len, req.first_token_logprobs, req.state_slot)
             self.inflight.append(req)
 
     def abort(self, rid: str, message: str | None) -> bool:
@@ -255,7 +260,8 @@ class DecodeQueues(_Queues):
             return False
         row = cache.req_to_token_pool.req_to_token[req.req_pool_idx]
         req.kv_transfer.send_metadata(row[req.prefix_len: req.alloc_len].clone(),
-                                      req.prefix_len, req.prompt_len)
+                                      req.prefix_len, req.prompt_len, req.state_slot)
+        req.state_restore = None  # a hybrid's: the prefill's whole state replaces a snapshot
         s.stats["prompt_tokens"] += req.prompt_len
         s.stats["cached_tokens"] += req.prefix_len
         self.transferring.append(req)
