@@ -8,7 +8,8 @@ the state pool beside the requests' own: ``snapshot_state_slots``; the tree's si
 What does not work yet, and why:
 
 - ``--tp-size`` > 1: the linear layers are not sharded.
-- ``--disaggregation-mode``: the state would have to travel with the K/V.
+- ``--disaggregation-mode`` with ``--tp-size`` > 1: the state travels with the K/V from and
+  to one rank's state pool (``disaggregation/kv_buffers.py``), not a sharded one.
 - ``--enable-hierarchical-cache``: the storage tier keeps K/V pages only (and needs the tree).
 - ``--enable-hybrid-swa-memory``: no hybrid family has sliding layers.
 - ``--is-embedding``: pooling over a hybrid is untested.
@@ -37,8 +38,9 @@ def refuse_hybrid_features(args: ServerArgs, config: ModelConfig) -> None:
     refused = [
         (args.tp_size > 1, f"--tp-size {args.tp_size}: its linear-attention layers are not "
          "sharded yet"),
-        (args.disaggregation_mode != "null", f"--disaggregation-mode "
-         f"{args.disaggregation_mode}: its recurrent state does not travel with the KV yet"),
+        (args.disaggregation_mode != "null" and args.tp_size > 1, f"--disaggregation-mode "
+         f"{args.disaggregation_mode} and --tp-size {args.tp_size}: its recurrent state "
+         "travels from and to one rank's state pool only"),
         (args.enable_hierarchical_cache, "--enable-hierarchical-cache: the storage tier keeps "
          "K/V pages, not its recurrent state"),
         (args.enable_hybrid_swa_memory, "--enable-hybrid-swa-memory: it has no sliding "
