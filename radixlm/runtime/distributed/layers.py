@@ -145,17 +145,22 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
         raise ValueError(f"tp_size {tp_size} cannot split this model: {'; '.join(problems)}")
 
 
-# a hybrid's linear layers (Gated DeltaNet's key heads, Mamba2's heads and groups) and
-# shared experts split over the ranks too (models/qwen3_next.py, models/mamba_hybrid.py)
+# a hybrid's linear layers (Gated DeltaNet's key heads, Mamba2's heads) and shared experts
+# split over the ranks too (models/qwen3_next.py, models/mamba_hybrid.py); Mamba2's groups
+# split, or with fewer groups than ranks each is shared by tp_size / n_groups ranks
 _HYBRID_SPLITS = ("linear_num_key_heads", "linear_num_value_heads", "mamba_num_heads",
-                  "mamba_n_heads", "n_groups", "mamba_n_groups",
-                  "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-                  "shared_intermediate_size")
+                  "mamba_n_heads", "shared_expert_intermediate_size",
+                  "moe_shared_expert_intermediate_size", "shared_intermediate_size")
+_MAMBA2_GROUPS = ("n_groups", "mamba_n_groups")
 
 
 def _linear_layer_problems(hf: dict, tp_size: int) -> list[str]:
-    return [f"{field} ({hf[field]}) is not divisible by tp_size" for field in _HYBRID_SPLITS
-            if isinstance(hf.get(field), int) and hf[field] % tp_size]
+    problems = [f"{field} ({hf[field]}) is not divisible by tp_size"
+                for field in _HYBRID_SPLITS if isinstance(hf.get(field), int)
+                and hf[field] % tp_size]
+    return problems + [f"{field} ({hf[field]}) neither divides nor is divisible by tp_size"
+                       for field in _MAMBA2_GROUPS if isinstance(hf.get(field), int)
+                       and hf[field] % tp_size and tp_size % hf[field]]
 
 
 def local_kv_heads(config: ModelConfig, tp_size: int) -> int:

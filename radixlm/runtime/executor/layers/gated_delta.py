@@ -27,7 +27,7 @@ or in float64 when given float64 (the tests' oracle precision). transformers'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -183,20 +183,26 @@ def gated_delta_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
 
 
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
-                   group_size: int | None = None, norm_before_gate: bool = True) -> torch.Tensor:
+                   group_size: int | None = None, norm_before_gate: bool = True,
+                   mean_square: Callable[[torch.Tensor], torch.Tensor] | None = None
+                   ) -> torch.Tensor:
     """RMSNorm with a SiLU gate: x, gate [..., D], weight [D] -> [..., D] in x's dtype.
 
     ``norm_before_gate`` (Qwen3-Next's ``Qwen3NextRMSNormGated``, per head):
     ``norm(x) * w * silu(gate)``; otherwise (Mamba2's ``MambaRMSNormGated``: Nemotron-H,
     Bamba, Granite 4; Falcon-H1 by its config) ``norm(x * silu(gate)) * w``. ``group_size``:
     the RMS is taken over groups of that many channels (Mamba2: ``D / n_groups``), else
-    over all D. Computed in float32, rounded once."""
+    over all D. Computed in float32, rounded once. ``mean_square``: a group spread over
+    tensor-parallel ranks (Mamba2 with fewer groups than ranks): this rank's sums of squares
+    [..., G, 1] -> the whole groups' mean squares."""
     cdt = compute_dtype(x)
     xf, silu_gate = x.to(cdt), F.silu(gate.to(cdt))
     if not norm_before_gate:
         xf = xf * silu_gate
     groups = xf.unflatten(-1, (-1, group_size or x.shape[-1]))  # [..., G, D / G]
-    groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)
+    squares = (groups.pow(2).mean(-1, keepdim=True) if mean_square is None
+               else mean_square(groups.pow(2).sum(-1, keepdim=True)))
+    groups = groups * torch.rsqrt(squares + eps)
     out = groups.flatten(-2) * weight.to(cdt)
     if norm_before_gate:
         out = out * silu_gate

@@ -26,6 +26,7 @@ so that decode continues exactly what prefill computes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,9 @@ class Mamba2Weights:
     A_log: torch.Tensor  # [H]: A = -exp(A_log)
     D: torch.Tensor  # [H]: the skip
     norm_weight: torch.Tensor | None  # [I]; None: no norm, y * silu(gate) (Falcon-H1 option)
+    # tensor parallelism with fewer groups than ranks: a norm group spread over ranks, this
+    # rank's sums of squares [T, 1, 1] -> its whole group's mean squares (an all-reduce)
+    norm_mean_square: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def discretize_dt(dt: torch.Tensor, dt_bias: torch.Tensor,
@@ -163,7 +167,8 @@ def _gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weights: Mamba2Weights,
         return (y.to(cdt) * F.silu(gate.to(cdt))).to(y.dtype)
     return rms_norm_gated(y, gate, weights.norm_weight, spec.norm_eps,
                           group_size=spec.intermediate_size // spec.n_groups,
-                          norm_before_gate=spec.norm_before_gate)
+                          norm_before_gate=spec.norm_before_gate,
+                          mean_square=weights.norm_mean_square)
 
 
 def _split_xbc(xbc: torch.Tensor, spec: Mamba2Spec):

@@ -32,6 +32,7 @@ from radixlm.runtime.distributed.layers import (
     ColumnParallelLinear,
     Placement,
     RowParallelLinear,
+    Shard,
     section_shards,
     sliced_placement,
 )
@@ -51,14 +52,41 @@ from radixlm.runtime.model_config import ModelConfig
 
 
 def local_mamba2_spec(spec: Mamba2Spec, tp: TpGroup) -> Mamba2Spec:
-    """The mixer of this rank: its heads and groups (ValueError naming what does not split:
-    a group's norm and its heads must be on one rank)."""
-    for what, n in (("the Mamba2 heads", spec.num_heads), ("the Mamba2 groups (n_groups)",
-                                                          spec.n_groups)):
-        if n % tp.size:
-            raise ValueError(f"{what} ({n}) are not divisible by tp_size ({tp.size})")
+    """The mixer of this rank: its heads, and its groups (with fewer groups than ranks, the
+    one group its heads read). ValueError naming what does not split."""
+    if spec.num_heads % tp.size:
+        raise ValueError(f"the Mamba2 heads ({spec.num_heads}) are not divisible by tp_size "
+                         f"({tp.size})")
+    if spec.n_groups % tp.size and tp.size % spec.n_groups:
+        raise ValueError(f"the Mamba2 groups (n_groups {spec.n_groups}) neither divide nor are "
+                         f"divisible by tp_size ({tp.size})")
     return replace(spec, num_heads=spec.num_heads // tp.size,
-                   n_groups=spec.n_groups // tp.size)
+                   n_groups=max(spec.n_groups // tp.size, 1))
+
+
+def mamba2_shards(spec: Mamba2Spec, tp: TpGroup) -> tuple[tuple[Shard, ...], ...]:
+    """This rank's rows of ``in_proj`` (gate | x | B | C | dt) and channels of the conv
+    (x | B | C): its heads' rows of gate, x and dt, its groups' of B and C (with fewer
+    groups than ranks, the one group its heads read: ranks ``r * G / tp`` share one)."""
+    inter, heads, n = spec.intermediate_size, spec.num_heads, spec.d_state
+    groups = spec.n_groups * n
+    first = tp.rank * spec.n_groups // tp.size  # this rank's first group
+    local = max(spec.n_groups // tp.size, 1) * n
+
+    def part(offset: int, start: int, stop: int, full: int) -> Shard:
+        return Shard(0, offset + start, offset + stop, full)
+
+    mine = section_shards([inter], tp)[0]
+    b = (first * n, first * n + local)
+    proj_full, conv_full = 2 * inter + 2 * groups + heads, inter + 2 * groups
+    head = section_shards([heads], tp)[0]
+    in_proj = (part(0, mine.start, mine.stop, proj_full),
+               part(inter, mine.start, mine.stop, proj_full),
+               part(2 * inter, *b, proj_full), part(2 * inter + groups, *b, proj_full),
+               part(2 * inter + 2 * groups, head.start, head.stop, proj_full))
+    conv = (part(0, mine.start, mine.stop, conv_full), part(inter, *b, conv_full),
+            part(inter + groups, *b, conv_full))
+    return in_proj, conv
 
 
 def json_float(value: Any) -> float:
@@ -110,13 +138,14 @@ class Mamba2Layer(nn.Module):
         inter, conv_dim, heads = (self.spec.intermediate_size, self.spec.conv_dim,
                                   self.spec.num_heads)
         self.sizes = [inter, conv_dim, heads]
-        groups = spec.n_groups * spec.d_state  # every rank's B (and C) channels
         full_inter = spec.intermediate_size
-        self.conv_shards = section_shards([full_inter, groups, groups], tp)  # x | B | C
+        in_proj, self.conv_shards = mamba2_shards(spec, tp)
         self.head_shard = section_shards([spec.num_heads], tp)[0]
         self.norm_shard = section_shards([full_inter], tp)[0]
-        self.in_proj = ColumnParallelLinear(hidden, {"in_proj": section_shards(
-            [full_inter, full_inter, groups, groups, spec.num_heads], tp)}, proj_bias)
+        self.in_proj = ColumnParallelLinear(hidden, {"in_proj": in_proj}, proj_bias)
+        # fewer groups than ranks: a norm group spans tp_size / n_groups ranks
+        self.norm_group = (tp.rank * spec.n_groups // tp.size, spec.n_groups, full_inter //
+                           spec.n_groups, tp) if spec.n_groups < tp.size else None
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, bias=conv_bias, groups=conv_dim,
                                 padding=kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(heads))
@@ -148,7 +177,17 @@ class Mamba2Layer(nn.Module):
 
     def _weights(self) -> Mamba2Weights:
         return Mamba2Weights(self.conv1d.weight[:, 0], self.conv1d.bias, self.dt_bias,
-                             self.A_log, self.D, self.norm.weight if self.has_norm else None)
+                             self.A_log, self.D, self.norm.weight if self.has_norm else None,
+                             None if self.norm_group is None else self._group_mean_square)
+
+    def _group_mean_square(self, sums: torch.Tensor) -> torch.Tensor:
+        """This rank's sums of squares [T, 1, 1] -> its norm group's mean squares over the
+        ranks that share the group: each adds its sums into its group's column of [T, G]."""
+        assert self.norm_group is not None
+        group, groups, size, tp = self.norm_group
+        by_group = sums.new_zeros(sums.shape[0], groups)
+        by_group[:, group] = sums[:, 0, 0]
+        return (tp.all_reduce(by_group)[:, group] / size)[:, None, None]
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> gate | xBC | dt [T, I + conv_dim + H] (Falcon-H1 scales it)."""
