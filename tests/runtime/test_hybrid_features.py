@@ -197,32 +197,38 @@ def test_kv_events_rebuild_the_tree(model_dirs):
     sub = Dropping([ReplicaStream(publisher.endpoint, publisher.replay_endpoint)], index,
                    drop={1}, on_batch=lambda r, s, b: kinds.update(type(e) for e in b.events))
     tree = engine.scheduler.cache.tree
-
-    def synced() -> None:
-        sub.catch_up()
-        wait_until(lambda: sub.next_seq[0] == publisher.next_seq, "stream caught up", sub)
-        assert index.blocks(0) == tree_blocks(tree)
-
+    shared = _prompt(37, seed=9)
+    prompts = [shared + _prompt(5, seed=20 + i) for i in range(4)]
+    prompts += [_prompt(40, seed=30 + i) for i in range(12)]  # past the pool: eviction
+    one = {"max_new_tokens": 6}
     try:
-        greedy = {"max_new_tokens": 6, "temperature": 0}
-        base = list(range(3, 40))
-        for i in range(4):
-            engine.generate(input_ids=base + [50 + i] * 5, sampling_params=greedy)
-        synced()
-        probe = base + [50] * 5 + [77]
-        cached = engine.generate(input_ids=probe, sampling_params=greedy)["meta_info"]
-        assert 0 < cached["cached_tokens"] <= index.match(probe)[0]
-        for i in range(12):  # distinct prompts past the pool: eviction
-            engine.generate(input_ids=[100 + i] * 40, sampling_params=greedy)
-        synced()
+        for ids in prompts[:4]:
+            engine.generate(input_ids=ids, sampling_params=one)
+        _caught_up(sub, publisher)
+        assert index.blocks(0) == tree_blocks(tree)
+        probe = prompts[0] + [77]
+        meta = engine.generate(input_ids=probe, sampling_params=one)["meta_info"]
+        assert 0 < meta["cached_tokens"] <= index.match(probe)[0]
+        for ids in prompts[4:]:
+            engine.generate(input_ids=ids, sampling_params=one)
+        _caught_up(sub, publisher)
+        assert index.blocks(0) == tree_blocks(tree)
         engine.scheduler.cache.check_accounting()
         assert engine.flush_cache()
-        synced()
+        _caught_up(sub, publisher)
+        assert index.blocks(0) == tree_blocks(tree) == set()
         assert {BlockStored, BlockRemoved, AllBlocksCleared} <= kinds
         assert sub.replayed[0] >= 1 and sub.lost == [0]
     finally:
         sub.close()
         engine.shutdown()
+
+
+def _caught_up(sub: Dropping, publisher) -> None:
+    """Every batch the publisher sent so far is in ``sub``'s index (a quiet stream is
+    asked for what its last message did not show)."""
+    sub.catch_up()
+    wait_until(lambda: sub.next_seq[0] == publisher.next_seq, "stream caught up", sub)
 
 
 def test_two_replicas_equal_one(model_dirs, make_engine):
