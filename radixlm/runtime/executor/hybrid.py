@@ -7,7 +7,6 @@ the state pool beside the requests' own: ``snapshot_state_slots``; the tree's si
 
 What does not work yet, and why:
 
-- ``--tp-size`` > 1: the linear layers are not sharded.
 - ``--disaggregation-mode`` with ``--tp-size`` > 1: the state travels with the K/V from and
   to one rank's state pool (``disaggregation/kv_buffers.py``), not a sharded one.
 - ``--enable-hierarchical-cache``: the storage tier keeps K/V pages only (and needs the tree).
@@ -36,8 +35,6 @@ def refuse_hybrid_features(args: ServerArgs, config: ModelConfig) -> None:
         return
     model = f"{'/'.join(config.architectures)} (a hybrid of linear-attention layers)"
     refused = [
-        (args.tp_size > 1, f"--tp-size {args.tp_size}: its linear-attention layers are not "
-         "sharded yet"),
         (args.disaggregation_mode != "null" and args.tp_size > 1, f"--disaggregation-mode "
          f"{args.disaggregation_mode} and --tp-size {args.tp_size}: its recurrent state "
          "travels from and to one rank's state pool only"),

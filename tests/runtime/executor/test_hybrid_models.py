@@ -150,8 +150,8 @@ def test_hybrid_refuses_what_cannot_serve_it(hybrid_dirs):
     config = ModelConfig.from_hf(path)
     args = ServerArgs(model_path=path, device="cpu")
     refuse_hybrid_features(args, config)  # the defaults serve it
-    for change, flag in (({"tp_size": 2}, "--tp-size 2"),
-                         ({"disaggregation_mode": "prefill"}, "--disaggregation-mode"),
+    for change, flag in (({"disaggregation_mode": "prefill", "tp_size": 2},
+                          "--disaggregation-mode prefill and --tp-size 2"),
                          ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
                          ({"enable_hybrid_swa_memory": True}, "--enable-hybrid-swa-memory"),
                          ({"is_embedding": True}, "--is-embedding")):

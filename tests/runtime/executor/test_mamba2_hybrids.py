@@ -180,8 +180,8 @@ def test_refuses_what_cannot_serve_a_hybrid(mamba_dirs):
         args = ServerArgs(model_path=str(path), device="cpu")
         refuse_hybrid_features(args, config)  # the defaults serve it
         bad = dataclasses.replace(args)
-        object.__setattr__(bad, "tp_size", 2)  # skip the cross-field checks of validate
-        with pytest.raises(ValueError, match=f"{EXPECTED[arch][0]}.*--tp-size 2"):
+        object.__setattr__(bad, "is_embedding", True)  # skip the cross-field checks
+        with pytest.raises(ValueError, match=f"{EXPECTED[arch][0]}.*--is-embedding"):
             refuse_hybrid_features(bad, config)
 
 
