@@ -26,8 +26,10 @@ codes in the integer sums, ``s d (sum(q xq) - z sum(xq))``: fp16's rounding of a
 that cancels most of the scaled sum is then not magnified (w4 g32 with zero points: 0.59
 bytes a weight).
 
-w4 / w8 quantize x per 32 columns to int8 (d = max|x| / 127, as llama.cpp's Q8_0
-activations) and multiply in integers (AVX512-VNNI ``vpdpbusd``; AVX2 ``maddubs``); fp8
+w4 / w6 / w8 quantize x per 32 columns to int8 (d = max|x| / 127, as llama.cpp's Q8_0
+activations; with coded scales on AVX512-VNNI per 256 columns, as its Q8_K for k-quants, so
+a super-block's blocks add up as integers times their scale codes: ``x_block``) and multiply
+in integers (AVX512-VNNI ``vpdpbusd``; AVX2 ``maddubs``); fp8
 widens its codes to bf16 exactly and multiplies x rounded to bf16 (``vdpbf16ps``, with
 AVX512-BF16 and VBMI), or widens them to float32 through fp16 (F16C) for FMAs with float32
 x (AVX2); a CPU without AVX2 runs a plain C++ loop. ``pack(qw, weight_only=True)`` of a w8
@@ -112,6 +114,12 @@ def fp8_isa() -> int:
     """fp8's and w8wo's kernel: 2: vdpbf16ps (x rounded to bf16), 1: FMAs, 0: plain C++
     (-1: none)."""
     return int(torch.ops.radixlm_cpu.quant_linear_fp8_isa()) if _ready() else -1
+
+
+def x_block(packed: QuantPacked) -> int:
+    """Columns of x per int8 scale on the packed kernel of an integer kind: a super-block
+    (256) for coded scales on AVX512-VNNI, else 32."""
+    return SUPER if packed.factors is not None and isa() == 2 else 32
 
 
 def block_of(qw: QuantWeight) -> int | None:

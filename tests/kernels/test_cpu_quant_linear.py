@@ -7,9 +7,10 @@ panel it skips fails. fp8's decoding is checked code by code (zero, denormals, N
 Skipped where the library is not built.
 
 Each product is checked twice (``W`` in stored column order, ``x`` permuted to it):
-1. against float64 over x as the path rounds it (x quantized per 32 columns to int8 as the
-   kernel does for w4 / w8, integer zero points' term included; x rounded to bf16 for fp8's
-   and w8wo's ``vdpbf16ps``; float offsets times x's float sums), within the
+1. against float64 over x as the path rounds it (x quantized to int8 as the kernel does
+   for w4 / w6 / w8, per 32 columns or per 256 with coded scales: ``x_block``; integer
+   zero points' term included; x rounded to bf16 for fp8's and w8wo's ``vdpbf16ps``;
+   float offsets times x's float sums), within the
    roundings left: scales and offsets in fp16 relative to the row's largest (``2^-11`` of
    each, ``2^-25`` of the row's factor below fp16's normal range), float32 sums
    (``k 2^-24``), a bf16 y (``2^-8``), one code of x one off at a float32 tie
@@ -84,18 +85,19 @@ def packing(qw: QuantWeight, kind: str) -> quant_linear.QuantPacked:
     return packed
 
 
-def int8_x(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [m, k] (stored order) as the kernel quantizes it: d = max|x_b| / 127 per 32 columns,
-    round(x / d) in float32 (half to even, as nearbyint); (x_hat float64, d per column)."""
+def int8_x(xs: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [m, k] (stored order) as the kernel quantizes it: d = max|x_b| / 127 per ``block``
+    columns (``quant_linear.x_block``), round(x / d) in float32 (half to even, as
+    nearbyint); (x_hat float64, d per column)."""
     m, k = xs.shape
-    xb = torch.nn.functional.pad(xs.float(), (0, -k % 32)).view(m, -1, 32)
+    xb = torch.nn.functional.pad(xs.float(), (0, -k % block)).view(m, -1, block)
     amax = xb.abs().amax(2, keepdim=True)
     # a tensor's quotient (torch computes ``127 / amax`` as 127 * (1 / amax): an ulp off)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(xb * inv).clamp(-127, 127)
     d = (amax / 127).double()
     return ((q.double() * d).view(m, -1)[:, :k],
-            d.expand(-1, -1, 32).reshape(m, -1)[:, :k])
+            d.expand(-1, -1, block).reshape(m, -1)[:, :k])
 
 
 def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
@@ -113,7 +115,7 @@ def expected(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
     slack = torch.zeros_like(absdot)
     x_hat = xs
     if mode == "int8":  # one code of x one off (a float32 tie): d * |q s| of one column
-        x_hat, d = int8_x(xs)
+        x_hat, d = int8_x(xs, quant_linear.x_block(packed))
         slack = (d[:, None, :] * qs.abs()[None]).amax(2)
     elif mode == "bf16x":
         x_hat = xs.bfloat16().double()
@@ -151,7 +153,8 @@ def check(y: torch.Tensor, x: torch.Tensor, qw: QuantWeight,
     if qw.mins is not None and (packed.zeros is not None or mode == "int8"):
         qs = qs + qw.mins.double()[:, cols]  # q s + min: what x's rounding multiplies
     qs = qs.abs()
-    moved = {"int8": (int8_x(xs)[1] / 2) @ qs.T, "bf16x": xs.abs() @ qs.T * 2.0**-8}
+    moved = {"int8": (int8_x(xs, quant_linear.x_block(packed))[1] / 2) @ qs.T,
+             "bf16x": xs.abs() @ qs.T * 2.0**-8}
     oracle = quant_linear.reference(x, qw, bias)  # W rounded to float32 there: 2^-23
     w32 = xs.abs() @ (qw.dequantize().double().abs() if qw.perm is None else
                       qw.dequantize().double().abs()[:, qw.perm]).T * 2.0**-22

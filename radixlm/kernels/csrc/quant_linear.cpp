@@ -185,14 +185,18 @@ struct Weight {
   }
 };
 
-// x quantized per 32 columns (w4 / w8): codes, scales, and per block of B the codes' sum
-// (w8's correction), x's float sum (the offsets' term of the float paths) and its sum
-// as rounded (the integer paths').
+// x quantized per xblock columns (w4 / w6 / w8): codes, scales, and per block of B the
+// codes' sum (w8's correction), x's float sum (the offsets' term of the float paths) and
+// its sum as rounded (the integer paths'). xblock is 32, or 256 (kSuper) for a weight with
+// coded scales on AVX-512: one x scale a super-block lets its blocks' integer sums times
+// their integer scale codes add up exactly before one conversion to float (as llama.cpp's
+// k-quant dots meet Q8_K's x).
 struct XQuant {
   std::vector<int8_t> q;
   std::vector<float> d, fsum;
   std::vector<int32_t> qsum;
   int64_t kpad, nb;
+  int64_t xblock, nx;  // x's columns per scale, scales per row (d is [M][nx])
   // x's sum as rounded (sum of q * d) per block: the float offsets' term of the integer
   // paths, so that (q s + min) multiplies one x, as llama.cpp's k-quant dots do (its bsums)
   std::vector<float> rsum;
@@ -218,14 +222,20 @@ inline __m512 load_x16(const c10::BFloat16* xr, int64_t c, int64_t k) {
 // product x * (127 / amax) rounded to nearest even, in float32), the sums per block of B
 // (16 or 32) columns in another order (qsum exact; rsum d * qsum, one rounding).
 template <class T>
-void quantize_row(const T* xr, int64_t k, int64_t kpad, int64_t block, int8_t* q, float* d,
-                  int32_t* qsum, float* fsum, float* rsum) {
+void quantize_row(const T* xr, int64_t k, int64_t kpad, int64_t block, int64_t xblock,
+                  int8_t* q, float* d, int32_t* qsum, float* fsum, float* rsum) {
   const __m512 lim = _mm512_set1_ps(127.f);
+  float amax = 0.f;
   for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
+    if (c0 % xblock == 0) {  // a new scale: the largest |x| of its columns
+      __m512 m = _mm512_setzero_ps();
+      for (int64_t c = c0; c < std::min(c0 + xblock, kpad); c += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(load_x16(xr, c, k)));
+      amax = _mm512_reduce_max_ps(m);
+      d[c0 / xblock] = amax / 127.f;
+    }
     const __m512 a = load_x16(xr, c0, k), b = load_x16(xr, c0 + 16, k);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    d[c0 / kXBlock] = amax / 127.f;
     const __m512 vinv = _mm512_set1_ps(inv), nlim = _mm512_set1_ps(-127.f);
     // round to nearest even (the default mode), then clamp as the scalar loop
     const __m512i qa = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(
@@ -250,25 +260,27 @@ void quantize_row(const T* xr, int64_t k, int64_t kpad, int64_t block, int8_t* q
 #endif
 
 template <class T>  // float or c10::BFloat16 (widened as read: exact)
-XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block) {
-  XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * kpad / kXBlock, 0.f),
+XQuant quantize_x(const T* x, int64_t m, int64_t k, int64_t kpad, int64_t block,
+                  int64_t xblock = kXBlock) {
+  const int64_t nx = (kpad + xblock - 1) / xblock;
+  XQuant xq{std::vector<int8_t>(m * kpad, 0), std::vector<float>(m * nx, 0.f),
             std::vector<float>(m * kpad / block, 0.f), std::vector<int32_t>(m * kpad / block, 0),
-            kpad, kpad / block, std::vector<float>(m * kpad / block, 0.f)};
+            kpad, kpad / block, xblock, nx, std::vector<float>(m * kpad / block, 0.f)};
   at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * k;
 #if defined(QL_AVX512)
-      quantize_row(xr, k, kpad, block, xq.q.data() + r * kpad, xq.d.data() + r * kpad / kXBlock,
+      quantize_row(xr, k, kpad, block, xblock, xq.q.data() + r * kpad, xq.d.data() + r * nx,
                    xq.qsum.data() + r * xq.nb, xq.fsum.data() + r * xq.nb,
                    xq.rsum.data() + r * xq.nb);
       continue;
 #endif
-      for (int64_t c0 = 0; c0 < kpad; c0 += kXBlock) {
-        const int64_t c1 = std::min(c0 + kXBlock, k);
+      for (int64_t c0 = 0; c0 < kpad; c0 += xblock) {
+        const int64_t c1 = std::min(c0 + xblock, k);
         float amax = 0.f;
         for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(float(xr[c])));
         const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        xq.d[r * kpad / kXBlock + c0 / kXBlock] = d;
+        xq.d[r * nx + c0 / xblock] = d;
         for (int64_t c = c0; c < c1; ++c) {
           const int v = int(std::nearbyint(float(xr[c]) * inv));
           xq.q[r * kpad + c] = int8_t(std::clamp(v, -127, 127));
@@ -313,7 +325,11 @@ void panel_plain(const Weight& w, int64_t p, const float* x, int64_t k, int64_t 
 // ---------------------------------------------------------------- AVX512-VNNI
 // Rows [i0, i0 + R) of quantized x by panel p, y before rowf. NA: integer accumulators per
 // row (4 at one row, 2 at two: shorter chains of dependent vpdpbusd; more rows interleave).
-// BITS: 4 (w4), 6 (w6: w4's nibbles and a region of high bits) or 8 (w8); SC: coded scales.
+// BITS: 4 (w4), 6 (w6: w4's nibbles and a region of high bits) or 8 (w8); SC: coded scales,
+// x quantized per super-block (xq.xblock 256): a block's sum times its scale code (and
+// x's block sum times its offset code) add up as integers over the super-block, then one
+// conversion and one FMA each per row (per block, a float epilogue would cost a third of
+// the vpdpbusd's issue slots). Exact: |sum| < 2^31 (w4: 8 blocks of 32 * 15 * 127 * 63).
 template <int R, int BITS, int OFS, int B, bool SC>
 void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float* y,
                 int64_t ldy) {
@@ -323,7 +339,9 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
   constexpr int64_t bytes = B * kPanel * BITS / 8;
   const uint8_t* wp = w.panel(p);
   const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
+  constexpr int SPB = kSuper / B;  // blocks a super-block (coded scales)
   __m512 accf[R], fs, fm;  // fs, fm: the coded scales' factors of this super-block
+  __m512i isum[R];  // SC: the super-block's integer sums, times their scale codes
   for (int r = 0; r < R; ++r) accf[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* wb = wp + b * bytes;
@@ -377,35 +395,52 @@ void panel_vnni(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       }
     }
     const int64_t sb = (p * w.nb + b) * kPanel;
-    __m512 s, mn;
     if constexpr (SC) {
-      if (b % (kSuper / B) == 0) {
+      if (b % SPB == 0) {
         const c10::Half* f = w.factor_row(p, b);
         fs = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f)));
-        if constexpr (OFS == kMins)
-          fm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f + 16)));
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
       }
-      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scodes + sb)))), fs);
-      if constexpr (OFS == kMins)
-        mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mcodes + sb)))), fm);
-    } else {
-      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + sb)));
-      if constexpr (OFS == kMins)
-        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
+      const __m512i sc = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scodes + sb)));
+      for (int r = 0; r < R; ++r) {
+        __m512i dot = acc[r][0];
+        for (int a = 1; a < NA; ++a) dot = _mm512_add_epi32(dot, acc[r][a]);
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, sc));
+      }
+      if (b % SPB == SPB - 1 || b == w.nb - 1)  // the super-block's end: to float, once
+        for (int r = 0; r < R; ++r) {
+          const __m512 d = _mm512_set1_ps(xq.d[(i0 + r) * xq.nx + b * B / kSuper]);
+          accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(fs, d), accf[r]);
+        }
+      continue;
     }
+    const __m512 s =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + sb)));
+    __m512 mn;
+    if constexpr (OFS == kMins)
+      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + sb)));
     for (int r = 0; r < R; ++r) {
       const int64_t i = i0 + r;
       __m512i dot = acc[r][0];
       for (int a = 1; a < NA; ++a) dot = _mm512_add_epi32(dot, acc[r][a]);
-      const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
+      const float d = xq.d[i * xq.nx + b * B / kXBlock];
       accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)),
                                 accf[r]);
       if constexpr (OFS == kMins)
         accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.rsum[i * xq.nb + b]), accf[r]);
     }
   }
+  if constexpr (SC && OFS == kMins)  // the offsets times x's block sums as rounded, a pass of
+    for (int64_t b = 0; b < w.nb; ++b) {  // their own (no registers left in the first)
+      if (b % SPB == 0)
+        fm = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(w.factor_row(p, b) + kPanel)));
+      const __m512 mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(w.mcodes + (p * w.nb + b) * kPanel)))), fm);
+      for (int r = 0; r < R; ++r)
+        accf[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.rsum[(i0 + r) * xq.nb + b]), accf[r]);
+    }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (i0 + r) * ldy + p * kPanel, accf[r]);
 }
 #endif
@@ -587,7 +622,7 @@ void panel_avx2(const Weight& w, int64_t p, const XQuant& xq, int64_t i0, float*
       }
       for (int r = 0; r < R; ++r) {
         const int64_t i = i0 + r;
-        const float d = xq.d[i * (xq.kpad / kXBlock) + b * B / kXBlock];
+        const float d = xq.d[i * xq.nx + b * B / kXBlock];
         accf[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]),
                                      _mm256_mul_ps(s, _mm256_set1_ps(d)), accf[r][h]);
         if constexpr (OFS == kMins)
@@ -872,9 +907,14 @@ void products(const Weight& w, const at::Tensor& x, float* y, int64_t ldy) {
 #endif
 #if defined(QL_AVX512) || defined(QL_AVX2)
   if (!bf16_kind(w.kind)) {
+#if defined(QL_AVX512)
+    const int64_t xblock = w.scodes ? kSuper : kXBlock;  // panel_vnni's SC path: per 256
+#else
+    const int64_t xblock = kXBlock;
+#endif
     const XQuant xq = x.scalar_type() == at::kFloat
-        ? quantize_x(x.data_ptr<float>(), m, k, w.kpad, w.block)
-        : quantize_x(x.data_ptr<at::BFloat16>(), m, k, w.kpad, w.block);
+        ? quantize_x(x.data_ptr<float>(), m, k, w.kpad, w.block, xblock)
+        : quantize_x(x.data_ptr<at::BFloat16>(), m, k, w.kpad, w.block, xblock);
 #if defined(QL_AVX512)
     run_int<Vnni, 8>(w, xq, m, y, ldy);
 #else

@@ -109,10 +109,11 @@ def test_gguf_f32_file_gives_the_checkpoints_tokens(make_engine, checkpoints, fl
     assert got.tokenizer("hello world").input_ids == want.tokenizer("hello world").input_ids
 
 
-def _emulated(x: torch.Tensor, qw: QuantWeight, packed: object,
+def _emulated(x: torch.Tensor, qw: QuantWeight, packed: quant_linear.QuantPacked,
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """The CPU kernel's arithmetic in float64 from the unpacked weight: w4 / w8 multiply x
-    rounded to int8 per 32 stored columns (d = max|x| / 127, ``nearbyint(x * 127 / max)``)
+    rounded to int8 per 32 stored columns (per 256 with coded scales on AVX512-VNNI:
+    ``quant_linear.x_block``; d = max|x| / 127, ``nearbyint(x * 127 / max)``)
     and add the offsets (float, or integer zero points ``mins = -z * scales``) times x's
     sum as rounded; fp8 multiplies x rounded to bf16."""
     xs = x if qw.perm is None else x.index_select(-1, qw.perm)
@@ -121,8 +122,8 @@ def _emulated(x: torch.Tensor, qw: QuantWeight, packed: object,
     if qw.kind == "fp8":
         y = xs.to(torch.bfloat16).double() @ a.T
     else:
-        pad = -qw.k % 32
-        blocks = F.pad(xs.float(), (0, pad)).unflatten(-1, (-1, 32))
+        xb = quant_linear.x_block(packed)
+        blocks = F.pad(xs.float(), (0, -qw.k % xb)).unflatten(-1, (-1, xb))
         amax = blocks.abs().amax(dim=-1, keepdim=True)
         # a tensor's quotient: torch computes ``127.0 / amax`` as 127 * (1 / amax), off by
         # an ulp, which moves x's codes at ties (quantized embeddings have many)
@@ -150,7 +151,7 @@ def _checked_forward(make_engine, path: str, prompts, monkeypatch):
 
     def checked(x, packed, bias=None):
         y = linear(x, packed, bias)
-        want = _emulated(x, packs[id(packed)], None, bias).double()
+        want = _emulated(x, packs[id(packed)], packed, bias).double()
         errors.append(float((y.double() - want).abs().max() / want.abs().max().clamp(min=1e-30)))
         return y
 
