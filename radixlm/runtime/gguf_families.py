@@ -11,6 +11,13 @@ Two conversions of llama.cpp's ``convert_hf_to_gguf.py`` are recorded for the re
 the rows of ``attn_q`` / ``attn_k`` of RoPE-"normal" architectures (llama) are permuted per
 head (``unpermute_heads``), and Gemma's norms are stored as ``1 + w`` (``norm_shift``).
 
+gpt-oss keeps its experts stacked, one tensor per projection (``GPT_OSS``): the converter
+splits the checkpoint's interleaved ``gate_up_proj`` into ``ffn_gate_exps`` / ``ffn_up_exps``
+(columns 0, 2, 4, ... and 1, 3, 5, ..., biases likewise), each ``[E, I, H]`` in MXFP4 blocks
+(ggml's ``block_mxfp4``: an E8M0 scale byte, then 16 bytes whose low nibbles are elements
+0-15 and high nibbles 16-31), read as ``mlp.experts.gate_proj`` etc.; the model's GGUF
+layout (``models/gpt_oss.py``) interleaves them back.
+
 ``build_hf_config`` is the config.json transformers would write for the family, from the
 ``{arch}.*`` metadata (read with types and ranges checked: ``GGUFError`` naming the key) and
 the tensors llama.cpp stores RoPE scaling in (``CONFIG_TENSORS``).
@@ -77,6 +84,16 @@ _MIXTRAL = {"ffn_gate_inp.weight": "block_sparse_moe.gate.weight"}
 _MIXTRAL_EXPERTS = {"ffn_gate_exps.weight": "block_sparse_moe.experts.{e}.w1.weight",
                     "ffn_up_exps.weight": "block_sparse_moe.experts.{e}.w3.weight",
                     "ffn_down_exps.weight": "block_sparse_moe.experts.{e}.w2.weight"}
+# gpt-oss: post_attention_norm is the pre-MLP norm; experts stacked [E, out, in] (see above)
+_GPT_OSS = {
+    **{k: v for k, v in _BLOCK.items()
+       if k.startswith("attn_") and k not in ("attn_q_norm.weight", "attn_k_norm.weight")},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
+    **{f"ffn_{p}_exps.{kind}": f"mlp.experts.{p}_proj{suffix}"
+       for p in ("gate", "up", "down") for kind, suffix in (("weight", ""), ("bias", "_bias"))},
+}
 _TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight"}
 # read into the config (RoPE scaling), not loaded
@@ -108,23 +125,18 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family("Gemma3ForCausalLM", "gemma3_text", {**_BLOCK, **_SANDWICH}, {},
                      norm_shift=1.0, hidden_act="gelu_pytorch_tanh"),
     "phi3": Family("Phi3ForCausalLM", "phi3", {**_BLOCK, **_PHI3}, {}),
+    "gpt-oss": Family("GptOssForCausalLM", "gpt_oss", _GPT_OSS, {}),
 }
 # llama with experts is Mixtral; with a sliding window (our writer's), Mistral
 MIXTRAL = Family("MixtralForCausalLM", "mixtral", {**_BLOCK, **_MIXTRAL}, _MIXTRAL_EXPERTS,
                  permuted=True)
 MISTRAL = Family("MistralForCausalLM", "mistral", _BLOCK, {}, permuted=True)
-REFUSED = {
-    "gpt-oss": "llama.cpp's gpt-oss files hold the experts in MXFP4 blocks of its own layout, "
-               "which radixlm does not read yet: serve the Hugging Face checkpoint",
-}
 
 
 def family_of(meta: dict[str, Any], tensors: list[RawTensor], where: str) -> tuple[str, Family]:
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFError(f"{where}: general.architecture is missing or not a string")
-    if arch in REFUSED:
-        raise GGUFError(f"{where}: GGUF architecture {arch!r}: {REFUSED[arch]}")
     if arch not in FAMILIES:
         raise GGUFError(f"{where}: radixlm does not serve GGUF architecture {arch!r} (general."
                         f"architecture); it reads {', '.join(sorted(FAMILIES))}")
@@ -415,6 +427,25 @@ def _phi3(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]
     cfg["sliding_window"] = window
 
 
+# llama.cpp's gpt-oss graph (llama-graph.cpp, LLM_FFN_SWIGLU_OAI_MOE): the file has no key
+GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+def _gpt_oss(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+    """Every layer sparse, sliding and full layers alternating (sliding first: llama.cpp's
+    default period of 2), the clamped SwiGLU's constants as llama.cpp computes them, and
+    yarn's ramp without truncation (gpt-oss's own definition, which transformers follows
+    for the released checkpoints; llama.cpp rounds the ramp's ends outwards)."""
+    n, inter = _experts(cfg, m, tensors)
+    if window is None:
+        raise GGUFError(f"{m.where}: {m.arch}.attention.sliding_window is missing (gpt-oss "
+                        "alternates sliding and full layers)")
+    cfg.update(num_local_experts=n, intermediate_size=inter, **GPT_OSS_SWIGLU)
+    _sliding(cfg, m, window, 2)
+    if cfg["rope_scaling"] and cfg["rope_scaling"]["rope_type"] == "yarn":
+        cfg["rope_scaling"]["truncate"] = False
+
+
 def _plain(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     if cfg["model_type"] == "llama":
         cfg["mlp_bias"] = False
@@ -426,7 +457,8 @@ def _plain(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor
 
 _FAMILY_CONFIG = {"llama": _plain, "mistral": _plain, "qwen2": _plain, "qwen3": _plain,
                   "qwen3_moe": _qwen3_moe, "mixtral": _mixtral, "gemma": _gemma,
-                  "gemma2": _gemma, "gemma3_text": _gemma, "phi3": _phi3}
+                  "gemma2": _gemma, "gemma3_text": _gemma, "phi3": _phi3,
+                  "gpt_oss": _gpt_oss}
 
 
 # ---------------------------------------------------------------- tensors under HF names

@@ -76,7 +76,9 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         out[f"{p}mlp.gate_up_proj.weight"] = (2 * inter, h)
         out[f"{p}mlp.gate_proj.weight"] = out[f"{p}mlp.up_proj.weight"] = (inter, h)
         out[f"{p}mlp.down_proj.weight"] = (h, inter)
-        if experts and i not in dense:
+        if cfg["model_type"] == "gpt_oss":
+            out.update(_gpt_oss_shapes(p, experts, h, inter, cfg["num_attention_heads"]))
+        elif experts and i not in dense:
             mlp = "block_sparse_moe" if cfg["model_type"] == "mixtral" else "mlp"
             out[f"{p}{mlp}.gate.weight"] = (experts, h)
             for e in range(experts):
@@ -85,6 +87,18 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                     out[f"{ex}{a}.weight"] = out[f"{ex}{b}.weight"] = (moe, h)
                     out[f"{ex}{c}.weight"] = (h, moe)
     return out
+
+
+def _gpt_oss_shapes(p: str, experts: int, h: int, inter: int,
+                    heads: int) -> dict[str, tuple[int, ...]]:
+    """gpt-oss's own tensors of the layer ``p``: sinks, the router and the stacked experts
+    (``gguf_families.GPT_OSS``'s names)."""
+    ex = f"{p}mlp.experts."
+    return {f"{p}self_attn.sinks": (heads,), f"{p}mlp.router.weight": (experts, h),
+            f"{p}mlp.router.bias": (experts,),
+            f"{ex}gate_proj": (experts, inter, h), f"{ex}up_proj": (experts, inter, h),
+            f"{ex}down_proj": (experts, h, inter), f"{ex}gate_proj_bias": (experts, inter),
+            f"{ex}up_proj_bias": (experts, inter), f"{ex}down_proj_bias": (experts, h)}
 
 
 def _check_tensors(tensors: dict[str, TensorInfo], cfg: dict[str, Any], where: str) -> None:
@@ -107,9 +121,19 @@ def _check_tensors(tensors: dict[str, TensorInfo], cfg: dict[str, Any], where: s
             raise GGUFError(f"{where}: no {name} tensor")
 
 
+# llama.cpp's llama_model_openai_moe::load_arch_tensors: none optional
+GPT_OSS_LAYER = (
+    "attn_norm.weight", "post_attention_norm.weight", "attn_sinks.weight",
+    *(f"attn_{t}.{kind}" for t in ("q", "k", "v", "output") for kind in ("weight", "bias")),
+    "ffn_gate_inp.weight", "ffn_gate_inp.bias",
+    *(f"ffn_{t}_exps.{kind}" for t in ("gate", "up", "down") for kind in ("weight", "bias")))
+
+
 def required_per_layer(arch: str, moe_layer: bool) -> tuple[str, ...]:
     """The GGUF tensors (``blk.N.`` suffixes) every layer of ``arch`` must have, as
     llama.cpp's loader requires them."""
+    if arch == "gpt-oss":
+        return GPT_OSS_LAYER
     attn = ("attn_qkv.weight",) if arch == "phi3" else (
         "attn_q.weight", "attn_k.weight", "attn_v.weight")
     mlp = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",

@@ -14,7 +14,9 @@ Checkpoints stack the experts: ``mlp.experts.gate_up_proj`` [E, H, 2I] and ``dow
 ``mlp.router.weight`` / ``bias``; the released MXFP4 checkpoints hold ``gate_up_proj`` and
 ``down_proj`` as ``*_blocks`` / ``*_scales`` in our layout, dequantized at load
 (``mxfp4.py``). Interleaving keeps a tensor-parallel rank's gate/up pairs one contiguous
-range of the checkpoint's columns.
+range of the checkpoint's columns. A GGUF file (``runtime/gguf_families.py``) holds gate and
+up apart, stacked ``[E, I, H]`` as ours (``mlp.experts.gate_proj`` / ``up_proj``, and
+``down_proj`` [E, H, I], ``*_bias``): they are put back in alternate rows.
 """
 
 from __future__ import annotations
@@ -59,17 +61,43 @@ class GptOssMxfp4MoeBlock(GptOssMoeBlock):
     mxfp4 = True
 
 
-def is_mxfp4(hf: dict) -> bool:
-    """Whether config.json's ``quantization_config`` says MXFP4 experts; ValueError naming
-    the field for any other quantization."""
+class GptOssGGUFMoeBlock(SparseMoeBlock):
+    """The sparse MLP of a GGUF file: gate and up stacked apart, placed in alternate rows of
+    ``gate_up_proj`` (whatever their GGML type, read as float: ``executor/quant``)."""
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        rows = self.shard
+        cols = Shard(1, rows.start, rows.stop, rows.full)  # [E, I, ...]: this rank's I
+        ex = f"{prefix}.experts"
+        gate, up = (slice(None), slice(0, None, 2)), (slice(None), slice(1, None, 2))
+        return {f"{prefix}.router.weight": Placement(f"{prefix}.gate.weight"),
+                f"{prefix}.router.bias": Placement(f"{prefix}.gate.bias"),
+                f"{ex}.gate_proj": Placement(f"{ex}.gate_up_proj", gate, cols),
+                f"{ex}.up_proj": Placement(f"{ex}.gate_up_proj", up, cols),
+                f"{ex}.gate_proj_bias": Placement(f"{ex}.gate_up_proj_bias", gate, cols),
+                f"{ex}.up_proj_bias": Placement(f"{ex}.gate_up_proj_bias", up, cols),
+                f"{ex}.down_proj": Placement(f"{ex}.down_proj", None,
+                                             Shard(2, rows.start, rows.stop, rows.full)),
+                f"{ex}.down_proj_bias": Placement(f"{ex}.down_proj_bias")}
+
+
+# config.json's quantization_config.quant_method -> the MoE block that reads its layout
+_QUANT_BLOCKS = {"mxfp4": GptOssMxfp4MoeBlock, "gguf": GptOssGGUFMoeBlock}
+
+
+def moe_block_of(hf: dict) -> type[SparseMoeBlock]:
+    """The MoE block for config.json's ``quantization_config`` (none, MXFP4 or a GGUF
+    file's view); ValueError naming the field for any other quantization."""
     quant = hf.get("quantization_config")
     if not quant:
-        return False
+        return GptOssMoeBlock
     method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if method != "mxfp4":
+    block = _QUANT_BLOCKS.get(method) if isinstance(method, str) else None
+    if block is None:
         raise ValueError(f"quantization_config.quant_method {method!r} in config.json is not "
-                         "supported for gpt-oss (supported: 'mxfp4', dequantized at load)")
-    return True
+                         "supported for gpt-oss (supported: 'mxfp4', dequantized at load, "
+                         "and a GGUF file's view)")
+    return block
 
 
 class GptOssForCausalLM(DecoderForCausalLM):
@@ -82,5 +110,4 @@ class GptOssForCausalLM(DecoderForCausalLM):
                       activation_params=(("alpha", float(hf.get("swiglu_alpha", 1.702))),
                                          ("limit", float(hf.get("swiglu_limit", 7.0)))),
                       expert_bias=True)
-        return DecoderSpec(moe=moe, attn_sinks=True,
-                           moe_block=GptOssMxfp4MoeBlock if is_mxfp4(hf) else GptOssMoeBlock)
+        return DecoderSpec(moe=moe, attn_sinks=True, moe_block=moe_block_of(hf))
