@@ -92,6 +92,15 @@ def ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
     return out.flatten(-2).numpy()
 
 
+def _ggml_dequantize(blocks: torch.Tensor) -> torch.Tensor:
+    """``[..., G, 17]`` block_mxfp4 bytes back to float32 ``[..., G * 32]``, through our
+    pair's layout (``ggml_mxfp4`` inverted)."""
+    qs = blocks[..., 1:]
+    codes = torch.cat((qs & 15, qs >> 4), dim=-1)  # [..., G, 32] in element order
+    pairs = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return mxfp4.dequantize(pairs, blocks[..., 0])
+
+
 def gguf_tensors(mx: Path, layers: int) -> dict[str, tuple[np.ndarray, bool]]:
     """GGUF name -> (data, whether raw MXFP4 bytes) of the MXFP4 checkpoint, named and split
     as llama.cpp's converter does: the interleaved gate_up's even rows are the gate."""
@@ -142,10 +151,12 @@ def llamacpp_keys(c: ModelConfig) -> dict[str, int | float | str]:
 
 
 def write_gpt_oss_gguf(mx: Path, out: Path, meta: dict | None = None, drop: tuple = (),
-                       cut: dict[str, int] | None = None) -> Path:
+                       cut: dict[str, int] | None = None, dense_experts: bool = False) -> Path:
     """``mx`` as a gpt-oss GGUF file with llama.cpp's keys and tensors (F32 but for the
-    MXFP4 experts); ``meta`` overrides ``gpt-oss.*`` keys (None: leave out), ``drop`` leaves
-    tensors out and ``cut`` keeps the first n blocks of the named MXFP4 tensors' rows."""
+    MXFP4 experts; ``dense_experts``: F32 too, their dequantized values, as the converter
+    writes a checkpoint not in MXFP4); ``meta`` overrides ``gpt-oss.*`` keys (None: leave
+    out), ``drop`` leaves tensors out and ``cut`` keeps the first n blocks of the named
+    MXFP4 tensors' rows."""
     c = ModelConfig.from_hf(mx)
     w = GGUFWriter(out, "gpt-oss")
     for key, value in {**llamacpp_keys(c), **(meta or {})}.items():
@@ -158,6 +169,10 @@ def write_gpt_oss_gguf(mx: Path, out: Path, meta: dict | None = None, drop: tupl
             continue
         if not raw:
             w.add_tensor(name, data.to(torch.float32).numpy())
+            continue
+        if dense_experts:
+            blocks = torch.from_numpy(data.reshape(*data.shape[:-1], -1, 17))
+            w.add_tensor(name, _ggml_dequantize(blocks).numpy())
             continue
         keep = (cut or {}).get(name)
         if keep is not None:
@@ -221,6 +236,15 @@ def test_hand_written_file_reads_as_the_checkpoint(hand_file, checkpoints):
 
 def test_hand_written_file_serves_transformers_tokens(hand_file, want_tokens, make_engine):
     assert _served(make_engine, hand_file) == want_tokens
+
+
+def test_float_experts_serve_the_same_tokens(checkpoints, want_tokens, make_engine, tmp_path):
+    """Experts in another GGML type (F32 here: llama.cpp's converter writes the outtype when
+    the checkpoint is not MXFP4) take the same path: the same values, the same tokens."""
+    path = write_gpt_oss_gguf(checkpoints[0], tmp_path / "f32.gguf", dense_experts=True)
+    with open_gguf(path) as model:
+        assert model.tensors["model.layers.0.mlp.experts.up_proj"].type_name == "F32"
+    assert _served(make_engine, path) == want_tokens
 
 
 # ---------------------------------------------------------------- llama.cpp's own file
