@@ -11,7 +11,7 @@ Two conversions of llama.cpp's ``convert_hf_to_gguf.py`` are recorded for the re
 the rows of ``attn_q`` / ``attn_k`` of RoPE-"normal" architectures (llama) are permuted per
 head (``unpermute_heads``), and Gemma's norms are stored as ``1 + w`` (``norm_shift``).
 
-gpt-oss keeps its experts stacked, one tensor per projection (``GPT_OSS``): the converter
+gpt-oss keeps its experts stacked, one tensor per projection (``_GPT_OSS``): the converter
 splits the checkpoint's interleaved ``gate_up_proj`` into ``ffn_gate_exps`` / ``ffn_up_exps``
 (columns 0, 2, 4, ... and 1, 3, 5, ..., biases likewise), each ``[E, I, H]`` in MXFP4 blocks
 (ggml's ``block_mxfp4``: an E8M0 scale byte, then 16 bytes whose low nibbles are elements

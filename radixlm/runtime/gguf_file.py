@@ -92,13 +92,22 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _gpt_oss_shapes(p: str, experts: int, h: int, inter: int,
                     heads: int) -> dict[str, tuple[int, ...]]:
     """gpt-oss's own tensors of the layer ``p``: sinks, the router and the stacked experts
-    (``gguf_families.GPT_OSS``'s names)."""
+    (the names ``gguf_families._GPT_OSS`` gives them)."""
     ex = f"{p}mlp.experts."
     return {f"{p}self_attn.sinks": (heads,), f"{p}mlp.router.weight": (experts, h),
             f"{p}mlp.router.bias": (experts,),
             f"{ex}gate_proj": (experts, inter, h), f"{ex}up_proj": (experts, inter, h),
             f"{ex}down_proj": (experts, h, inter), f"{ex}gate_proj_bias": (experts, inter),
             f"{ex}up_proj_bias": (experts, inter), f"{ex}down_proj_bias": (experts, h)}
+
+
+def _experts_note(cfg: dict[str, Any]) -> str:
+    """The expert figures a shape comes from, for a message (empty for a dense model)."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not experts:
+        return ""
+    inter = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+    return f", expert_count {experts}, expert_feed_forward_length {inter}"
 
 
 def _check_tensors(tensors: dict[str, TensorInfo], cfg: dict[str, Any], where: str) -> None:
@@ -115,7 +124,7 @@ def _check_tensors(tensors: dict[str, TensorInfo], cfg: dict[str, Any], where: s
                 f"metadata implies {list(want)} (embedding_length {cfg['hidden_size']}, "
                 f"head_count {cfg['num_attention_heads']}, head_count_kv "
                 f"{cfg['num_key_value_heads']}, key_length {cfg['head_dim']}, "
-                f"feed_forward_length {cfg['intermediate_size']})")
+                f"feed_forward_length {cfg['intermediate_size']}{_experts_note(cfg)})")
     for name in ("model.embed_tokens.weight", "model.norm.weight"):
         if name not in tensors:
             raise GGUFError(f"{where}: no {name} tensor")
