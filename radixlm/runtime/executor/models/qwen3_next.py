@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from radixlm.kernels import state_step
 from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.distributed.layers import (
     ColumnParallelLinear,
@@ -51,7 +52,7 @@ from radixlm.runtime.distributed.layers import (
     split_rows,
 )
 from radixlm.runtime.distributed.parallel_state import get_tp_group
-from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import (
@@ -184,19 +185,53 @@ class GatedDeltaNet(nn.Module):
         assert st is not None, "a linear-attention layer needs ForwardBatch.state"
         t = x.shape[0]
         qkv, z, b, a = self._project(x)
-        conv_state, ssm = st.pool.read(self.layer_id, st.slots, st.fresh)
         weight = self.conv1d.weight[:, 0]  # [C, K]
+        if fb.mode.is_decode and self._in_place(st, qkv, weight):
+            o = self._decode_in_place(qkv, weight, b, a, st)
+        else:
+            o = self._gathered(qkv, weight, b, a, st, fb.mode.is_decode)
+        o = rms_norm_gated(o, z, self.norm.weight, self.eps)  # [T, Hv, Dv]
+        return self.out_proj(o.reshape(t, self.value_dim))
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The convolved [T, conv_dim] as q, k [T, Hk, Dk] and v [T, Hv, Dv]."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk),
+                v.reshape(t, self.hv, self.dv))
+
+    def _in_place(self, st: StateIndices, qkv: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether a decode step can update the pool in place (``kernels/state_step``):
+        CPU tensors the library takes, a float32 SSM pool, no fresh state to zero."""
+        pool = st.pool
+        return (pool.ssm_dtype == torch.float32 and (st.fresh is None or not st.fresh.any())
+                and state_step.supports(qkv, weight, pool.conv[self.layer_id]))
+
+    def _decode_in_place(self, qkv: torch.Tensor, weight: torch.Tensor, b: torch.Tensor,
+                         a: torch.Tensor, st: StateIndices) -> torch.Tensor:
+        """One token per sequence, its conv and SSM states read and written in the pool."""
+        pool, slots = st.pool, st.slots
+        qkv = state_step.conv1d_step(qkv, weight, None, pool.conv[self.layer_id], slots,
+                                     self.activation)
+        q, k, v = self._split(qkv)
+        g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
+        o = state_step.gated_delta_step(q, k, v, g, beta, pool.ssm[self.layer_id], slots)
+        return o.to(q.dtype)  # as the torch step returns it
+
+    def _gathered(self, qkv: torch.Tensor, weight: torch.Tensor, b: torch.Tensor,
+                  a: torch.Tensor, st: StateIndices, decode: bool) -> torch.Tensor:
+        """The sequences' states gathered from the pool, stepped or run over their chunks
+        (with the radix cache's snapshots inside them), and scattered back."""
+        conv_state, ssm = st.pool.read(self.layer_id, st.slots, st.fresh)
         conv_snaps = ssm_snaps = None  # the radix cache's snapshots inside the sequences
-        if fb.mode.is_decode:
+        if decode:
             qkv, conv_state = causal_conv1d_step(qkv, weight, None, conv_state, self.activation)
         else:
             qkv, conv_state, conv_snaps = causal_conv1d(qkv, weight, None, conv_state,
                                                         st.seq_lens, self.activation, st.saves)
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
-        v = v.reshape(t, self.hv, self.dv)
+        q, k, v = self._split(qkv)
         g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
-        if fb.mode.is_decode:
+        if decode:
             o, ssm = recurrent_gated_delta_rule_step(q, k, v, g, beta, ssm)
         else:
             o, ssm, ssm_snaps = chunk_gated_delta_rule(q, k, v, g, beta, ssm, st.seq_lens,
@@ -204,8 +239,7 @@ class GatedDeltaNet(nn.Module):
         st.pool.write(self.layer_id, st.slots, conv_state, ssm)
         if conv_snaps is not None and ssm_snaps is not None and st.save_slots is not None:
             st.pool.write(self.layer_id, st.save_slots, conv_snaps, ssm_snaps)
-        o = rms_norm_gated(o, z, self.norm.weight, self.eps)  # [T, Hv, Dv]
-        return self.out_proj(o.reshape(t, self.value_dim))
+        return o
 
 
 class SharedExpertMLP(nn.Module):

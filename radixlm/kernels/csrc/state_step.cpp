@@ -1,0 +1,218 @@
+// One decode token of a linear-attention layer, its state read and written in place in the
+// state pool (radix_cache/state_pool.py): torch's step gathers each sequence's state out of
+// the pool, makes four passes over it (decay, recall, write, read out) and scatters it back;
+// a Gated DeltaNet state is Hv * Dk * Dv float32 a layer (1 MiB at 16 heads of 128 x 128),
+// so at 32 sequences a step moved gigabytes. Here each (sequence, head) reads its state
+// twice and writes it once, in place.
+//
+//   gated_delta_step(q [B, Hk, Dk], k [B, Hk, Dk], v [B, Hv, Dv], g [B, Hv] f32,
+//                    beta [B, Hv] f32, ssm [S, Hv, Dk, Dv] f32 (the pool, updated),
+//                    slots [B] int64, scale, l2norm, out [B, Hv, Dv] f32 (written))
+//       s = ssm[slot, h] * exp(g); pred = k^T s; s += k (beta (v - pred))^T; out = q^T s
+//       (q, k l2-normalised with eps 1e-6 when asked, q times scale; head h of Hv reads
+//       q / k head h / (Hv / Hk)): layers/gated_delta.py recurrent_gated_delta_rule_step.
+//   conv1d_step(x [B, C], weight [C, K], bias [C]?, conv [S, C, K - 1] (the pool, updated),
+//               slots [B] int64, silu, out [B, C] in x's dtype (written))
+//       window = [conv[slot], x]; out = act(sum(window * weight) + bias);
+//       conv[slot] = window[1:]: layers/gated_delta.py causal_conv1d_step.
+// q, k, v, x, weight, conv and out: float32 or bfloat16 (bf16 widened as read); the
+// arithmetic is float32, as the torch steps' for those dtypes.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace {
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return float(v); }
+
+void check_slots(const at::Tensor& slots, int64_t batch, int64_t pool, const char* op) {
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1 &&
+                  slots.size(0) == batch,
+              op, ": slots must be int64 [", batch, "]");
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(s[b] >= 0 && s[b] < pool, op, ": slot ", s[b], " outside the pool of ", pool);
+  // two sequences on one slot would race on its state
+  std::vector<int64_t> sorted(s, s + batch);
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), op,
+              ": a slot appears twice in slots");
+}
+
+// One head's q or k as float32 into dst (Dk), l2-normalised when asked, times mul.
+template <class T>
+void head_vector(const T* src, int64_t dk, bool l2norm, float mul, float* dst) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < dk; ++i) {
+    dst[i] = widen(src[i]);
+    ss += dst[i] * dst[i];
+  }
+  const float f = (l2norm ? 1.f / std::sqrt(ss + 1e-6f) : 1.f);
+  // as torch: x * rsqrt(...) rounded, then times scale
+  for (int64_t i = 0; i < dk; ++i) dst[i] = dst[i] * f * mul;
+}
+
+template <class T>
+void delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& g, const at::Tensor& beta, const at::Tensor& ssm,
+                const at::Tensor& slots, double scale, bool l2norm, const at::Tensor& out) {
+  const int64_t batch = q.size(0), hk = q.size(1), dk = q.size(2), hv = v.size(1),
+                dv = v.size(2);
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
+  float* sp = ssm.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t rep = hv / hk;
+  at::parallel_for(0, batch * hv, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> qn(dk), kn(dk), pred(dv), delta(dv), o(dv);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / hv, h = w % hv, kh = h / rep;
+      head_vector(qp + (b * hk + kh) * dk, dk, l2norm, float(scale), qn.data());
+      head_vector(kp + (b * hk + kh) * dk, dk, l2norm, 1.f, kn.data());
+      float* s = sp + (slot[b] * hv + h) * dk * dv;
+      const float decay = std::exp(gp[b * hv + h]), bt = bp[b * hv + h];
+      // what the decayed state recalls for k
+      std::fill(pred.begin(), pred.end(), 0.f);
+      for (int64_t i = 0; i < dk; ++i) {
+        const float ki = kn[i];
+        const float* si = s + i * dv;
+        for (int64_t j = 0; j < dv; ++j) pred[j] += ki * (si[j] * decay);
+      }
+      const T* vr = vp + (b * hv + h) * dv;
+      for (int64_t j = 0; j < dv; ++j) delta[j] = (widen(vr[j]) - pred[j]) * bt;
+      // the write, and the read-out of the new state, in one pass
+      std::fill(o.begin(), o.end(), 0.f);
+      for (int64_t i = 0; i < dk; ++i) {
+        const float ki = kn[i], qi = qn[i];
+        float* si = s + i * dv;
+        for (int64_t j = 0; j < dv; ++j) {
+          const float nv = si[j] * decay + ki * delta[j];
+          si[j] = nv;
+          o[j] += qi * nv;
+        }
+      }
+      std::copy(o.begin(), o.end(), op + (b * hv + h) * dv);
+    }
+  });
+}
+
+void gated_delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& g, const at::Tensor& beta, const at::Tensor& ssm,
+                      const at::Tensor& slots, double scale, bool l2norm, const at::Tensor& out) {
+  const char* op = "gated_delta_step";
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(0) == q.size(0),
+              op, ": q, k must be [B, Hk, Dk] and v [B, Hv, Dv]");
+  const int64_t batch = q.size(0), hk = q.size(1), dk = q.size(2), hv = v.size(1),
+                dv = v.size(2);
+  TORCH_CHECK(hk > 0 && hv % hk == 0, op, ": Hv (", hv, ") must be a multiple of Hk (", hk, ")");
+  const auto dt = q.scalar_type();
+  TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && k.scalar_type() == dt &&
+                  v.scalar_type() == dt && q.is_contiguous() && k.is_contiguous() &&
+                  v.is_contiguous(),
+              op, ": q, k, v must be contiguous float32 or bfloat16 of one dtype");
+  for (const at::Tensor* t : {&g, &beta})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
+                    t->size(0) == batch && t->size(1) == hv,
+                op, ": g and beta must be float32 [", batch, ", ", hv, "]");
+  TORCH_CHECK(ssm.scalar_type() == at::kFloat && ssm.is_contiguous() && ssm.dim() == 4 &&
+                  ssm.size(1) == hv && ssm.size(2) == dk && ssm.size(3) == dv,
+              op, ": ssm must be the float32 pool [S, ", hv, ", ", dk, ", ", dv, "]");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 3 &&
+                  out.size(0) == batch && out.size(1) == hv && out.size(2) == dv,
+              op, ": out must be float32 [", batch, ", ", hv, ", ", dv, "]");
+  for (const at::Tensor* t : {&q, &k, &v, &g, &beta, &ssm, &out, &slots})
+    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors only");
+  check_slots(slots, batch, ssm.size(0), op);
+  if (dt == at::kFloat)
+    delta_step<float>(q, k, v, g, beta, ssm, slots, scale, l2norm, out);
+  else
+    delta_step<c10::BFloat16>(q, k, v, g, beta, ssm, slots, scale, l2norm, out);
+}
+
+template <class X, class S>
+void conv_step(const at::Tensor& x, const at::Tensor& weight, const float* bias,
+               const at::Tensor& conv, const at::Tensor& slots, bool silu,
+               const at::Tensor& out) {
+  const int64_t batch = x.size(0), c = x.size(1), kw = weight.size(1), width = kw - 1;
+  const X* xp = x.data_ptr<X>();
+  const X* wp = weight.data_ptr<X>();
+  S* cp = conv.data_ptr<S>();
+  X* op = out.data_ptr<X>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      S* st = cp + slot[b] * c * width;
+      for (int64_t ch = 0; ch < c; ++ch) {
+        S* sc = st + ch * width;
+        const X* wc = wp + ch * kw;
+        const float xv = widen(xp[b * c + ch]);
+        float acc = 0.f;
+        for (int64_t t = 0; t < width; ++t) acc += widen(sc[t]) * widen(wc[t]);
+        acc += xv * widen(wc[width]);
+        if (bias) acc += bias[ch];
+        if (silu) acc = acc / (1.f + std::exp(-acc));
+        op[b * c + ch] = X(acc);
+        for (int64_t t = 0; t + 1 < width; ++t) sc[t] = sc[t + 1];
+        if (width > 0) sc[width - 1] = S(xv);
+      }
+    }
+  });
+}
+
+void conv1d_step(const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, const at::Tensor& conv,
+                 const at::Tensor& slots, bool silu, const at::Tensor& out) {
+  const char* op = "conv1d_step";
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1) &&
+                  weight.size(1) >= 1,
+              op, ": x must be [B, C] and weight [C, K]");
+  const int64_t batch = x.size(0), c = x.size(1), width = weight.size(1) - 1;
+  const auto dt = x.scalar_type(), st = conv.scalar_type();
+  TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && weight.scalar_type() == dt &&
+                  out.scalar_type() == dt && x.is_contiguous() && weight.is_contiguous() &&
+                  out.is_contiguous() && out.sizes() == x.sizes(),
+              op, ": x, weight and out must be contiguous float32 or bfloat16 of one dtype");
+  TORCH_CHECK((st == at::kFloat || st == at::kBFloat16) && conv.is_contiguous() &&
+                  conv.dim() == 3 && conv.size(1) == c && conv.size(2) == width,
+              op, ": conv must be the pool [S, ", c, ", ", width, "] in float32 or bfloat16");
+  at::Tensor bias_f;
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == c, op, ": bias must be [", c, "]");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bp = bias_f.data_ptr<float>();
+  }
+  for (const at::Tensor* t : {&x, &weight, &conv, &out, &slots})
+    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors only");
+  check_slots(slots, batch, conv.size(0), op);
+  if (dt == at::kFloat) {
+    st == at::kFloat ? conv_step<float, float>(x, weight, bp, conv, slots, silu, out)
+                     : conv_step<float, c10::BFloat16>(x, weight, bp, conv, slots, silu, out);
+  } else {
+    st == at::kFloat
+        ? conv_step<c10::BFloat16, float>(x, weight, bp, conv, slots, silu, out)
+        : conv_step<c10::BFloat16, c10::BFloat16>(x, weight, bp, conv, slots, silu, out);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
+  m.def("gated_delta_step(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) ssm, "
+        "Tensor slots, float scale, bool l2norm, Tensor(b!) out) -> ()");
+  m.def("conv1d_step(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv, Tensor slots, "
+        "bool silu, Tensor(b!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
+  m.impl("gated_delta_step", &gated_delta_step);
+  m.impl("conv1d_step", &conv1d_step);
+}

@@ -1,0 +1,55 @@
+"""A linear-attention layer's decode step with its state updated in place in the state pool
+(``csrc/state_step.cpp``): the Gated DeltaNet recurrence and the short causal convolution.
+
+torch's steps (``layers/gated_delta.py``: ``recurrent_gated_delta_rule_step``,
+``causal_conv1d_step``) take states gathered out of the pool and give new ones to scatter
+back, with four passes over each state matrix between; these read each sequence's state
+in place twice and write it once. Same formulas in float32 (q and k l2-normalised with
+eps 1e-6, q times ``Dk ** -0.5`` unless given); the sums run in another order (a few
+float32 ulps), SiLU's exp is the library's. Built into the library of ``cpu_paged``
+(``available()``; ``RADIXLM_CPU_KERNEL=0`` turns it off).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels import cpu_paged
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def supports(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels take these tensors: CPU, float32 or bfloat16, library built."""
+    return (all(t.device.type == "cpu" and t.dtype in DTYPES for t in tensors)
+            and cpu_paged.available())
+
+
+def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor,
+                     scale: float | None = None, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """One token per sequence: q, k [B, Hk, Dk], v [B, Hv, Dv] (one dtype), g, beta [B, Hv];
+    ``ssm`` the layer's float32 pool [S, Hv, Dk, Dv], updated in place at ``slots`` [B]
+    (distinct); returns out [B, Hv, Dv] in float32."""
+    out = torch.empty(v.shape, dtype=torch.float32)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    torch.ops.radixlm_cpu.gated_delta_step(
+        q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+        beta.float().contiguous(), ssm, slots.to(torch.int64).contiguous(), float(scale),
+        use_qk_l2norm, out)
+    return out
+
+
+def conv1d_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: torch.Tensor, slots: torch.Tensor, activation: str | None = "silu"
+                ) -> torch.Tensor:
+    """One token per sequence: x [B, C], weight [C, K] (x's dtype), bias [C] or None;
+    ``conv`` the layer's pool [S, C, K - 1], shifted in place at ``slots`` [B] (distinct);
+    returns the convolution (SiLU'd for "silu" / "swish") [B, C] in x's dtype."""
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"unsupported conv activation {activation!r}; supported: silu, None")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    torch.ops.radixlm_cpu.conv1d_step(x.contiguous(), weight.to(x.dtype).contiguous(), bias,
+                                      conv, slots.to(torch.int64).contiguous(),
+                                      activation is not None, out)
+    return out
