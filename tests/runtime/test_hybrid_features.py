@@ -137,36 +137,45 @@ def test_constrained_greedy_with_jumps_equals_transformers(eng, hf):
     eng.scheduler.cache.check_accounting()
 
 
-def _log_softmax(hf, ids: list[int]) -> torch.Tensor:
+def _logprob_error(hf, prompt: list[int], out: dict) -> float:
+    """The largest gap between ``out``'s input and output token logprobs and transformers'
+    log-softmax over ``prompt`` + its output."""
+    ids = prompt + out["output_ids"]
     with torch.no_grad():
-        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
+        lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
+    meta = out["meta_info"]
+    first = len(prompt) - len(meta["input_token_logprobs"])
+    # (logprob, token, index of the token it follows); a first prompt token has none
+    rows = [(v, t, first + i - 1) for i, (v, t, _) in enumerate(meta["input_token_logprobs"])]
+    rows += [(v, t, len(prompt) - 1 + i)
+             for i, (v, t, _) in enumerate(meta["output_token_logprobs"])]
+    assert [t for _, t, _ in rows] == ids[first:] and (rows[0][0] is None) == (first == 0)
+    return max(abs(v - lp[pos, t].item()) for v, t, pos in rows if pos >= 0)
 
 
 def test_n2_and_logprobs_match_transformers(eng, hf):
-    """n = 2 greedy samples are transformers' greedy tokens twice; every input and output
-    token's logprob is transformers' (cold, then with the prompt's state from the cache)."""
+    """n = 2 greedy samples are transformers' greedy tokens twice; two sampled ones differ
+    and each token's logprob is transformers' over its own sequence (each sample decodes
+    from a state of its own); every prompt token's logprob too, and with the prompt's state
+    from the cache the last one's."""
     prompt = _prompt(70, seed=6)
     greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     outs = eng.generate(input_ids=prompt, sampling_params={**greedy, "n": 2})
     want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
                        eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert [o["output_ids"] for o in outs] == [want, want]
-    lp = _log_softmax(hf, prompt + want)
-    for start in (0, -1):  # every prompt token's logprob (cold); the last one's (cached)
+    sampled = eng.generate(input_ids=prompt, return_logprob=True, sampling_params={
+        **greedy, "temperature": 1.0, "n": 2, "seed": 3})
+    assert sampled[0]["output_ids"] != sampled[1]["output_ids"]
+    for out in sampled:
+        assert _logprob_error(hf, prompt, out) < LOGPROB_ATOL
+    for start in (0, -1):
         out = eng.generate(input_ids=prompt, sampling_params=greedy, return_logprob=True,
                            logprob_start_len=start)
         meta = out["meta_info"]
-        assert out["output_ids"] == want
-        # (logprob, token, position of the logits that predicted it)
-        got = [(v, t, len(prompt) - 1 + i)
-               for i, (v, t, _) in enumerate(meta["output_token_logprobs"])]
-        first = len(prompt) - len(meta["input_token_logprobs"])
-        assert first == (0 if start == 0 else len(prompt) - 1)
-        got += [(v, t, first + i - 1) for i, (v, t, _) in enumerate(meta["input_token_logprobs"])
-                if first + i > 0]
-        assert len(got) == len(want) + len(prompt) - max(first, 1)
-        worst = max(abs(v - lp[pos, t].item()) for v, t, pos in got)
-        assert worst < LOGPROB_ATOL, (start, worst)
+        assert out["output_ids"] == want and len(meta["input_token_logprobs"]) == (
+            len(prompt) if start == 0 else 1)
+        assert _logprob_error(hf, prompt, out) < LOGPROB_ATOL
         if start == -1:
             assert meta["cached_tokens"] > 0, meta  # the prompt's state came from the tree
 
