@@ -15,7 +15,14 @@
 //               slots [B] int64, silu, out [B, C] in x's dtype (written))
 //       window = [conv[slot], x]; out = act(sum(window * weight) + bias);
 //       conv[slot] = window[1:]: layers/gated_delta.py causal_conv1d_step.
-// q, k, v, x, weight, conv and out: float32 or bfloat16 (bf16 widened as read); the
+//   mamba2_step(xbc [B, H * P + 2 * G * N] (x | B | C, after the conv), dt [B, H],
+//               A_log [H], D [H], dt_bias [H], ssm [S, H, P, N] f32 (the pool, updated),
+//               slots [B] int64, dt_min, dt_max, out [B, H, P] in xbc's dtype (written))
+//       dt = clamp(softplus(dt + dt_bias), dt_min, dt_max); s = ssm[slot, h];
+//       s = s * exp(dt * -exp(A_log)) + (dt x) B^T; out = s C + D x (head h reads group
+//       h / (H / G) of B and C): layers/mamba2.py ssd_step. A Mamba2 state is H * P * N
+//       float32 a layer (4 MiB at 128 heads of 64 x 128); each is read and written once.
+// q, k, v, x, xbc, dt, weight, conv and out: float32 or bfloat16 (bf16 widened as read); the
 // arithmetic is float32, as the torch steps' for those dtypes.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -203,6 +210,93 @@ void conv1d_step(const at::Tensor& x, const at::Tensor& weight,
   }
 }
 
+// torch's softplus (beta 1, threshold 20)
+inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
+
+// The parameters of one layer's heads ([H], any float dtype) as float32.
+struct Mamba2Params {
+  at::Tensor a_log, d, dt_bias;
+  Mamba2Params(const at::Tensor& a, const at::Tensor& d_, const at::Tensor& bias)
+      : a_log(a.to(at::kFloat).contiguous()), d(d_.to(at::kFloat).contiguous()),
+        dt_bias(bias.to(at::kFloat).contiguous()) {}
+};
+
+template <class X>
+void ssd_step(const at::Tensor& xbc, const at::Tensor& dt, const Mamba2Params& prm,
+              const at::Tensor& ssm, const at::Tensor& slots, float dt_min, float dt_max,
+              const at::Tensor& out) {
+  const int64_t batch = xbc.size(0), width = xbc.size(1), hv = ssm.size(1), p = ssm.size(2),
+                n = ssm.size(3), inter = hv * p, groups = (width - inter) / (2 * n),
+                rep = hv / groups;
+  const X *xp = xbc.data_ptr<X>(), *dtp = dt.data_ptr<X>();
+  const float *ap = prm.a_log.data_ptr<float>(), *dp = prm.d.data_ptr<float>(),
+              *bias = prm.dt_bias.data_ptr<float>();
+  float* sp = ssm.data_ptr<float>();
+  X* op = out.data_ptr<X>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  at::parallel_for(0, batch * hv, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> bv(n), cv(n);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / hv, h = w % hv, g = h / rep;
+      const X* row = xp + b * width;  // x | B | C of sequence b
+      for (int64_t j = 0; j < n; ++j) {
+        bv[j] = widen(row[inter + g * n + j]);
+        cv[j] = widen(row[inter + (groups + g) * n + j]);
+      }
+      const float step = std::min(
+          std::max(softplus(widen(dtp[b * hv + h]) + bias[h]), dt_min), dt_max);
+      const float decay = std::exp(step * -std::exp(ap[h]));
+      float* s = sp + (slot[b] * hv + h) * p * n;
+      // each row of the state decayed, written and read out in one pass
+      for (int64_t i = 0; i < p; ++i) {
+        const float xi = widen(row[h * p + i]), write = step * xi;
+        float* si = s + i * n;
+        float acc = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float nv = si[j] * decay + write * bv[j];
+          si[j] = nv;
+          acc += nv * cv[j];
+        }
+        op[(b * hv + h) * p + i] = X(acc + xi * dp[h]);
+      }
+    }
+  });
+}
+
+void mamba2_step(const at::Tensor& xbc, const at::Tensor& dt, const at::Tensor& a_log,
+                 const at::Tensor& d, const at::Tensor& dt_bias, const at::Tensor& ssm,
+                 const at::Tensor& slots, double dt_min, double dt_max, const at::Tensor& out) {
+  const char* op = "mamba2_step";
+  TORCH_CHECK(ssm.scalar_type() == at::kFloat && ssm.is_contiguous() && ssm.dim() == 4 &&
+                  ssm.size(1) > 0 && ssm.size(2) > 0 && ssm.size(3) > 0,
+              op, ": ssm must be the float32 pool [S, H, P, N]");
+  const int64_t hv = ssm.size(1), p = ssm.size(2), n = ssm.size(3);
+  TORCH_CHECK(xbc.dim() == 2 && xbc.size(1) > hv * p && (xbc.size(1) - hv * p) % (2 * n) == 0,
+              op, ": xbc must be [B, ", hv, " * ", p, " + 2 * G * ", n, "]");
+  const int64_t batch = xbc.size(0), groups = (xbc.size(1) - hv * p) / (2 * n);
+  TORCH_CHECK(hv % groups == 0, op, ": H (", hv, ") must be a multiple of G (", groups, ")");
+  const auto dtype = xbc.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && dt.scalar_type() == dtype &&
+                  out.scalar_type() == dtype && xbc.is_contiguous() && dt.is_contiguous() &&
+                  out.is_contiguous(),
+              op, ": xbc, dt and out must be contiguous float32 or bfloat16 of one dtype");
+  TORCH_CHECK(dt.dim() == 2 && dt.size(0) == batch && dt.size(1) == hv, op,
+              ": dt must be [", batch, ", ", hv, "]");
+  TORCH_CHECK(out.dim() == 3 && out.size(0) == batch && out.size(1) == hv && out.size(2) == p,
+              op, ": out must be [", batch, ", ", hv, ", ", p, "]");
+  for (const at::Tensor* t : {&a_log, &d, &dt_bias})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == hv, op, ": A_log, D and dt_bias must be [", hv,
+                "]");
+  for (const at::Tensor* t : {&xbc, &dt, &a_log, &d, &dt_bias, &ssm, &out, &slots})
+    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors only");
+  check_slots(slots, batch, ssm.size(0), op);
+  const Mamba2Params prm(a_log, d, dt_bias);
+  if (dtype == at::kFloat)
+    ssd_step<float>(xbc, dt, prm, ssm, slots, float(dt_min), float(dt_max), out);
+  else
+    ssd_step<c10::BFloat16>(xbc, dt, prm, ssm, slots, float(dt_min), float(dt_max), out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
@@ -210,9 +304,12 @@ TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
         "Tensor slots, float scale, bool l2norm, Tensor(b!) out) -> ()");
   m.def("conv1d_step(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv, Tensor slots, "
         "bool silu, Tensor(b!) out) -> ()");
+  m.def("mamba2_step(Tensor xbc, Tensor dt, Tensor A_log, Tensor D, Tensor dt_bias, "
+        "Tensor(a!) ssm, Tensor slots, float dt_min, float dt_max, Tensor(b!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
   m.impl("gated_delta_step", &gated_delta_step);
   m.impl("conv1d_step", &conv1d_step);
+  m.impl("mamba2_step", &mamba2_step);
 }

@@ -18,7 +18,8 @@ and the selective state space model, per head ``h`` (state ``S`` [P, N], float32
 form: a masked attention inside chunks, a sequential pass over chunk states);
 ``ssd_step`` (decode) is the line above. States are per sequence (``RecurrentState``:
 conv [B, conv_dim, K - 1], ssm [B, H, P, N]), taken and returned, and ``Snapshots`` ask
-for states inside the sequences, as in gated_delta.py.
+for states inside the sequences, as in gated_delta.py; ``mamba2_mixer_step_in_place``
+steps them where they lie in the state pool instead (``kernels/state_step``, on a CPU).
 transformers' ``mamba2_chunk_scan`` / ``mamba2_selective_state_update`` and the mixers'
 forward are the reference; unlike its decode step, ours applies ``dt_limit`` there too,
 so that decode continues exactly what prefill computes.
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import state_step
 from radixlm.runtime.executor.layers.gated_delta import (
     ChunkLayout,
     ChunkStarts,
@@ -209,3 +211,17 @@ def mamba2_mixer_step(gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
     y, ssm = ssd_step(x, dt, weights.A_log, B, C, weights.D, weights.dt_bias, state.ssm,
                       spec.dt_limit)
     return _gate_and_norm(y.flatten(1), gate, weights, spec), RecurrentState(conv, ssm)
+
+
+def mamba2_mixer_step_in_place(gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
+                               weights: Mamba2Weights, spec: Mamba2Spec, conv: torch.Tensor,
+                               ssm: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``mamba2_mixer_step`` with the states stepped where they lie: ``conv``
+    [S, conv_dim, K - 1] and ``ssm`` [S, H, P, N] float32, a layer's tensors of the state
+    pool, updated in place at ``slots`` [B] (``kernels/state_step``: CPU tensors its
+    ``supports`` takes) -> out [B, I] in xbc's dtype."""
+    xbc = state_step.conv1d_step(xbc, weights.conv_weight, weights.conv_bias, conv, slots,
+                                 spec.activation)
+    y = state_step.mamba2_step(xbc, dt, weights.A_log, weights.D, weights.dt_bias, ssm, slots,
+                               spec.dt_limit)  # [B, H, P]
+    return _gate_and_norm(y.flatten(1), gate, weights, spec)

@@ -7,9 +7,10 @@ a layer whose state lives in the state pool, and what those families share.
 
 An extend continues each sequence from its slot's state (zeros for a sequence with nothing
 computed, ``ForwardBatch.state.fresh``) and writes the new state back, as the Gated DeltaNet
-layers of ``qwen3_next.py`` do; a decode steps each sequence by one token. The radix cache's
-snapshots inside an extend (``StateIndices.saves``) come from the chunked scan's and the
-conv's ``Snapshots`` and go to their own slots (``save_slots``).
+layers of ``qwen3_next.py`` do; a decode steps each sequence by one token, on a CPU in place
+in the pool (``kernels/state_step``; elsewhere gathered, stepped and scattered back). The
+radix cache's snapshots inside an extend (``StateIndices.saves``) come from the chunked
+scan's and the conv's ``Snapshots`` and go to their own slots (``save_slots``).
 
 Under tensor parallelism each rank holds ``1 / tp_size`` of the mixer's heads and of its
 groups (as SGLang splits it): its rows of ``in_proj``'s gate, x, B, C and dt sections, its
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.kernels import state_step
 from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.distributed.layers import (
     ColumnParallelLinear,
@@ -37,7 +39,7 @@ from radixlm.runtime.distributed.layers import (
     sliced_placement,
 )
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
-from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import RecurrentState
 from radixlm.runtime.executor.layers.mamba2 import (
@@ -46,6 +48,7 @@ from radixlm.runtime.executor.layers.mamba2 import (
     Mamba2Weights,
     mamba2_mixer,
     mamba2_mixer_step,
+    mamba2_mixer_step_in_place,
 )
 from radixlm.runtime.executor.models.decoder import Attention, DecoderSpec
 from radixlm.runtime.model_config import ModelConfig
@@ -198,9 +201,30 @@ class Mamba2Layer(nn.Module):
         st = fb.state
         assert st is not None, "a Mamba2 layer needs ForwardBatch.state"
         gate, xbc, dt = self.project(x).split(self.sizes, dim=-1)
+        if fb.mode.is_decode and self._in_place(st, xbc):
+            out = mamba2_mixer_step_in_place(gate, xbc, dt, self._weights(), self.spec,
+                                             st.pool.conv[self.layer_id],
+                                             st.pool.ssm[self.layer_id], st.slots)
+        else:
+            out = self._gathered(gate, xbc, dt, st, fb.mode.is_decode)
+        return self.out_proj(out)
+
+    def _in_place(self, st: StateIndices, xbc: torch.Tensor) -> bool:
+        """Whether a decode step can update the pool in place (``kernels/state_step``):
+        CPU tensors the library takes, a float32 SSM pool, no fresh state to zero (asked
+        last: on a GPU ``fresh.any()`` would wait for the device)."""
+        pool = st.pool
+        return (state_step.supports(xbc, self.conv1d.weight, pool.conv[self.layer_id])
+                and pool.ssm_dtype == torch.float32
+                and (st.fresh is None or not st.fresh.any()))
+
+    def _gathered(self, gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
+                  st: StateIndices, decode: bool) -> torch.Tensor:
+        """The sequences' states gathered from the pool, stepped or run over their chunks
+        (with the radix cache's snapshots inside them), and scattered back -> out [T, I]."""
         state = RecurrentState(*st.pool.read(self.layer_id, st.slots, st.fresh))
         snaps = None  # the radix cache's snapshots inside the sequences (``st.saves``)
-        if fb.mode.is_decode:
+        if decode:
             out, state = mamba2_mixer_step(gate, xbc, dt, self._weights(), self.spec, state)
         else:
             out, state, snaps = mamba2_mixer(gate, xbc, dt, self._weights(), self.spec, state,
@@ -208,7 +232,7 @@ class Mamba2Layer(nn.Module):
         st.pool.write(self.layer_id, st.slots, state.conv, state.ssm)
         if snaps is not None and st.save_slots is not None:
             st.pool.write(self.layer_id, st.save_slots, snaps.conv, snaps.ssm)
-        return self.out_proj(out)
+        return out
 
 
 class KVAttention(Attention):
