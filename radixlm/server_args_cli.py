@@ -49,6 +49,10 @@ FLAG_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "disaggregation_transfer_backend", "disaggregation_secret_file",
         "disaggregation_trusted_hosts", "disaggregation_bootstrap_timeout",
         "disaggregation_waiting_timeout")),
+    "speculative": ("speculative decoding", (
+        "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+        "speculative_eagle_topk", "speculative_num_draft_tokens",
+        "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size")),
     "grammar": ("structured output, tools and reasoning", (
         "grammar_backend", "disable_jump_forward", "grammar_compile_timeout",
         "grammar_compile_memory_mb", "grammar_step_budget_ms", "grammar_cache_size",

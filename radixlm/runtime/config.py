@@ -299,12 +299,35 @@ class ServerArgs:
     disaggregation_waiting_timeout: float = field(default=300.0, metadata={
         "help": "seconds a claimed room may wait for its KV or acknowledgement before its "
                 "request fails"})
+    # speculative decoding (SGLang's flags; managers/scheduler/speculative.py)
+    speculative_algorithm: str | None = field(default=None, metadata={
+        "help": "NGRAM: greedy requests verify tokens drafted from their own prompt and "
+                "output, several per forward (other requests decode one at a time); "
+                "SGLang's STANDALONE, EAGLE, EAGLE3 and NEXTN are not supported yet"})
+    speculative_draft_model_path: str | None = field(default=None, metadata={
+        "help": "the draft model of STANDALONE / EAGLE (not supported yet; NGRAM has none)"})
+    speculative_num_steps: int | None = field(default=None, metadata={
+        "help": "draft tokens proposed per verification (with top-k 1: "
+                "--speculative-num-draft-tokens minus 1)"})
+    speculative_eagle_topk: int | None = field(default=None, metadata={
+        "help": "branches per draft step: only 1 (a chain); a tree of drafts is not "
+                "supported yet"})
+    speculative_num_draft_tokens: int | None = field(default=None, metadata={
+        "help": "tokens one verification forward takes per request: its last token and "
+                "the drafts (default with NGRAM: --speculative-ngram-max-match-window-size, "
+                "SGLang's)"})
+    speculative_ngram_min_match_window_size: int = field(default=1, metadata={
+        "help": "NGRAM: the shortest suffix of a request's tokens matched against its "
+                "earlier tokens"})
+    speculative_ngram_max_match_window_size: int = field(default=12, metadata={
+        "help": "NGRAM: the longest suffix matched (the longest match wins)"})
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         check_server_args(self)
+        check_speculative(self)
 
     @property
     def balance_method(self) -> str:
@@ -336,3 +359,61 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; valid: {sorted(names)}")
         return cls(**kwargs)
+
+
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
+SGLANG_SPECULATIVE_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
+
+
+def check_speculative(args: ServerArgs) -> None:
+    """ValueError naming the speculative flag, or the flag it cannot run with, that is not
+    supported: a setting is refused, never ignored."""
+    algo = args.speculative_algorithm
+    spec_flags = {name: getattr(args, name) for name in (
+        "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+        "speculative_num_draft_tokens")}
+    if algo is None:
+        given = [k for k, v in spec_flags.items() if v is not None]
+        if given:
+            raise ValueError(f"{given[0]} (--{given[0].replace('_', '-')}) needs "
+                             "--speculative-algorithm")
+        return
+    if algo in SGLANG_SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"speculative_algorithm (--speculative-algorithm) {algo} is not "
+                         f"supported yet; supported: {', '.join(SPECULATIVE_ALGORITHMS)}")
+    if algo not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"speculative_algorithm (--speculative-algorithm) must be one of "
+                         f"{SPECULATIVE_ALGORITHMS + SGLANG_SPECULATIVE_ALGORITHMS}, got {algo!r}")
+    _check_ngram(args)
+    for name, on in (("is_embedding", args.is_embedding),
+                     ("enable_hybrid_swa_memory", args.enable_hybrid_swa_memory),
+                     ("tp_size", args.tp_size > 1),
+                     ("disaggregation_mode", args.disaggregation_mode != "null")):
+        if on:
+            raise ValueError(f"speculative_algorithm NGRAM with {name} "
+                             f"(--{name.replace('_', '-')}) is not supported yet")
+
+
+def _check_ngram(args: ServerArgs) -> None:
+    """NGRAM's numbers: a chain of drafts, no draft model."""
+    if args.speculative_draft_model_path is not None:
+        raise ValueError("speculative_draft_model_path (--speculative-draft-model-path): "
+                         "NGRAM drafts from the request's own tokens and takes no draft model")
+    topk = args.speculative_eagle_topk
+    if topk is not None and topk != 1:
+        raise ValueError(f"speculative_eagle_topk (--speculative-eagle-topk) {topk}: a tree "
+                         "of drafts is not supported yet; only 1 (a chain)")
+    steps, tokens = args.speculative_num_steps, args.speculative_num_draft_tokens
+    if steps is not None and steps < 1:
+        raise ValueError(f"speculative_num_steps must be >= 1, got {steps}")
+    if tokens is not None and tokens < 2:
+        raise ValueError(f"speculative_num_draft_tokens must be >= 2 (the last token and at "
+                         f"least one draft), got {tokens}")
+    if steps is not None and tokens is not None and tokens != steps + 1:
+        raise ValueError(f"speculative_num_draft_tokens ({tokens}) must be "
+                         f"speculative_num_steps + 1 ({steps + 1}) with a chain of drafts")
+    lo, hi = (args.speculative_ngram_min_match_window_size,
+              args.speculative_ngram_max_match_window_size)
+    if not 1 <= lo <= hi:
+        raise ValueError("speculative_ngram_min_match_window_size must be >= 1 and <= "
+                         f"speculative_ngram_max_match_window_size, got {lo} and {hi}")

@@ -27,6 +27,7 @@ import torch
 from radixlm.runtime.executor.sampling import (
     SamplingBatchInfo,
     TopLogprobs,
+    argmax,
     logprobs_of,
     sample,
 )
@@ -65,6 +66,9 @@ class SamplingBatch:
     # waited for once the forward is done
     take_bitmask: Callable[[], torch.Tensor | None] = lambda: None
     prompt_logprobs: list[PromptLogprobRows] = field(default_factory=list)
+    # speculative decoding: (index into ``rows``, first logit row, k) of each sequence
+    # whose k draft tokens' rows follow its sampling row; their argmax is returned
+    draft_rows: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +88,8 @@ class NextTokens:
     token_ids_logprobs: list[list[float] | None] | None
     # batch index -> the prompt logprobs of that sequence's rows
     prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
+    # index into the sampling rows -> the greedy token after each of its draft tokens
+    draft_targets: dict[int, list[int]] = field(default_factory=dict)
 
 
 class Sampler:
@@ -113,7 +119,21 @@ class Sampler:
                                                                     ids)],
                       info, out.next_token_ids)
         lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(ids)
-        return NextTokens(ids, lps, out.top_logprobs, out.token_ids_logprobs, prompt)
+        return NextTokens(ids, lps, out.top_logprobs, out.token_ids_logprobs, prompt,
+                          self._draft_targets(logits, batch.draft_rows))
+
+    def _draft_targets(self, logits: torch.Tensor, draft_rows: list[tuple[int, int, int]]
+                       ) -> dict[int, list[int]]:
+        """The argmax of each draft token's row, all in one pass (the rows that draft are
+        greedy with nothing that changes their logits: ``speculative.Speculator``)."""
+        if not draft_rows:
+            return {}
+        idx = [r for _, start, k in draft_rows for r in range(start, start + k)]
+        flat = argmax(logits[idx, : self.vocab_size]).tolist()
+        out, at = {}, 0
+        for i, _, k in draft_rows:
+            out[i], at = flat[at: at + k], at + k
+        return out
 
     def _info(self, batch: SamplingBatch, device: torch.device) -> SamplingBatchInfo:
         """The batch's sampling state: the last step's, advanced by the tokens it sampled,

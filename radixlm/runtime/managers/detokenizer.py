@@ -175,6 +175,7 @@ class RequestDetokenizer:
             embedding=out.embedding,
         )
         res.storage_cached_tokens = out.storage_cached_tokens
+        res.spec = out.spec
         if out.output_token_logprobs is not None:
             res.output_token_logprobs = [self._entry(lp, t) for lp, t in out.output_token_logprobs]
         if out.output_top_logprobs is not None:

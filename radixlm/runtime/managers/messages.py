@@ -78,6 +78,15 @@ class FlushCacheOutput(msgspec.Struct, tag=True):
     dp_rank: int = 0
 
 
+class SpecCounts(msgspec.Struct):
+    """One request's speculative decoding so far (--speculative-algorithm): its decode
+    forwards, the draft tokens they verified and how many were accepted."""
+
+    verify_ct: int
+    draft_tokens: int
+    accepted_tokens: int
+
+
 class ReqOutput(msgspec.Struct, tag=True):
     """What one scheduler step produced for one request (new tokens since the last one)."""
 
@@ -100,6 +109,7 @@ class ReqOutput(msgspec.Struct, tag=True):
     embedding: bytes | None = None
     # of cached_tokens, those loaded from the storage tier (None: no hierarchical cache)
     storage_cached_tokens: int | None = None
+    spec: SpecCounts | None = None  # with --speculative-algorithm only
 
     @property
     def finished(self) -> bool:
@@ -154,6 +164,7 @@ class TextOutput(msgspec.Struct, tag=True):
     input_token_ids_logprobs: list[list[LogprobEntry] | None] | None = None
     embedding: bytes | None = None  # ReqOutput.embedding, passed on
     storage_cached_tokens: int | None = None  # see ReqOutput
+    spec: SpecCounts | None = None  # see ReqOutput
 
     @property
     def finished(self) -> bool:

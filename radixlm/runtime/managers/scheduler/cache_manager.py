@@ -321,6 +321,15 @@ class CacheManager:
         req.req_pool_idx, req.last_node = None, None
         req.prefix_len = req.kv_len = req.alloc_len = req.swa_released = req.swa_uuid = 0
 
+    def free_spare(self, req: Req) -> None:
+        """Free ``req``'s whole pages past its computed tokens (a verification's rejected
+        drafts: their KV is garbage, and ``alloc_len`` shrinks to the page of ``kv_len``)."""
+        keep = _ceil_to(req.kv_len, self.page_size)
+        if req.alloc_len > keep:
+            self._free_range(self.req_to_token_pool.req_to_token[req.req_pool_idx], keep,
+                             req.alloc_len)
+            req.alloc_len = keep
+
     def _free_range(self, row: torch.Tensor, start: int, end: int) -> None:
         if end > start:
             self.allocator.free(row[start:end])

@@ -24,7 +24,7 @@ from radixlm.runtime.executor.sampler import (
     SamplingBatch,
 )
 from radixlm.runtime.executor.stop_regex import STOP_REGEX_WINDOW, contains_match
-from radixlm.runtime.managers.messages import ReqOutput
+from radixlm.runtime.managers.messages import ReqOutput, SpecCounts
 from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
 
 logger = logging.getLogger(__name__)
@@ -58,11 +58,12 @@ class OutputProcessor:
     @staticmethod
     def logit_range(req: Req, n: int) -> tuple[int, int]:
         """Rows (offsets into the request's ``n`` new tokens) whose logits are needed: the
-        last one if the request samples after this forward, and prompt positions whose
-        logprobs were asked for."""
-        final = req.kv_len + n == req.seq_len
+        last one if the request samples after this forward (and its draft tokens' rows
+        after it), and prompt positions whose logprobs were asked for."""
+        k = len(req.draft_ids)
+        final = req.kv_len + n - k == req.seq_len
         if not req.wants_input_logprobs:
-            return (n - 1, n) if final else (n, n)
+            return (n - 1 - k, n) if final else (n, n)
         first = max(req.logprob_start_len - 1, 0)
         end = n if final else min(req.prompt_len - 1, req.kv_len + n) - req.kv_len
         return min(max(first - req.kv_len, 0), end), end
@@ -75,6 +76,7 @@ class OutputProcessor:
         rows: list[int] = []
         reqs: list[Req] = []
         prompt: list[PromptLogprobRows] = []
+        drafts: list[tuple[int, int, int]] = []
         row = 0
         for i, (req, n, (a, b)) in enumerate(
                 zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
@@ -86,9 +88,12 @@ class OutputProcessor:
                         i, row, req.origin_input_ids[first: first + n_in],
                         req.top_logprobs_num, req.token_ids_logprob))
             row += b - a
-            if req.kv_len + n == req.seq_len and req.sampling_params.max_new_tokens > 0:
+            k = len(req.draft_ids)
+            if req.kv_len + n - k == req.seq_len and req.sampling_params.max_new_tokens > 0:
+                if k:  # the draft tokens' rows follow the row that samples
+                    drafts.append((len(reqs), row - k, k))
                 reqs.append(req)
-                rows.append(row - 1)
+                rows.append(row - 1 - k)
         self._start_bitmask(reqs)
         if not reqs and not prompt:
             return None
@@ -98,7 +103,8 @@ class OutputProcessor:
             [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs] if rep else [],
             self.eos_ids, [r.top_logprobs_num for r in reqs],
             [r.token_ids_logprob for r in reqs], any(r.return_logprob for r in reqs),
-            take_bitmask=lambda: self._take_bitmask(reqs), prompt_logprobs=prompt)
+            take_bitmask=lambda: self._take_bitmask(reqs), prompt_logprobs=prompt,
+            draft_rows=drafts)
 
     # --- after a forward ------------------------------------------------------------------
     def process(self, batch: ScheduleBatch, sampled: NextTokens | None) -> list[ReqOutput]:
@@ -109,7 +115,7 @@ class OutputProcessor:
         for i, (req, n, (a, _)) in enumerate(
                 zip(batch.reqs, batch.extend_lens, batch.logit_ranges)):
             kv0 = req.kv_len
-            req.kv_len += n
+            req.kv_len += n - len(req.draft_ids)  # drafts' KV: once verified (speculative.py)
             if req.wants_input_logprobs:
                 self._input_logprobs(req, kv0 + a,
                                      sampled.prompt_logprobs.get(i) if sampled else None)
@@ -160,7 +166,10 @@ class OutputProcessor:
         jumped forward), the outputs built; a finished request's KV goes to the tree."""
         ids, lps = out.next_token_ids, out.logprobs
         starts = [len(req.output_ids) for req in reqs]
-        for req, tok in zip(reqs, ids):
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            if req.draft_ids:
+                self._append_verified(req, tok, out.draft_targets[i])
+                continue
             req.output_ids.append(tok)
             self.s.stats["generation_tokens"] += 1
             req.finish_reason = self._check_finish(req, tok)
@@ -182,6 +191,22 @@ class OutputProcessor:
             if req.finished:
                 self.s.cache.release(req, cache=True)
         return outs
+
+    def _append_verified(self, req: Req, tok: int, targets: list[int]) -> None:
+        """A verification's tokens (``tok``, then the drafts' argmax ``targets``) appended
+        while its drafts are accepted, each checked for stops like a sampled token: a stop
+        drops the tokens after it."""
+        appended = 0
+        for t in self.s.spec.accepted(req.draft_ids, [tok, *targets]):
+            req.output_ids.append(t)
+            appended += 1
+            req.finish_reason = self._check_finish(req, t)
+            if req.finished:
+                break
+        self.s.stats["generation_tokens"] += appended
+        self.s.stats["spec_accepted_tokens"] += appended - 1
+        self.s.stats["spec_draft_tokens"] += len(req.draft_ids)
+        self.s.spec.after_verify(req, appended, self.s.cache)
 
     # --- constrained decoding -------------------------------------------------------------
     def _start_bitmask(self, reqs: list[Req]) -> None:
@@ -373,6 +398,10 @@ class OutputProcessor:
             output_token_ids_logprobs=(asked or []) if wants_ids else None,
             storage_cached_tokens=(req.storage_cached_tokens
                                    if self.s.cache.hicache is not None else None))
+        if self.s.spec is not None:  # SGLang's meta_info counts (speculative.py)
+            st = req.spec
+            out.spec = SpecCounts(0, 0, 0) if st is None else SpecCounts(
+                st.verify_ct, st.draft_tokens, st.accepted_tokens)
         if req.wants_input_logprobs and req.kv_len >= req.prompt_len:
             out.input_token_logprobs = req.input_token_logprobs
             out.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None

@@ -92,6 +92,11 @@ class Req:
         # for pooling that reads every prompt token (mean, cls), so no cache hit is used
         self.pooled: Any = None
         self.pools_every_token = False
+        # speculative decoding (speculative.py): this step's draft tokens, verified after
+        # its last token in the same forward, and its SpecState (None: it never decoded
+        # with --speculative-algorithm)
+        self.draft_ids: list[int] = []
+        self.spec: Any = None
 
     @property
     def fill_ids(self) -> list[int]:
@@ -122,8 +127,9 @@ class Req:
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens whose KV the next forward computes (> 1 after a jump-forward)."""
-        return self.seq_len - self.kv_len
+        """Tokens whose KV the next forward computes (> 1 after a jump-forward, or with
+        draft tokens)."""
+        return self.seq_len - self.kv_len + len(self.draft_ids)
 
     @property
     def finished(self) -> bool:
@@ -179,6 +185,11 @@ class ScheduleBatch:
         return all(n == 1 and not r.is_prefilling for r, n in zip(self.reqs, self.extend_lens))
 
     @property
+    def is_verify(self) -> bool:
+        """A decode step (no prefill) in which some rows verify draft tokens."""
+        return self.num_prefill == 0 and any(r.draft_ids for r in self.reqs)
+
+    @property
     def num_tokens(self) -> int:
         return sum(self.extend_lens)
 
@@ -190,7 +201,7 @@ class ScheduleBatch:
         samples after it (``sampling``: an ``executor.sampler.SamplingBatch``), no requests."""
         input_ids: list[int] = []
         for r, n in zip(self.reqs, self.extend_lens):
-            input_ids += r.tokens(r.kv_len, r.kv_len + n)
+            input_ids += r.tokens(r.kv_len, r.kv_len + n - len(r.draft_ids)) + r.draft_ids
         slots = [r.state_slot for r in self.reqs]
         restores, saves = self._state_copies()
         return ModelWorkerBatch(

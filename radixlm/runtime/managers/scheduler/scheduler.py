@@ -52,6 +52,7 @@ from radixlm.runtime.managers.scheduler.scheduler_intake import (
 )
 from radixlm.runtime.managers.scheduler.scheduler_reports import SchedulerReports
 from radixlm.runtime.managers.scheduler.scheduler_weights import SchedulerWeightUpdates
+from radixlm.runtime.managers.scheduler.speculative import Speculator
 from radixlm.runtime.managers.validation import (
     RequestLimits,
 )
@@ -112,6 +113,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
                                   state_slots=self.model_runner.state_pool_size,
                                   snapshot_slots=self.model_runner.snapshot_state_slots,
                                   inner_snapshots=self.model_runner.inner_snapshots)
+        # --speculative-algorithm: drafts verified in the decode forward (speculative.py)
+        self.spec = Speculator.from_args(args, self.context_len,
+                                         self.model_runner.state_pool is not None)
         self.limits = RequestLimits.from_args(args, self.context_len,
                                               self.model_config.vocab_size, pool)
         priority_sign = (None if not args.enable_priority_scheduling
@@ -139,6 +143,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
              "forward_steps", "decode_steps", "jump_forward_tokens",
              "num_priority_preemptions", "total_prefill_uncached_tokens",
              "total_prefill_busy_us"), 0)
+        if self.spec is not None:  # drafts verified and accepted since start
+            self.stats.update(dict.fromkeys(
+                ("spec_verify_ct", "spec_draft_tokens", "spec_accepted_tokens"), 0))
         # decode steps' [count, sum b, sum t, sum b^2, sum b*t, sum tokens] (t: step time in
         # us, b: batch size), SGLang's /v1/loads decode_moments: fit t = a + c*b from them
         self.decode_moments = [0.0] * 6
@@ -225,6 +232,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         # what samples after the forward; grammar masks fill while the model runs
         sampling = None if self.embeddings is not None else self.outputs.sampling_batch(batch)
         t0, decode = time.perf_counter(), batch.is_decode
+        if self.spec is not None and batch.is_verify:  # a decode step with drafts
+            decode = True
         if self.cache.snapshots is not None:  # a hybrid: where its prefill saves its state
             self.cache.snapshots.plan(batch.reqs, batch.extend_lens, batch.num_prefill)
         logits, sampled = self.model_runner.forward_and_sample(
@@ -249,7 +258,8 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
         dec_lens = [r.num_new_tokens for r in decodes]
         if prefill is None:
             self._on_decode_step(len(decodes))
-            return ScheduleBatch(decodes, dec_lens, [(n - 1, n) for n in dec_lens],
+            return ScheduleBatch(decodes, dec_lens,
+                                 [(n - 1 - len(r.draft_ids), n) for r, n in zip(decodes, dec_lens)],
                                  prefix_groups=self._prefix_groups(decodes))
         reqs, lens = prefill.reqs + decodes, prefill.extend_lens + dec_lens
         range_of = (self.embeddings or self.outputs).logit_range
@@ -343,6 +353,9 @@ class Scheduler(SchedulerIntake, SchedulerReports, SchedulerWeightUpdates):
             victim = reqs.pop(0)
             self._retract(victim)
             need = sum(self.cache.pages_needed(r, r.num_new_tokens) for r in reqs)
+        if self.spec is not None:
+            self.spec.propose(reqs, self.cache)
+            self.stats["spec_verify_ct"] += len(reqs)
         if not self.cache.alloc_many(reqs, [r.num_new_tokens for r in reqs]):
             # only a lone request is left and even it cannot grow: out of memory
             for r in reqs:

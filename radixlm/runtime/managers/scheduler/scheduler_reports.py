@@ -16,6 +16,7 @@ from radixlm.runtime.managers.scheduler.embedding_outputs import EmbeddingOutput
 from radixlm.runtime.managers.scheduler.pd_queues import DecodeQueues, PrefillQueues
 from radixlm.runtime.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from radixlm.runtime.managers.scheduler.schedule_policy import PrefillAdder
+from radixlm.runtime.managers.scheduler.speculative import Speculator
 from radixlm.runtime.managers.validation import MAX_NAMESPACE_LABELS, namespace_label
 from radixlm.runtime.openmp_env import wait_policy
 
@@ -32,6 +33,7 @@ class SchedulerReports:
     grammar_compiler: GrammarCompiler
     embeddings: EmbeddingOutputs | None
     pd: PrefillQueues | DecodeQueues | None
+    spec: Speculator | None
     threads: ThreadSizer
     on_cpu: bool
     context_len: int
@@ -145,6 +147,7 @@ class SchedulerReports:
             "omp_wait_policy": wait_policy(),
             **(self.pd.info() if self.pd is not None else {}),
             **(self._hicache_info()),
+            **(self._spec_info()),
             **{k: int(v) for k, v in self.stats.items()},
         }
 
@@ -153,6 +156,15 @@ class SchedulerReports:
         if hicache is None:
             return {}
         return {"hierarchical_cache": hicache.info(), **hicache.counters()}
+
+    def _spec_info(self) -> dict[str, Any]:
+        """--speculative-algorithm: SGLang's spec_accept_length, output tokens per request
+        per decode forward (1.0: no draft accepted); the counts are in ``stats``."""
+        if self.spec is None:
+            return {}
+        verified = self.stats["spec_verify_ct"]
+        accepted = self.stats["spec_accepted_tokens"]
+        return {"spec_accept_length": (verified + accepted) / verified if verified else 0.0}
 
     def waiting_uncached_tokens(self) -> int:
         """Tokens the waiting requests still have to compute: each one's beyond its cached

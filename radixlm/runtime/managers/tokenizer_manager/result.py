@@ -17,9 +17,22 @@ from typing import Any
 
 import msgspec
 
-from radixlm.runtime.managers.messages import TextOutput
+from radixlm.runtime.managers.messages import SpecCounts, TextOutput
 
 PROMPT_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+
+
+def spec_meta(spec: SpecCounts, completion_tokens: int) -> dict[str, Any]:
+    """SGLang's speculative ``meta_info``: decode forwards (``spec_verify_ct``), output
+    tokens per forward (``spec_accept_length``: completion tokens / forwards, the first
+    token, from the prefill, included as SGLang counts it) and the drafts' acceptance."""
+    return {"spec_verify_ct": spec.verify_ct,
+            "spec_accept_length": (completion_tokens / spec.verify_ct
+                                   if spec.verify_ct else 0.0),
+            "spec_accept_rate": (spec.accepted_tokens / spec.draft_tokens
+                                 if spec.draft_tokens else 0.0),
+            "spec_accept_token_num": spec.accepted_tokens,
+            "spec_draft_token_num": spec.draft_tokens}
 
 
 class ResultBuilder:
@@ -86,6 +99,8 @@ class ResultBuilder:
             meta["cached_tokens_details"] = {
                 "device": out.cached_tokens - out.storage_cached_tokens,
                 "storage": out.storage_cached_tokens}
+        if out.spec is not None:  # --speculative-algorithm: SGLang's fields
+            meta.update(spec_meta(out.spec, out.completion_tokens))
         if self.weight_version is not None:
             meta["weight_version"] = self.weight_version
         if self.return_logprob:
