@@ -8,9 +8,10 @@ whose low nibbles are elements 0-15 and high nibbles 16-31), which CI can always
 by llama.cpp's own ``convert_hf_to_gguf.py`` when its venv is here.
 
 Oracles: transformers' GptOssForCausalLM in float32 on the checkpoint with the same MXFP4
-experts dequantized (exact greedy tokens); the experts read back equal to ``mxfp4``'s
-dequantization bit for bit; llama.cpp's own greedy tokens on its file, where its logits
-are decisive; hostile files refused naming the tensor or key.
+experts dequantized (exact greedy tokens, the packed experts' products exact:
+``exact_products``); the experts read back equal to ``mxfp4``'s dequantization bit for
+bit; llama.cpp's own greedy tokens on its file, where its logits are decisive; hostile
+files refused naming the tensor or key.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gguf.constants import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from radixlm.kernels import quant_linear
 from radixlm.runtime.executor.models import mxfp4
 from radixlm.runtime.executor.quant.gguf_weights import read_tensor
 from radixlm.runtime.gguf_container import GGUFError
@@ -55,10 +57,13 @@ EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    return make_checkpoints(tmp_path_factory.mktemp("gpt_oss"))
+
+
+def make_checkpoints(root: Path) -> tuple[Path, Path]:
     """(MXFP4 checkpoint, float checkpoint of what its experts hold) of the tiny gpt-oss
     family (4 layers, hidden 128, 8 experts of 64, top 2), with llama.cpp's SwiGLU limit
     of 7 (its graph has no other; the GGUF file no key for it)."""
-    root = tmp_path_factory.mktemp("gpt_oss")
     src = make_family_model(root / "src", "gpt_oss")
     cfg = json.loads((src / "config.json").read_text())
     cfg["swiglu_limit"] = 7.0
@@ -190,8 +195,11 @@ def write_gpt_oss_gguf(mx: Path, out: Path, meta: dict | None = None, drop: tupl
 
 @pytest.fixture(scope="module")
 def want_tokens(checkpoints) -> list[list[int]]:
+    return hf_tokens(checkpoints[1])
+
+
+def hf_tokens(deq: Path) -> list[list[int]]:
     """transformers' greedy tokens on the dequantized checkpoint, float32."""
-    _, deq = checkpoints
     hf = AutoModelForCausalLM.from_pretrained(deq, dtype=torch.float32,
                                               attn_implementation="eager").eval()
     with torch.no_grad():
@@ -200,7 +208,16 @@ def want_tokens(checkpoints) -> list[list[int]]:
                 .tolist() for p in PROMPTS]
 
 
-def _served(make_engine, path: Path) -> list[list[int]]:
+def exact_products(monkeypatch) -> None:
+    """Quantized products through the packed weights dequantized tile by tile to x's dtype
+    (``quant_linear``'s path past ``dequant_rows``), not the kernel's rounding of x to int8
+    per 32 columns: the tokens of the weights themselves, comparable with transformers'
+    float32 exactly. The kernel's own arithmetic: test_gpt_oss_packed_experts.py."""
+    monkeypatch.setattr(quant_linear, "dequant_rows", lambda kind: 0)
+
+
+def _served(make_engine, path: Path, monkeypatch) -> list[list[int]]:
+    exact_products(monkeypatch)
     eng = make_engine(model_path=str(path), dtype="float32")
     return [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
 
@@ -228,23 +245,32 @@ def test_hand_written_file_reads_as_the_checkpoint(hand_file, checkpoints):
         for layer in (0, 3):
             p = f"model.layers.{layer}.mlp.experts."
             gate_up = dense[p + "gate_up_proj"].transpose(1, 2)  # [E, 2I, H], interleaved
-            assert torch.equal(read_tensor(model, p + "gate_proj"), gate_up[:, 0::2])
-            assert torch.equal(read_tensor(model, p + "up_proj"), gate_up[:, 1::2])
-            assert torch.equal(read_tensor(model, p + "down_proj"),
+            assert torch.equal(_stacked(model, p + "gate_proj"), gate_up[:, 0::2])
+            assert torch.equal(_stacked(model, p + "up_proj"), gate_up[:, 1::2])
+            assert torch.equal(_stacked(model, p + "down_proj"),
                                dense[p + "down_proj"].transpose(1, 2))
 
 
-def test_hand_written_file_serves_transformers_tokens(hand_file, want_tokens, make_engine):
-    assert _served(make_engine, hand_file) == want_tokens
+def _stacked(model, name: str) -> torch.Tensor:
+    """A stacked MXFP4 expert tensor as read (one quantized weight per expert), in float."""
+    experts = read_tensor(model, name)
+    assert isinstance(experts, list) and all(qw.kind == "w8" for qw in experts)
+    return torch.stack([qw.dequantize() for qw in experts])
 
 
-def test_float_experts_serve_the_same_tokens(checkpoints, want_tokens, make_engine, tmp_path):
+def test_hand_written_file_serves_transformers_tokens(hand_file, want_tokens, make_engine,
+                                                      monkeypatch):
+    assert _served(make_engine, hand_file, monkeypatch) == want_tokens
+
+
+def test_float_experts_serve_the_same_tokens(checkpoints, want_tokens, make_engine, tmp_path,
+                                            monkeypatch):
     """Experts in another GGML type (F32 here: llama.cpp's converter writes the outtype when
     the checkpoint is not MXFP4) take the same path: the same values, the same tokens."""
     path = write_gpt_oss_gguf(checkpoints[0], tmp_path / "f32.gguf", dense_experts=True)
     with open_gguf(path) as model:
         assert model.tensors["model.layers.0.mlp.experts.up_proj"].type_name == "F32"
-    assert _served(make_engine, path) == want_tokens
+    assert _served(make_engine, path, monkeypatch) == want_tokens
 
 
 # ---------------------------------------------------------------- llama.cpp's own file
@@ -284,8 +310,9 @@ def test_llamacpp_file_has_the_hand_written_bytes(llamacpp_file, hand_file):
             assert np.array_equal(theirs.data(a), ours.data(b))
 
 
-def test_llamacpp_file_serves_transformers_tokens(llamacpp_file, want_tokens, make_engine):
-    assert _served(make_engine, llamacpp_file) == want_tokens
+def test_llamacpp_file_serves_transformers_tokens(llamacpp_file, want_tokens, make_engine,
+                                                   monkeypatch):
+    assert _served(make_engine, llamacpp_file, monkeypatch) == want_tokens
 
 
 def test_llamacpp_agrees_where_decisive(llamacpp_file, want_tokens, tmp_path):

@@ -20,7 +20,8 @@ checkpoint's experts (``quant_experts``) take the grouped path on every device.
 gpt-oss's experts have biases (``expert_bias``: gate_up's per expert row, down's per
 output, which rank 0 alone adds under tensor parallelism), gate and up interleaved and its
 own clamped SwiGLU (``activation`` / ``activation_params``); its family file places its
-checkpoint's stacked tensors.
+checkpoint's stacked tensors. Its MXFP4 experts stay quantized the same way on a CPU (the
+biases added by the quantized matmul, gate and up rows still interleaved).
 
 Under tensor parallelism every rank holds every expert's share of the intermediate rows
 (``I / tp_size`` of gate, up and down, like the dense MLP) and the whole router; the

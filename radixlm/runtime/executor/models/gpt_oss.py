@@ -12,11 +12,16 @@
 Checkpoints stack the experts: ``mlp.experts.gate_up_proj`` [E, H, 2I] and ``down_proj``
 [E, I, H] (in, out: the transpose of our [E, out, in] parameters), ``*_bias``, and
 ``mlp.router.weight`` / ``bias``; the released MXFP4 checkpoints hold ``gate_up_proj`` and
-``down_proj`` as ``*_blocks`` / ``*_scales`` in our layout, dequantized at load
-(``mxfp4.py``). Interleaving keeps a tensor-parallel rank's gate/up pairs one contiguous
-range of the checkpoint's columns. A GGUF file (``runtime/gguf_families.py``) holds gate and
-up apart, stacked ``[E, I, H]`` as ours (``mlp.experts.gate_proj`` / ``up_proj``, and
-``down_proj`` [E, H, I], ``*_bias``): they are put back in alternate rows.
+``down_proj`` as ``*_blocks`` / ``*_scales`` in our layout (``mxfp4.py``). Interleaving keeps
+a tensor-parallel rank's gate/up pairs one contiguous range of the checkpoint's columns. A
+GGUF file (``runtime/gguf_families.py``) holds gate and up apart, stacked ``[E, I, H]`` as
+ours (``mlp.experts.gate_proj`` / ``up_proj``, and ``down_proj`` [E, H, I], ``*_bias``):
+they are put back in alternate rows.
+
+MXFP4 experts from either source stay quantized on one CPU rank where the kernel library
+is built (``executor/quant/loader.py``: exact int8 codes times powers of two, packed as w6,
+0.8 bytes a weight; gate and up interleaved row by row, so the activation is the same);
+elsewhere they are dequantized at load to the model dtype.
 """
 
 from __future__ import annotations
@@ -56,14 +61,15 @@ class GptOssMoeBlock(SparseMoeBlock):
 
 
 class GptOssMxfp4MoeBlock(GptOssMoeBlock):
-    """The sparse MLP of an MXFP4 checkpoint (experts dequantized at load)."""
+    """The sparse MLP of an MXFP4 checkpoint (experts quantized on a CPU, else
+    dequantized at load)."""
 
     mxfp4 = True
 
 
 class GptOssGGUFMoeBlock(SparseMoeBlock):
     """The sparse MLP of a GGUF file: gate and up stacked apart, placed in alternate rows of
-    ``gate_up_proj`` (whatever their GGML type, read as float: ``executor/quant``)."""
+    ``gate_up_proj`` (quantized rows interleaved, float ones copied: ``executor/quant``)."""
 
     def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
         rows = self.shard
@@ -95,8 +101,8 @@ def moe_block_of(hf: dict) -> type[SparseMoeBlock]:
     block = _QUANT_BLOCKS.get(method) if isinstance(method, str) else None
     if block is None:
         raise ValueError(f"quantization_config.quant_method {method!r} in config.json is not "
-                         "supported for gpt-oss (supported: 'mxfp4', dequantized at load, "
-                         "and a GGUF file's view)")
+                         "supported for gpt-oss (supported: 'mxfp4' and a GGUF file's "
+                         "view)")
     return block
 
 

@@ -12,6 +12,13 @@ E2M1 codes: bit 3 the sign, bits 0-2 index ``0, 0.5, 1, 1.5, 2, 3, 4, 6``. The l
 (``weights.py``) sees the pair as one tensor ``W_blocks`` of the logical shape and reads a
 tensor-parallel rank's slice of both (along K: whole blocks only). ``quantize`` is the
 float64 reference packer the tests (and nothing else) use.
+
+Twice an E2M1 value is an integer (0, +-1, +-2, +-3, +-4, +-6, +-8, +-12), so a block is
+exactly a ``QuantWeight`` of kind w8 (``kernels/qweight.py``): those integers as int8 codes,
+group 32, scale ``2 ** (scale - 128)`` (``quant_weights``; ggml's ``kvalues_mxfp4`` and
+``e8m0_to_fp32_half``). The CPU kernels pack codes in -12..12 as w6, 0.8 bytes a weight
+(``kernels/quant_linear.py``): what gpt-oss's experts keep on a CPU
+(``executor/quant/mxfp4_source.py``) instead of 2 (bf16) or 4 (float32) dequantized.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from typing import Any
 
 import torch
 
+from radixlm.kernels.qweight import QuantWeight
+
 BLOCK = 32  # elements per scale
 BLOCKS, SCALES = "_blocks", "_scales"
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _VALUES = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float64)  # by code
+_TWICE = (2 * _VALUES).to(torch.int8)  # by code: 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ...
 
 
 def logical_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -55,6 +65,23 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor,
     w = values[codes].flatten(-2)  # [..., G, 32], element 2i from the low nibble
     w = torch.ldexp(w, scales.to(torch.int32)[..., None] - 127)
     return w.flatten(-2).to(dtype)
+
+
+def quant_weights(blocks: torch.Tensor, scales: torch.Tensor) -> list[QuantWeight]:
+    """Stacked ``[E, N, G, 16]`` codes and ``[E, N, G]`` scales -> E ``QuantWeight`` s of
+    ``[N, G * 32]`` (w8, group 32), each equal to ``dequantize`` exactly: codes twice the
+    E2M1 values, scales ``2 ** (scale - 128)`` (every product exact in float32)."""
+    assert blocks.dim() == 4 and blocks.shape[:-1] == scales.shape \
+        and blocks.shape[-1] == BLOCK // 2, f"blocks {tuple(blocks.shape)} vs scales " \
+        f"{tuple(scales.shape)}"
+    experts, n, groups, _ = blocks.shape
+    halves = torch.pow(2.0, scales.double() - 128).float()  # 2^-128 is a float32 subnormal
+    out = []
+    for e in range(experts):  # one expert's int64 indices at a time (8 bytes a weight)
+        nibbles = torch.stack((blocks[e] & 0x0F, blocks[e] >> 4), dim=-1).long()
+        codes = _TWICE[nibbles].reshape(n, groups * BLOCK)  # element 2i: the low nibble
+        out.append(QuantWeight("w8", n, groups * BLOCK, BLOCK, codes, halves[e].clone()))
+    return out
 
 
 def read(blocks_file: Any, scales_file: Any, name: str, index: tuple) -> torch.Tensor:

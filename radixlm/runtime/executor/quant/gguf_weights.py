@@ -11,20 +11,24 @@ our kernels multiply as ``QuantWeight`` (``kernels/qweight.py``), converted exac
     Q4_K       256: d, dmin, 8 x 6-bit (sc, m), nibbles   w4, group 32, scale d*sc, min -dmin*m
     Q5_K       256: as Q4_K plus 32 bytes of high bits    w8 (0..31), group 32, as Q4_K
     Q6_K       256: 4+2 bit codes, 16 int8 sc, d          w8 (-32..31), group 16, scale d*sc
+    MXFP4      32: E8M0 e, 16 bytes of E2M1 nibbles       w8 (2 x E2M1: -12..12), group 32,
+                                                          scale 2^(e - 128)
 
 Every product (an fp16 ``d`` times a code or a 6/8-bit scale) is exact in float32 and the
 offset is added once, in the order the ``gguf`` package's dequantizer adds it, so
 ``QuantWeight.dequantize()`` equals ``gguf.quants.dequantize`` bit for bit (the tests check
 every type on random blocks). Rows llama.cpp permuted (``TensorInfo.unpermute_heads``) are put
-back in HF order: rows are independent in every block format, so this is exact too.
+back in HF order: rows are independent in every block format, so this is exact too. A
+stacked ``[E, N, K]`` tensor (gpt-oss's experts) reads as a list of E ``[N, K]`` weights.
 
-Any other type (Q2_K, Q3_K, IQ*, TQ*, MXFP4, ...) is dequantized to a float32 tensor with the
+Any other type (Q2_K, Q3_K, IQ*, TQ*, ...) is dequantized to a float32 tensor with the
 ``gguf`` package, with a warning for a matrix: a Q3_K_M file still serves, correctly, from
 dense weights (bigger and slower) rather than not at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -122,8 +126,14 @@ def _q6_k(b: np.ndarray) -> tuple:
     return "w8", 16, codes, scales, None
 
 
+def _mxfp4(b: np.ndarray) -> tuple:
+    """E2M1 codes as twice their values (ggml's ``kvalues_mxfp4``), scale half of E8M0's."""
+    codes = np.array(quants.MXFP4.kvalues, dtype=np.int8)[_split_nibbles(b[:, 1:], 16)]
+    return "w8", 32, codes, quants.MXFP4.e8m0_to_fp32_half(b[:, 0])[:, None], None
+
+
 _CONVERT = {Q.Q8_0: _q8_0, Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1,
-            Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k}
+            Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.MXFP4: _mxfp4}
 QUANT_TYPES = tuple(t.name for t in _CONVERT)  # kept in blocks (QuantWeight)
 
 
@@ -151,6 +161,14 @@ def _quant_weight(raw: np.ndarray, info: TensorInfo) -> QuantWeight:
     return qw
 
 
+def _expert_weights(raw: np.ndarray, info: TensorInfo) -> list[QuantWeight]:
+    """A stacked ``[E, N, K]`` tensor as E ``[N, K]`` weights, converted one expert at a
+    time (a conversion's temporaries are several bytes a weight)."""
+    experts, n, k = info.shape
+    one = dataclasses.replace(info, shape=(n, k))
+    return [_quant_weight(part, one) for part in raw.reshape(experts, -1)]
+
+
 def _float(raw: np.ndarray, info: TensorInfo) -> torch.Tensor:
     t = Q(info.ggml_type)
     if t in _FLOATS:
@@ -168,15 +186,19 @@ def _float(raw: np.ndarray, info: TensorInfo) -> torch.Tensor:
     return out
 
 
-def read_tensor(model: GGUFModel, name: str) -> torch.Tensor | QuantWeight:
+def read_tensor(model: GGUFModel, name: str) -> torch.Tensor | QuantWeight | list[QuantWeight]:
     """The tensor ``name`` (our checkpoint name) of ``model``: a ``QuantWeight`` for a
-    matrix in one of ``QUANT_TYPES``, else a float tensor (see the module docstring)."""
+    matrix in one of ``QUANT_TYPES`` (one per expert for stacked experts), else a float
+    tensor (see the module docstring)."""
     info = model.tensors.get(name)
     if info is None:
         raise GGUFError(f"{model.where}: no tensor {name!r}")
     raw = model.data(info)
-    if len(info.shape) == 2 and info.ggml_type in _CONVERT and not info.norm_shift:
-        return _quant_weight(raw, info)
+    if info.ggml_type in _CONVERT and not info.norm_shift:
+        if len(info.shape) == 2:
+            return _quant_weight(raw, info)
+        if len(info.shape) == 3:
+            return _expert_weights(raw, info)
     return _float(raw, info)
 
 
@@ -199,7 +221,7 @@ class GGUFSource:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.model.tensors.items()}
 
-    def read(self, name: str) -> torch.Tensor | QuantWeight:
+    def read(self, name: str) -> torch.Tensor | QuantWeight | list[QuantWeight]:
         return read_tensor(self.model, name)
 
     def close(self) -> None:

@@ -12,9 +12,17 @@ tensors named, nothing touched on a mismatch). Then each tensor is read once:
     (embeddings, a layer mixing dense parts)     (an embedding is a row lookup)
     a float tensor                             -> copied, as from a float checkpoint
 
+Stacked experts (``[E, N, K]``: gpt-oss's, from a GGUF file or its MXFP4 checkpoint) read
+as a list of E ``QuantWeight`` s, one per expert, placed like the stack. Rows may be placed
+with a stride: gpt-oss's GGUF gate and up fill the even and odd rows of ``gate_up_proj``
+(its activation reads them interleaved); their rows are interleaved in one weight.
+A parameter's blocks are packed as soon as its last tensor is read, so a load holds one
+parameter's unpacked codes at a time beside the packed model.
+
 ``dense=True`` dequantizes everything (the float reference the tests compare against).
 One rank only: a quantized weight's groups run along the columns a row-parallel shard
-would cut, so ``check_tp_split`` refuses tp_size > 1 with a quantized checkpoint.
+would cut, so ``check_tp_split`` refuses tp_size > 1 with a quantized checkpoint (gpt-oss's
+MXFP4 checkpoint, which it lets through, is dequantized there: ``packs_mxfp4``).
 """
 
 from __future__ import annotations
@@ -26,12 +34,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from radixlm.kernels.qweight import QuantWeight
+from radixlm.kernels import quant_linear
+from radixlm.kernels.qweight import QuantWeight, stack_rows
 from radixlm.runtime.distributed.layers import Placement, Prepackable
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.distributed.quant_rows import QuantRows
 from radixlm.runtime.executor.layers.moe import FusedExperts
 from radixlm.runtime.executor.models.weights import LoadTarget, load_weights, plan_load
-from radixlm.runtime.executor.quant.sources import WeightSource, weight_source
+from radixlm.runtime.executor.quant.mxfp4_source import Mxfp4Source
+from radixlm.runtime.executor.quant.sources import WeightSource, quant_method, weight_source
 from radixlm.runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -46,6 +57,8 @@ def load_checkpoint(model: nn.Module, config: ModelConfig, model_dir: str | Path
     name, which must agree with the checkpoint), else ``load_weights``. Returns how many
     weights of each kind stay quantized (empty: a float checkpoint)."""
     source = weight_source(config, model_dir, quantization)
+    if source is None and packs_mxfp4(model, config):
+        source = Mxfp4Source(model_dir)
     if source is None:
         load_weights(model, model_dir, optional)
         return Counter()
@@ -55,26 +68,38 @@ def load_checkpoint(model: nn.Module, config: ModelConfig, model_dir: str | Path
         source.close()
 
 
+def packs_mxfp4(model: nn.Module, config: ModelConfig) -> bool:
+    """Whether gpt-oss's MXFP4 experts stay quantized (``Mxfp4Source``): an MXFP4
+    checkpoint on one CPU rank with the kernel library built. Elsewhere (CUDA, tensor
+    parallelism, no library) they are dequantized at load (``models/mxfp4.py``)."""
+    device = next(model.parameters()).device
+    return (quant_method(config) == "mxfp4" and device.type == "cpu"
+            and get_tp_group().size == 1 and quant_linear.isa() >= 0)
+
+
 def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, ...] = (),
                    dense: bool = False) -> Counter:
     """Check ``source`` against ``model`` (``plan_load``), then read it in (see the module
     docstring). Returns how many weights of each kind stay quantized."""
     targets = plan_load(model, source.where, optional, shapes=source.shapes())
     blocks: dict[str, list[tuple[Placement, QuantWeight]]] = defaultdict(list)
+    unread = Counter(t.place.param for places in targets.values() for t in places)
+    kinds: Counter = Counter()
     with torch.no_grad():
         for name, places in targets.items():
             value = source.read(name)
             for target in places:
-                shard = target.shard
+                shard, param = target.shard, target.place.param
                 assert shard is None or shard.size == shard.full, \
                     f"{name}: a quantized checkpoint loads on one rank, not {shard}"
-                if isinstance(value, QuantWeight) and not dense and _quant_site(model, target):
-                    blocks[target.place.param].append((target.place, value))
+                if not isinstance(value, torch.Tensor) and not dense \
+                        and _quant_site(model, target):
+                    blocks[param].extend(_parts(target.place, value))
                 else:
                     _copy_dense(target, value)
-        kinds: Counter = Counter()
-        for param, parts in blocks.items():
-            kinds.update(_attach(model, param, parts))
+                unread[param] -= 1
+                if not unread[param] and param in blocks:  # packed now: its codes freed
+                    kinds.update(_attach(model, param, blocks.pop(param)))
     for m in model.modules():
         assert not isinstance(m, FusedExperts) or m.quant_experts is None or all(
             all(pair) for pair in m.quant_experts), \
@@ -84,9 +109,25 @@ def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, 
     return kinds
 
 
-def _copy_dense(target: LoadTarget, value: torch.Tensor | QuantWeight) -> None:
+def _parts(place: Placement, value: QuantWeight | list[QuantWeight]
+           ) -> list[tuple[Placement, QuantWeight]]:
+    """``value`` as (placement, weight) pairs: stacked experts one pair per expert, at
+    ``(expert, rows)`` (``rows``: the stack's rows within each expert, or all of them)."""
+    if isinstance(value, QuantWeight):
+        return [(place, value)]
+    rows = place.rows
+    assert rows is None or isinstance(rows, tuple) and rows[0] == slice(None), \
+        f"stacked experts placed at {rows} of {place.param}: not every expert"
+    inner = None if rows is None else rows[1]
+    return [(place._replace(rows=(e, inner)), qw) for e, qw in enumerate(value)]
+
+
+def _copy_dense(target: LoadTarget, value: torch.Tensor | QuantWeight | list[QuantWeight]
+                ) -> None:
     if isinstance(value, QuantWeight):
         value = value.dequantize(torch.float32)
+    elif isinstance(value, list):  # stacked experts
+        value = torch.stack([qw.dequantize(torch.float32) for qw in value])
     target.tensor.copy_(value)
 
 
@@ -127,7 +168,10 @@ def _attach(model: nn.Module, param: str, parts: list[tuple[Placement, QuantWeig
 
 def _ordered_rows(parts: list[tuple[slice | None, QuantWeight]],
                   n: int) -> list[QuantWeight] | None:
-    """The blocks top to bottom when they cover rows ``[0, n)`` exactly, else None."""
+    """The blocks top to bottom when they cover rows ``[0, n)`` exactly, else None (strided
+    rows: ``_interleaved``)."""
+    if any(rows is not None and rows.step not in (None, 1) for rows, _ in parts):
+        return _interleaved(parts, n)
     spans = sorted(((0, n) if rows is None else (rows.start, rows.stop), qw)
                    for rows, qw in parts)
     at = 0
@@ -136,6 +180,23 @@ def _ordered_rows(parts: list[tuple[slice | None, QuantWeight]],
             return None
         at = stop
     return [qw for _, qw in spans] if at == n else None
+
+
+def _interleaved(parts: list[tuple[slice | None, QuantWeight]],
+                 n: int) -> list[QuantWeight] | None:
+    """Blocks placed at strided rows (gpt-oss's gate at rows 0, 2, 4, ... and up at 1, 3,
+    5, ...) as one weight with their rows where placed, when they cover ``[0, n)`` exactly
+    and share a layout (rows are independent in every format: exact); else None."""
+    where = [torch.arange(n)[slice(None) if rows is None else rows] for rows, _ in parts]
+    stacked = stack_rows([qw for _, qw in parts])
+    order = torch.cat(where)
+    if stacked is None or any(len(w) != qw.n for w, (_, qw) in zip(where, parts)) \
+            or not torch.equal(order.sort().values, torch.arange(n)):
+        return None
+    rows = torch.argsort(order)  # row r of the weight is row rows[r] of the stack
+    return [QuantWeight(stacked.kind, n, stacked.k, stacked.group, stacked.data[rows],
+                        stacked.scales[rows],
+                        None if stacked.mins is None else stacked.mins[rows], stacked.perm)]
 
 
 def _expert_rows(parts: list[tuple[Placement, QuantWeight]], experts: int,
