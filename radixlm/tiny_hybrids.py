@@ -16,6 +16,10 @@ Mamba2, MoE of 4 relu^2 experts, 2 a token, in 2 groups, plus a shared expert). 
 hybrid: ``mamba attention mamba mamba`` with Granite's multipliers, RoPE, 4 experts and the
 shared MLP. Falcon-H1: three layers of attention beside Mamba2, every muP multiplier set. Bamba:
 ``mamba attention mamba mamba`` (RoPE on half of each head) and a gated MLP.
+
+Jamba (``MAMBA1_HYBRIDS``): the same sizes, ``mamba attention mamba mamba`` with Mamba (v1)
+mixers of 128 channels and a state of 16, attention without RoPE, and 4 experts (2 a token,
+not renormalized) in layers 1 and 3, a gated MLP in the others.
 """
 
 from __future__ import annotations
@@ -98,7 +102,15 @@ MAMBA2_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32,
         "rms_norm_eps": 1e-5}),
 }
-HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS}
+# arch -> (config class, its fields besides _MAMBA2_SIZE); dt_rank auto: hidden / 16
+MAMBA1_HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "jamba": ("JambaConfig", {
+        "num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 1,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+        "rms_norm_eps": 1e-5}),
+}
+HYBRIDS = {**GATED_DELTA_HYBRIDS, **MAMBA2_HYBRIDS, **MAMBA1_HYBRIDS}
 
 
 def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
@@ -109,7 +121,8 @@ def hybrid_config(arch: str, vocab_size: int) -> transformers.PretrainedConfig:
     if arch not in HYBRIDS:
         raise ValueError(f"arch must be one of {sorted(HYBRIDS)}, got {arch!r}")
     cls_name, special = HYBRIDS[arch]
-    text = {**(_MAMBA2_SIZE if arch in MAMBA2_HYBRIDS else _SIZE), "vocab_size": vocab_size}
+    mamba = arch in MAMBA2_HYBRIDS or arch in MAMBA1_HYBRIDS
+    text = {**(_MAMBA2_SIZE if mamba else _SIZE), "vocab_size": vocab_size}
     if "vision_config" in special:  # multimodal: the sizes are the language model's
         config = getattr(transformers, cls_name)(text_config=text, **special)
     else:
@@ -140,12 +153,13 @@ def make_hybrid_model(out_dir: str | Path, arch: str, seed: int = 0,
 
 
 def _spread_routers(model: torch.nn.Module) -> None:
-    """Nemotron-H's and Granite's routers drawn wide, as ``_redraw`` draws the others:
+    """Nemotron-H's, Granite's and Jamba's routers drawn wide, as ``_redraw`` draws the others:
     scores far apart, so no near-tie picks other experts at other precisions."""
     import torch
 
     hidden = model.config.get_text_config().hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("mixer.gate.weight", "block_sparse_moe.router.weight")):
+            if name.endswith(("mixer.gate.weight", "block_sparse_moe.router.weight",
+                              "feed_forward.router.weight")):
                 p.mul_(2.0 / hidden**0.5 / p.std())

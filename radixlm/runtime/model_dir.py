@@ -17,9 +17,8 @@ from typing import Any
 
 # config.json ``architectures`` names radixlm serves; ``executor/models``' MODEL_CLASSES has
 # a class for each (it asserts so at import). Of the hybrid attention / state-space models,
-# Qwen3-Next and Qwen3.5 (dense and MoE) and the Mamba2 hybrids (Nemotron-H, Granite 4,
-# Falcon-H1, Bamba) are served;
-# Jamba (Mamba v1 layers) and MLA (DeepSeek-V2/V3) are not.
+# Qwen3-Next and Qwen3.5 (dense and MoE), the Mamba2 hybrids (Nemotron-H, Granite 4,
+# Falcon-H1, Bamba) and Jamba (Mamba v1 layers) are served; MLA (DeepSeek-V2/V3) is not.
 SERVED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GemmaForCausalLM",
@@ -28,7 +27,7 @@ SERVED_ARCHITECTURES = (
     "GraniteForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM",
-    "FalconH1ForCausalLM", "BambaForCausalLM",
+    "FalconH1ForCausalLM", "BambaForCausalLM", "JambaForCausalLM",
     # base models (AutoModel checkpoints, as embedding models are saved), --is-embedding
     "LlamaModel", "MistralModel", "Qwen2Model",
 )
@@ -46,13 +45,10 @@ ARCHITECTURE_OF_MODEL_TYPE = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "nemotron_h": "NemotronHForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
-    "bamba": "BambaForCausalLM",
+    "bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM",
 }
 # architectures refused with a reason beyond "not served"
-NOT_SERVED_WHY = {
-    "JambaForCausalLM": "its Mamba v1 layers are not implemented (radixlm's state-space "
-                        "layers are Mamba2's: Nemotron-H)",
-}
+NOT_SERVED_WHY: dict[str, str] = {}
 # what AutoTokenizer builds a tokenizer from: a tokenizers serialization, a sentencepiece
 # or tiktoken model, a BPE or WordPiece vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken",

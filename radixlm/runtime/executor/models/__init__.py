@@ -28,6 +28,7 @@ from radixlm.runtime.executor.models.gemma import (
 from radixlm.runtime.executor.models.gpt_oss import GptOssForCausalLM
 from radixlm.runtime.executor.models.granite import GraniteForCausalLM
 from radixlm.runtime.executor.models.granitemoehybrid import GraniteMoeHybridForCausalLM
+from radixlm.runtime.executor.models.jamba import JambaForCausalLM
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from radixlm.runtime.executor.models.mistral import MinistralForCausalLM, MistralForCausalLM
 from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
@@ -85,6 +86,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
+    # Mamba (v1) layers beside attention
+    "JambaForCausalLM": JambaForCausalLM,
     # base models (transformers' AutoModel checkpoints, as embedding models are saved:
     # no LM head), served with --is-embedding
     "LlamaModel": LlamaForCausalLM,
