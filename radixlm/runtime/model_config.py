@@ -352,6 +352,9 @@ def _layer_types(hf: dict, sliding_window: int | None) -> tuple[str, ...]:
     if hf.get("model_type") == "bamba":  # attention at attn_layer_indices, Mamba2 elsewhere
         attn = set(hf.get("attn_layer_indices") or ())
         return tuple(FULL if i in attn else LINEAR for i in range(n))
+    if hf.get("model_type") == "jamba":  # attention where i % period == offset, Mamba elsewhere
+        period, offset = hf.get("attn_layer_period", 8), hf.get("attn_layer_offset", 4)
+        return tuple(FULL if i % period == offset else LINEAR for i in range(n))
     if hf.get("model_type") in _GATED_DELTANET_TYPES and not hf.get("layer_types"):
         # the released config.json files: one attention layer every full_attention_interval
         interval = hf.get("full_attention_interval", 4)
