@@ -14,9 +14,11 @@ from transformers.models.jamba import modeling_jamba
 
 from radixlm import cli
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers.gated_delta import Snapshots
 from radixlm.runtime.executor.layers.mamba1 import selective_scan, selective_scan_step
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.models import build_model
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 from radixlm.tiny_hybrids import make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
@@ -154,3 +156,9 @@ def test_make_tiny_model_writes_jamba(tmp_path):
     assert cli.main(["make-tiny-model", str(tmp_path), "--arch", "jamba"]) == 0
     config = ModelConfig.from_hf(tmp_path)
     assert config.architectures == ("JambaForCausalLM",) and config.is_hybrid
+
+
+def test_tensor_parallelism_refused_by_name(jamba):
+    config = ModelConfig.from_hf(jamba[0])
+    with pytest.raises(ValueError, match="JambaForCausalLM.*Mamba.*--tp-size 1"):
+        build_model(config, "cpu", TpGroup(rank=0, size=2))
