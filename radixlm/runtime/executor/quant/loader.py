@@ -92,8 +92,7 @@ def load_quantized(model: nn.Module, source: WeightSource, optional: tuple[str, 
                 shard, param = target.shard, target.place.param
                 assert shard is None or shard.size == shard.full, \
                     f"{name}: a quantized checkpoint loads on one rank, not {shard}"
-                if not isinstance(value, torch.Tensor) and not dense \
-                        and _quant_site(model, target):
+                if not dense and _keeps_quantized(model, target, value):
                     blocks[param].extend(_parts(target.place, value))
                 else:
                     _copy_dense(target, value)
@@ -129,6 +128,16 @@ def _copy_dense(target: LoadTarget, value: torch.Tensor | QuantWeight | list[Qua
     elif isinstance(value, list):  # stacked experts
         value = torch.stack([qw.dequantize(torch.float32) for qw in value])
     target.tensor.copy_(value)
+
+
+def _keeps_quantized(model: nn.Module, target: LoadTarget,
+                     value: torch.Tensor | QuantWeight | list[QuantWeight]) -> bool:
+    """Whether ``value`` stays quantized at ``target``: a quantized weight where the layer
+    multiplies quantized; stacked experts (gpt-oss's, from a GGUF file) on a CPU only, as
+    ``packs_mxfp4`` keeps the HF checkpoint's (elsewhere dequantized at load)."""
+    if isinstance(value, torch.Tensor) or not _quant_site(model, target):
+        return False
+    return isinstance(value, QuantWeight) or target.tensor.device.type == "cpu"
 
 
 def _quant_site(model: nn.Module, target: LoadTarget) -> bool:
