@@ -158,7 +158,22 @@ def test_make_tiny_model_writes_jamba(tmp_path):
     assert config.architectures == ("JambaForCausalLM",) and config.is_hybrid
 
 
-def test_tensor_parallelism_refused_by_name(jamba):
+def test_tp2_matches_transformers(jamba, make_engine):
+    """At --tp-size 2 each rank holds half of the mixer's channels and a state of them;
+    greedy tokens are still transformers', through chunked prefill and page size 4."""
+    path, prompts, hf, expected = jamba
+    prompts, expected = prompts[:2], [e[:12] for e in expected[:2]]
+    eng = make_engine(model_path=str(path), tp_size=2, dtype="float32", page_size=4,
+                      chunked_prefill_size=32)
+    runner = eng.scheduler.model_runner
+    assert {i: s.ssm_shape for i, s in runner.model.state_specs().items()} == {
+        i: (64, 16) for i in MAMBA_LAYERS}
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
+    assert got == expected
+
+
+def test_tp_split_that_does_not_divide_is_refused(jamba):
     config = ModelConfig.from_hf(jamba[0])
-    with pytest.raises(ValueError, match="JambaForCausalLM.*Mamba.*--tp-size 1"):
-        build_model(config, "cpu", TpGroup(rank=0, size=2))
+    with pytest.raises(ValueError, match="JambaForCausalLM.*128 channels.*tp_size \\(3\\)"):
+        build_model(config, "cpu", TpGroup(rank=0, size=3))

@@ -17,8 +17,12 @@ state pool (conv [I, K - 1] and ssm [I, N] per sequence)::
 An extend continues each sequence from its slot's state and writes the radix cache's
 snapshots inside it (``StateIndices.saves``), as ``mamba_hybrid.Mamba2Layer`` does; a decode
 steps each sequence once. Checkpoints name the router ``feed_forward.router`` (here
-``feed_forward.gate``) and the final norm ``final_layernorm``. Tensor parallelism is refused
-by name: ``x_proj`` reads every channel of the mixer.
+``feed_forward.gate``) and the final norm ``final_layernorm``.
+
+Under tensor parallelism each rank holds ``1 / tp_size`` of the mixer's channels (as vLLM
+and SGLang split it): its rows of ``in_proj``'s x and z, of the conv, ``dt_proj``, ``A_log``
+and ``D``, and its columns of ``x_proj`` (row-parallel: dt, B and C all-reduced, then whole
+on every rank with their norms) and ``out_proj``; its state is of its channels.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from torch import nn
 from radixlm.radix_cache.state_pool import StateSpec
 from radixlm.runtime.distributed.layers import (
     ColumnParallelLinear,
+    Placement,
     RowParallelLinear,
     section_shards,
 )
-from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
+from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.gated_delta import (
     causal_conv1d,
@@ -49,41 +54,51 @@ from radixlm.runtime.executor.models.mamba_hybrid import KVAttention
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 
 
-def _whole(name: str, rows: int, tp: TpGroup) -> dict:
-    """A projection's one checkpoint tensor, whole (tensor parallelism is refused)."""
-    return {name: section_shards([rows], tp)[0]}
-
-
 class Mamba1Layer(nn.Module):
     """Jamba's Mamba mixer over packed sequences, its conv and SSM states in the state pool
-    (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers'."""
+    (slot of ``fb.state``, layer ``layer_id``). Parameter names are transformers';
+    ``inter``: this rank's channels (module doc)."""
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         tp = get_tp_group()
-        if tp.size > 1:
-            raise ValueError("JambaForCausalLM: its Mamba (v1) layers under tensor "
-                             "parallelism are not implemented; serve it with --tp-size 1")
         hf, hidden, eps = config.hf_config, config.hidden_size, config.rms_norm_eps
-        self.layer_id = layer_id
-        self.inter = inter = int(hf.get("mamba_expand", 2) * hidden)
+        inter = int(hf.get("mamba_expand", 2) * hidden)
+        if inter % tp.size:
+            raise ValueError(f"JambaForCausalLM: the Mamba mixer's {inter} channels "
+                             f"(mamba_expand * hidden_size) are not divisible by tp_size "
+                             f"({tp.size})")
+        self.layer_id, self.inter = layer_id, inter // tp.size  # this rank's channels
+        self.shard = section_shards([inter], tp)[0]
         self.d_state = n = hf.get("mamba_d_state", 16)
         rank = hf.get("mamba_dt_rank", "auto")
         self.dt_rank = r = -(-hidden // 16) if rank == "auto" else int(rank)
         self.kernel = k = hf.get("mamba_d_conv", 4)
         self.activation = hf.get("hidden_act", "silu")
         proj_bias = bool(hf.get("mamba_proj_bias", False))
-        self.in_proj = ColumnParallelLinear(hidden, _whole("in_proj", 2 * inter, tp), proj_bias)
-        self.conv1d = nn.Conv1d(inter, inter, k, bias=bool(hf.get("mamba_conv_bias", True)),
-                                groups=inter, padding=k - 1)
-        self.x_proj = ColumnParallelLinear(inter, _whole("x_proj", r + 2 * n, tp), False)
-        self.dt_proj = ColumnParallelLinear(r, _whole("dt_proj", inter, tp), True)
-        self.A_log = nn.Parameter(torch.zeros(inter, n))
-        self.D = nn.Parameter(torch.ones(inter))
+        # x | z: this rank's channels of each
+        self.in_proj = ColumnParallelLinear(
+            hidden, {"in_proj": section_shards([inter, inter], tp)}, proj_bias)
+        self.conv1d = nn.Conv1d(self.inter, self.inter, k, groups=self.inter, padding=k - 1,
+                                bias=bool(hf.get("mamba_conv_bias", True)))
+        self.x_proj = RowParallelLinear(inter, r + 2 * n, False)  # dt | B | C, all-reduced
+        self.dt_proj = ColumnParallelLinear(r, {"dt_proj": self.shard}, True)
+        self.A_log = nn.Parameter(torch.zeros(self.inter, n))
+        self.D = nn.Parameter(torch.ones(self.inter))
         self.out_proj = RowParallelLinear(inter, hidden, proj_bias)
         self.dt_layernorm = RMSNorm(r, eps)
         self.b_layernorm = RMSNorm(n, eps)
         self.c_layernorm = RMSNorm(n, eps)
+
+    def checkpoint_layout(self, prefix: str) -> dict[str, Placement]:
+        """This rank's channels of the conv, ``A_log`` and ``D``; the norms whole (the
+        projections say their own)."""
+        layout = {f"{prefix}.{name}.weight": Placement(f"{prefix}.{name}.weight")
+                  for name in ("dt_layernorm", "b_layernorm", "c_layernorm")}
+        for name in ("conv1d.weight", "conv1d.bias", "A_log", "D"):
+            if name != "conv1d.bias" or self.conv1d.bias is not None:
+                layout[f"{prefix}.{name}"] = Placement(f"{prefix}.{name}", None, self.shard)
+        return layout
 
     def state_spec(self) -> StateSpec:
         return StateSpec(self.inter, self.kernel - 1, (self.inter, self.d_state))
