@@ -1,6 +1,7 @@
 """A hybrid model's speed against attention-only layers of the same size, side by side.
 
     .venv/bin/python benchmarks/hybrid_speed.py [--rounds 2] [--threads 2] [--long 8192]
+        [--only prefill]
 
 Two random checkpoints written once by transformers' own config classes under
 ``~/.cache/radixlm/hybrid-bench/``: a Qwen3.5-shaped one (hidden 1,024, 24 layers, three
@@ -63,8 +64,8 @@ def checkpoint(name: str, root: Path) -> Path:
     return out
 
 
-def measure(engine, long_len: int, vocab: int) -> dict[str, float]:
-    """The three figures of one engine (see the module docstring)."""
+def measure(engine, long_len: int, vocab: int, only: str | None) -> dict[str, float]:
+    """The three figures of one engine (see the module docstring), or those of ``only``."""
     import random
 
     rng = random.Random(0)
@@ -80,10 +81,14 @@ def measure(engine, long_len: int, vocab: int) -> dict[str, float]:
         return time.perf_counter() - t0
 
     out = {}
-    for batch in (1, 32):
+    for batch in (1, 32) if only in (None, "decode") else ():
         prompts = [ids(64) for _ in range(batch)]
         run(prompts, 2)  # warm
         out[f"decode tok/s, batch {batch}"] = batch * 63 / (run(prompts, 64) - run(prompts, 1))
+    if only == "decode":
+        return out
+    if only == "prefill":
+        run([ids(64)], 2)  # warm, as the decode figures warm it otherwise
     long = [ids(long_len)]
     out[f"prefill tok/s, {long_len} tokens"] = long_len / run(long, 1)
     return out
@@ -94,6 +99,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--long", type=int, default=8192, help="the long prompt's tokens")
+    ap.add_argument("--only", choices=["decode", "prefill"], default=None,
+                    help="measure only the decode figures or only the long prefill")
     ap.add_argument("--out", type=Path, default=None, help="every figure as JSON")
     a = ap.parse_args()
     import radixlm  # noqa: I001 - before torch: radixlm sets OpenMP's wait policy
@@ -110,7 +117,7 @@ def main() -> None:
             engine = radixlm.Engine(model_path=str(paths[name]), dtype="bfloat16",
                                     cpu_threads=a.threads, max_total_tokens=a.long + 4096)
             try:
-                figures[name] = measure(engine, a.long, engine.tokenizer.vocab_size)
+                figures[name] = measure(engine, a.long, engine.tokenizer.vocab_size, a.only)
             finally:
                 engine.shutdown()
         rounds.append(figures)

@@ -91,10 +91,11 @@ def seq_lens_tensor(seq_lens: SeqLens, device: torch.device) -> torch.Tensor:
 
 
 def _activation(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """The conv's activation, in place: ``out`` is a temporary of the caller's."""
     if activation is None:
         return out
     if activation in ("silu", "swish"):
-        return F.silu(out)
+        return F.silu(out, inplace=True)
     raise ValueError(f"unsupported conv activation {activation!r}; supported: silu, None")
 
 
@@ -130,12 +131,22 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     ext = torch.empty(tokens + batch * width, channels, dtype=cdt, device=x.device)
     ext[(ext_start[:, None] + taps).reshape(-1)] = (
         conv_state.transpose(1, 2).reshape(-1, channels).to(cdt))
-    ext[token_row] = x.to(cdt)
-    w = weight.to(cdt)
-    out = torch.zeros(tokens, channels, dtype=cdt, device=x.device) if bias is None else (
-        bias.to(cdt).expand(tokens, channels).clone())
-    for j in range(width + 1):
-        out += w[:, j] * ext[token_row - width + j]
+    if batch == 1:
+        ext[width:] = x  # converted as copied
+    else:
+        ext[token_row] = x.to(cdt)
+    w = weight.to(cdt).t().contiguous()  # [K, C]: each tap's weights contiguous
+    # every window of K rows of ext, slid over all of it (views, no gathers): the windows
+    # that straddle two sequences end on no token and are dropped
+    span = max(ext.shape[0] - width, 0)
+    out = ext[:span] * w[0]
+    if bias is not None:
+        out += bias.to(cdt)
+    for j in range(1, width + 1):
+        out.addcmul_(ext[j:j + span], w[j])
+    if batch > 1:
+        out = out[token_row - width]
+
     def state_after(seqs: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         # the K - 1 rows of the window before its token ``count``: [n, C, K - 1]
         rows = (ext_start[seqs] + count)[:, None] + taps
@@ -196,16 +207,17 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     tensor-parallel ranks (Mamba2 with fewer groups than ranks): this rank's sums of squares
     [..., G, 1] -> the whole groups' mean squares."""
     cdt = compute_dtype(x)
-    xf, silu_gate = x.to(cdt), F.silu(gate.to(cdt))
+    xf, gate_f = x.to(cdt), gate.to(cdt)
+    silu_gate = F.silu(gate_f, inplace=gate_f is not gate)  # in place on our own copy only
     if not norm_before_gate:
         xf = xf * silu_gate
     groups = xf.unflatten(-1, (-1, group_size or x.shape[-1]))  # [..., G, D / G]
     squares = (groups.pow(2).mean(-1, keepdim=True) if mean_square is None
                else mean_square(groups.pow(2).sum(-1, keepdim=True)))
-    groups = groups * torch.rsqrt(squares + eps)
-    out = groups.flatten(-2) * weight.to(cdt)
+    out = (groups * torch.rsqrt(squares + eps)).flatten(-2)  # a fresh tensor: the rest in place
+    out.mul_(weight.to(cdt))
     if norm_before_gate:
-        out = out * silu_gate
+        out.mul_(silu_gate)
     return out.to(x.dtype)
 
 
@@ -225,6 +237,7 @@ class ChunkLayout:
     first_chunk: torch.Tensor  # [B]: each sequence's first chunk
     num_chunks: torch.Tensor  # [B]: chunks per sequence, ceil(len / chunk_size)
     total_chunks: int
+    unpadded: bool  # every sequence whole chunks: ``rows`` is 0 .. T - 1
 
     @classmethod
     def build(cls, seq_lens: SeqLens, chunk_size: int, device: torch.device) -> ChunkLayout:
@@ -235,17 +248,44 @@ class ChunkLayout:
         pos = torch.arange(int(lens.sum()), device=device) - (torch.cumsum(lens, 0) - lens)[
             seq_of_token]
         rows = first_chunk[seq_of_token] * chunk_size + pos
-        return cls(chunk_size, lens, rows, first_chunk, num_chunks, int(num_chunks.sum()))
+        return cls(chunk_size, lens, rows, first_chunk, num_chunks, int(num_chunks.sum()),
+                   bool((lens % chunk_size == 0).all()))
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, ...] -> [total_chunks, chunk_size, ...], zeros in the padding."""
+        """x [T, ...] -> [total_chunks, chunk_size, ...], zeros in the padding (a view of x,
+        when it can be, if there is no padding: read it, do not write it)."""
+        if self.unpadded:
+            return x.reshape(self.total_chunks, self.chunk_size, *x.shape[1:])
         out = x.new_zeros(self.total_chunks * self.chunk_size, *x.shape[1:])
         out[self.rows] = x
         return out.view(self.total_chunks, self.chunk_size, *x.shape[1:])
 
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
-        """y [total_chunks, chunk_size, ...] -> [T, ...] (the padding rows dropped)."""
-        return y.reshape(self.total_chunks * self.chunk_size, *y.shape[2:])[self.rows]
+        """y [total_chunks, chunk_size, ...] -> [T, ...] (the padding rows dropped; a view of
+        y, when it can be, if there is none)."""
+        flat = y.reshape(self.total_chunks * self.chunk_size, *y.shape[2:])
+        return flat if self.unpadded else flat[self.rows]
+
+    def heads_first(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """x [T, H, ...] -> [total_chunks, H, chunk_size, ...], contiguous, in ``dtype``: the
+        layout of batched matmuls per chunk and head (padded, converted and transposed in
+        one copy when there is no padding)."""
+        padded = self.pad(x).transpose(1, 2)
+        return torch.empty(padded.shape, dtype=dtype, device=x.device).copy_(padded)
+
+    def tokens_first(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``heads_first`` undone: y [total_chunks, H, chunk_size, ...] -> [T, H, ...] in
+        ``dtype``."""
+        flat = y.transpose(1, 2)
+        return self.unpad(torch.empty(flat.shape, dtype=dtype, device=y.device).copy_(flat))
+
+    def locate(self, snapshots: Snapshots) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where each snapshot falls: (the step of the pass over chunks that reaches it, its
+        chunk, its row in that chunk), each [S]."""
+        snapshots.check(self.lens)
+        step = (snapshots.lens - 1) // self.chunk_size
+        return (step, self.first_chunk[snapshots.seqs] + step,
+                (snapshots.lens - 1) % self.chunk_size)
 
     def steps(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per step ``i`` of the pass over chunks: (the sequences with a chunk ``i``,
@@ -267,12 +307,11 @@ def chunk_decay(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     chunk ``cum`` reaches hundreds (|g| up to 6 a token in the tiny Qwen3.5), and the
     difference of two such float32 sums loses their rounding, 1e-5 of a decay near 1,
     which made the float32 chunked rule 10x less exact than the token-by-token one."""
-    cum = g.cumsum(-1)
     length = g.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=g.device).tril()
     # [.., s, j]: g_s where s > j, then summed over s <= i: [.., i, j] = g_{j+1} + ... + g_i
-    terms = torch.where(causal.tril(-1), g[..., :, None], 0.0)
-    return cum, torch.where(causal, terms.cumsum(-2), float("-inf")).exp()
+    # (0 for i <= j); one buffer, the sums and exps in place
+    terms = g[..., :, None].expand(*g.shape, length).tril(-1)
+    return g.cumsum(-1), terms.cumsum_(-2).exp_().tril_()
 
 
 def state_inside_chunk(start: torch.Tensor, cum: torch.Tensor, pair: torch.Tensor,
@@ -298,11 +337,7 @@ class ChunkStarts:
                  state: torch.Tensor) -> None:
         self.snapshots = snapshots
         if snapshots is not None:
-            snapshots.check(layout.lens)
-            # the step of the pass that reaches each snapshot, its chunk, its row there
-            self.step = (snapshots.lens - 1) // layout.chunk_size
-            self.chunk = layout.first_chunk[snapshots.seqs] + self.step
-            self.row = (snapshots.lens - 1) % layout.chunk_size
+            self.step, self.chunk, self.row = layout.locate(snapshots)
             self.starts = state.new_empty(snapshots.seqs.numel(), *state.shape[1:])
 
     def record(self, step: int, state: torch.Tensor) -> torch.Tensor:
@@ -335,19 +370,90 @@ def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int, scale: float
     return q * (q.shape[-1] ** -0.5 if scale is None else scale), k
 
 
+def _by_key_head(per_key: torch.Tensor, per_value: torch.Tensor) -> torch.Tensor:
+    """per_key [C, Hk, ...] times per_value [C, Hv, ...], value head h reading key head
+    h // (Hv / Hk) -> [C, Hv, ...]: what q and k give once per key head (``q k^T``,
+    ``k k^T``) reaches each of its value heads without repeating q and k first."""
+    hk = per_key.shape[1]
+    return (per_key.unsqueeze(2) * per_value.unflatten(1, (hk, -1))).flatten(1, 2)
+
+
+def _unit_lower_inverse(m: torch.Tensor) -> torch.Tensor:
+    """``(I + strict_tril(m))^-1`` for m [..., L, L] (its diagonal and upper triangle unread;
+    L a power of two) by doubling: the inverse of ``[[A, 0], [C, B]]`` is ``[[A^-1, 0],
+    [-B^-1 C A^-1, B^-1]]``, for every diagonal block of 2, 4, ... L rows at once. Batched
+    matmuls, where a triangular solve per matrix (LAPACK's, 64 x 64) ran at a few GFLOP/s;
+    the inverse then a product is what FLA and transformers compute too."""
+    length = m.shape[-1]
+    assert length & (length - 1) == 0, f"chunk_size {length} is not a power of two"
+    m = m.reshape(-1, length, length).contiguous()
+    inv = torch.zeros_like(m)
+    inv.diagonal(dim1=-2, dim2=-1).fill_(1)
+    size = 1
+    while size < length:
+        # the diagonal blocks of 2 * size rows, [n, blocks, 2 size, 2 size], as views
+        shape = (m.shape[0], length // (2 * size), 2 * size, 2 * size)
+        strides = (length * length, 2 * size * (length + 1), length, 1)
+        blocks, lower = inv.as_strided(shape, strides), m.as_strided(shape, strides)
+        a_inv, b_inv = blocks[..., :size, :size], blocks[..., size:, size:]
+        blocks[..., size:, :size] = -(b_inv @ (lower[..., size:, :size] @ a_inv))
+        size *= 2
+    return inv
+
+
 def _wy_writes(kc: torch.Tensor, vc: torch.Tensor, bc: torch.Tensor, cum: torch.Tensor,
                pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The WY form of a chunk's delta-rule writes: ``u`` and ``w`` [chunks, H, L, Dv / Dk]
-    solve ``(I + strict_tril(beta k k^T * pair)) x = beta v`` and ``= beta k exp(cum)``; a
-    chunk entered with state S writes the corrected values ``u - w S``."""
-    k_beta = kc * bc[..., None]
-    system = ((k_beta @ kc.transpose(-1, -2)) * pair).tril(-1)
-    system = system + torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
-    u = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False,
-                                      unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False,
-                                      unitriangular=True)
-    return u, w
+    """The WY form of a chunk's delta-rule writes: kc [C, Hk, L, Dk] (per key head), vc
+    [C, Hv, L, Dv], bc, cum [C, Hv, L], pair [C, Hv, L, L] -> ``u`` [C, Hv, L, Dv] and ``w``
+    [C, Hv, L, Dk], which solve ``(I + strict_tril(beta k k^T * pair)) x = beta v`` and
+    ``= beta k exp(cum)``; a chunk entered with state S writes the corrected values
+    ``u - w S``."""
+    dv = vc.shape[-1]
+    system = _by_key_head(kc @ kc.transpose(-1, -2), pair)  # [C, Hv, L, L]
+    system.mul_(bc[..., None])  # its diagonal and upper triangle unread
+    rhs = torch.empty(*vc.shape[:-1], dv + kc.shape[-1], dtype=vc.dtype, device=vc.device)
+    torch.mul(vc, bc[..., None], out=rhs[..., :dv])
+    hk = kc.shape[1]
+    torch.mul(kc.unsqueeze(2), (bc * cum.exp()).unflatten(1, (hk, -1))[..., None],
+              out=rhs[..., dv:].unflatten(1, (hk, -1)))
+    x = _unit_lower_inverse(system).view(system.shape) @ rhs
+    return x[..., :dv], x[..., dv:]
+
+
+def _chunk_starts(layout: ChunkLayout, state: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
+                  k_out: torch.Tensor, end_decay: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pass over chunks, its only sequential part: state [B, H, Dk, Dv] (updated in
+    place to the final states), ``u``, ``w`` (``_wy_writes``), k_out [C, H, L, Dk] (the keys
+    decayed to the chunk's end), end_decay [C, H, 1, 1] -> (the state each chunk starts
+    from [C, H, Dk, Dv], the corrected values each writes [C, H, L, Dv])."""
+    if layout.lens.numel() == 1:
+        return _one_sequence_starts(state, u, w, k_out, end_decay)
+    starts = state.new_empty(layout.total_chunks, *state.shape[1:])
+    v_new = torch.empty_like(u)
+    for seqs, chunks in layout.steps():
+        s = state[seqs]  # [n, H, Dk, Dv]
+        starts[chunks] = s
+        v_new[chunks] = u[chunks] - w[chunks] @ s
+        state[seqs] = s * end_decay[chunks] + k_out[chunks].transpose(-1, -2) @ v_new[chunks]
+    return starts, v_new
+
+
+def _one_sequence_starts(state: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
+                         k_out: torch.Tensor, end_decay: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_chunk_starts`` of one sequence (a long prompt's case): each step three ops in
+    place on views, each chunk's state computed where the next chunk's start is kept."""
+    chunks = u.shape[0]
+    starts = state.new_empty(chunks + 1, *state.shape[1:])  # the last: the final state
+    starts[0] = state[0]
+    v_new = torch.empty_like(u)
+    for i in range(chunks):
+        torch.baddbmm(u[i], w[i], starts[i], alpha=-1, out=v_new[i])  # u - w S
+        torch.mul(starts[i], end_decay[i], out=starts[i + 1])
+        starts[i + 1].baddbmm_(k_out[i].transpose(-1, -2), v_new[i])
+    state.copy_(starts[chunks:])
+    return starts[:chunks], v_new
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -365,30 +471,31 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     dtype). Token by token equal (to rounding) to ``recurrent_gated_delta_rule_step``;
     ``use_qk_l2norm`` as the model's kernel flag."""
     cdt = compute_dtype(q)
-    qs, ks = _prepare_qk(q, k, v.shape[1], scale, use_qk_l2norm, cdt)
+    hk = q.shape[1]
+    qs, ks = _prepare_qk(q, k, hk, scale, use_qk_l2norm, cdt)  # per key head
     layout = ChunkLayout.build(seq_lens, chunk_size, q.device)
     assert layout.rows.numel() == q.shape[0], (int(layout.rows.numel()), q.shape)
-    # [chunks, H, L, D] and [chunks, H, L]: padding rows have k = v = beta = g = 0, so they
-    # neither write the state nor decay it
-    qc, kc, vc = (layout.pad(t).transpose(1, 2) for t in (qs, ks, v.to(cdt)))
-    gc, bc = (layout.pad(t.to(cdt)).transpose(1, 2) for t in (g, beta))
+    # [C, H, L, D] and [C, H, L]: padding rows have k = v = beta = g = 0, so they neither
+    # write the state nor decay it
+    qc, kc = layout.heads_first(qs, cdt), layout.heads_first(ks, cdt)  # H = Hk
+    vc, gc, bc = (layout.heads_first(t, cdt) for t in (v, g, beta))  # H = Hv
     cum, pair = chunk_decay(gc)
     u, w = _wy_writes(kc, vc, bc, cum, pair)
-    attn = (qc @ kc.transpose(-1, -2)) * pair  # [chunks, H, L, L], the diagonal kept
-    q_in = qc * cum.exp()[..., None]  # reads the incoming state decayed to each token
-    k_out = kc * pair[..., -1, :, None]  # writes decayed to the chunk's end
-    end_decay = cum[..., -1].exp()[..., None, None]  # [chunks, H, 1, 1]
+    k_out = _by_key_head(kc, pair[..., -1, :, None])  # writes decayed to the chunk's end
     state = initial_state.to(cdt).clone()
-    starts = ChunkStarts(layout, snapshots, state)
-    v_new = torch.empty_like(vc)  # the corrected values each chunk writes
-    out = torch.empty_like(vc)
-    for i, (seqs, chunks) in enumerate(layout.steps()):
-        s = starts.record(i, state)[seqs]  # [n, H, Dk, Dv]
-        v_new[chunks] = u[chunks] - w[chunks] @ s
-        out[chunks] = q_in[chunks] @ s + attn[chunks] @ v_new[chunks]
-        state[seqs] = s * end_decay[chunks] + k_out[chunks].transpose(-1, -2) @ v_new[chunks]
-    return (layout.unpad(out.transpose(1, 2)).to(q.dtype), state,
-            starts.states_inside(cum, pair, kc, v_new))
+    starts, v_new = _chunk_starts(layout, state, u, w, k_out, cum[..., -1:, None].exp())
+    # every chunk at once: the incoming state decayed to each token, then the chunk's writes
+    out = torch.matmul(qc.unsqueeze(2), starts.unflatten(1, (hk, -1))).flatten(1, 2)
+    out.mul_(cum.exp()[..., None])
+    attn = _by_key_head(qc @ kc.transpose(-1, -2), pair)  # [C, Hv, L, L], the diagonal kept
+    out.flatten(0, 1).baddbmm_(attn.flatten(0, 1), v_new.flatten(0, 1))
+    snaps = None
+    if snapshots is not None:
+        _, chunk, row = layout.locate(snapshots)
+        k_snap = kc[chunk].repeat_interleave(v.shape[1] // hk, dim=1)  # per value head
+        snaps = state_inside_chunk(starts[chunk], cum[chunk], pair[chunk], k_snap,
+                                   v_new[chunk], torch.arange(chunk.numel()), row)
+    return layout.tokens_first(out, q.dtype), state, snaps
 
 
 def recurrent_gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
