@@ -247,3 +247,19 @@ def test_builtin_tiny_model_unique_prompts(make_engine):
     got = spec.generate(input_ids=prompts, sampling_params=params)
     assert _ids(got) == _ids(want)
     assert sum(o["meta_info"]["spec_draft_token_num"] for o in got) > 0
+
+
+def test_server_meta_info(make_server, model_dir, prompts, engines):
+    """Through the server's processes: the flags, the outputs and SGLang's meta_info."""
+    import httpx
+
+    srv = make_server(["--model-path", str(model_dir), "--dtype", "float32", "--cpu-threads",
+                       "1", "--speculative-algorithm", "NGRAM",
+                       "--speculative-num-draft-tokens", "6"], "spec")
+    body = {"input_ids": prompts[0], "sampling_params": {**GREEDY, "max_new_tokens": MAX_NEW}}
+    got = httpx.post(srv.url + "/generate", json=body, timeout=120).json()
+    base, _ = engines("page1")
+    assert got["output_ids"] == base.generate(**body)["output_ids"]
+    meta = got["meta_info"]
+    assert meta["spec_verify_ct"] < MAX_NEW - 1 and meta["spec_accept_token_num"] > 0, meta
+    assert meta["spec_accept_length"] == pytest.approx(MAX_NEW / meta["spec_verify_ct"])
