@@ -207,8 +207,8 @@ def test_split_prefill_and_decode_equal_whole(split):
     exact(step_states[-1], whole_state)
 
 
-def test_packed_equals_each_alone():
-    lens = [1, 17, 70, 0]
+@pytest.mark.parametrize("lens", [[1, 17, 70, 0], [16, 0, 32]])  # padded; whole chunks
+def test_packed_equals_each_alone(lens):
     inp, s0 = delta_inputs(sum(lens)), delta_state(len(lens))
     out, state, _ = chunk_gated_delta_rule(**inp, initial_state=s0, seq_lens=lens, chunk_size=16)
     start = 0
@@ -219,7 +219,8 @@ def test_packed_equals_each_alone():
         exact(out[start:start + n], alone)
         exact(state[i:i + 1], alone_state)
         start += n
-    exact(state[3], s0[3])  # the empty sequence's state passes through
+    empty = lens.index(0)
+    exact(state[empty], s0[empty])  # the empty sequence's state passes through
 
 
 SNAP_LENS = [1, 17, 40]
