@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="llama / qwen2: the built-in models; the others: hidden 64, 3 "
                            "layers, each family's special features on (radixlm/tiny_families.py"
                            "; the hybrids qwen3_next(_moe), qwen3_5(_moe), qwen3_5mm, "
-                           "nemotron_h, granitemoehybrid, falcon_h1, bamba: "
+                           "nemotron_h, granitemoehybrid, falcon_h1, bamba, jamba: "
                            "radixlm/tiny_hybrids.py)")
     tiny.add_argument("--seed", type=int, default=0)
     add_shape_args(tiny)

@@ -23,7 +23,7 @@ from radixlm.runtime.model_dir import ModelDirError
 UNSERVED = [("gpt2", "GPT2LMHeadModel"), ("gptj", "GPTJForCausalLM"),
             ("bloom", "BloomForCausalLM"), ("mpt", "MptForCausalLM"),
             ("gpt_bigcode", "GPTBigCodeForCausalLM"),
-            ("jamba", "JambaForCausalLM"), ("deepseek_v2", "DeepseekV2ForCausalLM"),
+            ("deepseek_v2", "DeepseekV2ForCausalLM"),
             ("deepseek_v3", "DeepseekV3ForCausalLM")]
 
 
