@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
+from radixlm.kernels import quant_linear
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.layers import check_tp_split
 from radixlm.runtime.distributed.parallel_state import TpGroup
@@ -155,7 +156,12 @@ def _mxfp4_checkpoint(src, dst):
 
 
 def test_mxfp4_checkpoint_serves_as_its_dequantized_weights(family_dirs, make_engine,
-                                                            tmp_path):
+                                                            tmp_path, monkeypatch):
+    """The float load (load_model) holds the dequantized experts; the engine keeps them
+    packed (executor/quant/loader.py), its products here through the packed weights
+    dequantized tile by tile (exact: the kernel's int8 rounding of x is checked in
+    tests/runtime/test_gpt_oss_packed_experts.py): transformers' tokens."""
+    monkeypatch.setattr(quant_linear, "dequant_rows", lambda kind: 0)
     mx, deq = _mxfp4_checkpoint(family_dirs["gpt_oss"], tmp_path)
     cfg = ModelConfig.from_hf(mx)
     ours = load_model(cfg, mx, "cpu").model.layers[2].mlp.experts
