@@ -108,6 +108,8 @@ _COUNTERS = {
     "prompt_tokens": ("prompt_tokens", "Prompt tokens admitted (recomputed ones included)"),
     "generation_tokens": ("generation_tokens", "Tokens generated"),
     "num_preemptions": ("num_preemptions", "Requests retracted when the KV cache was full"),
+    "spec_draft_tokens": ("spec_draft_tokens", "Draft tokens verified (--speculative-algorithm)"),
+    "spec_accepted_tokens": ("spec_accepted_tokens", "Draft tokens accepted"),
 }
 
 

@@ -36,6 +36,8 @@ SGLANG_GAUGES = {
     "token_usage": ("token_usage", "The token usage (share of the KV pool in use)."),
     "num_used_tokens": ("used_tokens", "KV slots in use (tree's locked ones and requests')."),
     "max_total_num_tokens": ("max_total_num_tokens", "KV pool size in tokens."),
+    "spec_accept_length": ("spec_accept_length",
+                           "The average acceptance length of speculative decoding."),
 }
 # sglang counter (exposed with _total) -> (get_info() key, help)
 SGLANG_COUNTERS = {
