@@ -18,7 +18,8 @@ The gated delta rule, per head, with ``S`` [k_dim, v_dim], l2-normalised ``q``/`
     S <- exp(g_t) * S;   S <- S + k_t (beta_t * (v_t - S^T k_t))^T;   o_t = S^T q_t
 
 ``chunk_gated_delta_rule`` (prefill) computes it 64 tokens at a time (the WY / UT form of
-the DeltaNet paper: one triangular solve per chunk, a sequential pass over chunks only);
+the DeltaNet paper: each chunk's triangular system inverted, batched over all chunks; the
+pass over chunks, sequential, carries the state only);
 ``recurrent_gated_delta_rule_step`` (decode) is the line above. Both compute in float32,
 or in float64 when given float64 (the tests' oracle precision). transformers'
 ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` are the reference.
