@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ PROBE_ARCHS = ("qwen3_next_moe", "qwen3_5", "qwen3_5_moe", "nemotron_h", "granit
 MOE = {"num_experts": 32, "moe_intermediate_size": 256, "num_experts_per_tok": 4,
        "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
        "mlp_only_layers": []}
+PROBE_PROMPT = list(range(100, 108))
 BATCHES, PROMPT_LEN, NEW = (1, 32), 64, 64
 LOG = "hybrid-vllm.log"  # every worker's stderr, under hybrid-bench/
 KV_GIB = 1  # vLLM's VLLM_CPU_KVCACHE_SPACE: 32 x 128 tokens of 6 attention layers fit
@@ -100,42 +102,67 @@ def bench_checkpoint(root: Path) -> Path:
     return build_directory_once(root / "qwen3-next-moe", write)
 
 
-def run_worker(system: str, setup: Setup, spec: dict, log: Path) -> tuple[dict | None, str]:
-    """``hybrid_worker`` under ``system``: its result (None when it failed) and stderr,
-    which is also appended to ``log``."""
+def run_worker(system: str, setup: Setup, spec: dict, log: Path,
+               env_extra: dict[str, str] | None = None) -> tuple[dict | None, str]:
+    """``hybrid_worker`` under ``system``: its result (None when it failed) and its
+    output (vLLM logs to stdout, tracebacks go to stderr: both), also appended to ``log``."""
     spec = {**spec, "system": system, "threads": setup.threads, "kv_tokens": setup.kv_tokens}
     python, env = python_and_env(system, setup, KV_GIB)
-    with own_tmpdir(env) as env:
+    with own_tmpdir({**env, **(env_extra or {})}) as env:
         proc = subprocess.run([python, "-m", "vllm_side.hybrid_worker", json.dumps(spec)],
                               env=env, cwd=REPO_DIR, capture_output=True, text=True,
                               timeout=WORKER_TIMEOUT_S, check=False)
+    output = proc.stdout + proc.stderr
     with open(log, "a") as f:
-        f.write(f"=== {system} {spec['model']}\n{proc.stderr}\n")
+        f.write(f"=== {system} {spec['model']}\n{output}\n")
     if proc.returncode != 0:
-        return None, proc.stderr
-    return parse_result(proc.stdout), proc.stderr
+        return None, output
+    return parse_result(proc.stdout), output
 
 
-def last_error(stderr: str) -> str:
-    """The exception line of a traceback (the last line naming an Error or Exception)."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error" in ln.split(":")[0] or "Exception" in ln[:60]]
-    return (errors or lines or ["(no output)"])[-1]
+ERROR_LINE = re.compile(r"\b([\w.]*(?:Error|Exception)): (.*)$")
+# wrappers around the cause: vLLM's dead engine, its config check, its subprocess relay
+WRAPPERS = ("EngineDeadError", "ValidationError", "Engine core initialization failed",
+            "Error raised in subprocess")
+
+
+def root_error(output: str) -> str:
+    """The last error line of ``output`` that is not a wrapper around another."""
+    errors = [m.group(0) for ln in output.splitlines() if (m := ERROR_LINE.search(ln))]
+    causes = [e for e in errors if not any(w in e for w in WRAPPERS)]
+    return (causes or errors or ["(no error line)"])[-1]
+
+
+def reference_tokens(path: Path, prompt: list[int], new: int, threads: int) -> list[int]:
+    """transformers' greedy ``new`` tokens in float32: the oracle both systems are held to."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)
+    return out[0, len(prompt):].tolist()
 
 
 def probe(setup: Setup, root: Path) -> None:
-    print("| family | vLLM's CPU build | vLLM's 8 tokens | radixlm's 8 tokens |\n|---|---|---|---|")
+    print("| family | vLLM's CPU build (bf16) | tokens equal to transformers' float32: vLLM, "
+          "radixlm (of 8) |\n|---|---|---|")
     for arch in PROBE_ARCHS:
         path = probe_checkpoint(arch, root)
         spec = {"model": str(path), "dtype": "bfloat16", "mode": "probe", "new": 8,
-                "max_len": 256}
-        got, err = run_worker("vllm", setup, spec, root / LOG)
+                "prompt": PROBE_PROMPT, "max_len": 256}
+        # vLLM's engine in this process: a failure's traceback reaches stderr (from its
+        # engine-core process only "EngineCore encountered an issue" does)
+        got, err = run_worker("vllm", setup, spec, root / LOG,
+                              {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
         if got is None:
-            print(f"| {arch} | not served: `{last_error(err)}` | | |", flush=True)
+            print(f"| {arch} | not served: `{root_error(err)}` | |", flush=True)
             continue
         ours, err = run_worker("radixlm", setup, spec, root / LOG)
-        mine = ours["output_ids"] if ours else f"failed: {last_error(err)}"
-        print(f"| {arch} | served | {got['output_ids']} | {mine} |", flush=True)
+        ref = reference_tokens(path, PROBE_PROMPT, 8, setup.threads)
+        mine = common_prefix(ours["output_ids"], ref) if ours else f"failed: {root_error(err)}"
+        print(f"| {arch} | served | {common_prefix(got['output_ids'], ref)}, {mine} |",
+              flush=True)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -157,7 +184,7 @@ def speed(setup: Setup, root: Path, rounds: int) -> None:
         for system in systems if r % 2 == 0 else systems[::-1]:
             got, err = run_worker(system, setup, spec, root / LOG)
             if got is None:
-                sys.exit(f"{system} failed: {last_error(err)}\n{err[-3000:]}")
+                sys.exit(f"{system} failed: {root_error(err)}\n{err[-3000:]}")
             figures[system] = got
         runs.append(figures)
         print(f"round {r + 1}: " + json.dumps({s: {b: {k: round(v, 3) for k, v in f[b].items()

@@ -4,7 +4,7 @@ Runs under radixlm's Python (system ``radixlm``) or vLLM's venv (system ``vllm``
 ``worker.py`` does, and prints one ``RESULT_PREFIX`` + JSON line on stdout. The spec:
 ``system``, ``model``, ``dtype``, ``threads``, ``kv_tokens`` (radixlm's pool), ``mode``:
 
-- ``probe``: load, then greedy ``new`` tokens on one short prompt; the result holds the
+- ``probe``: load, then greedy ``new`` tokens on ``prompt`` (ids); the result holds the
   output ids (a failure to load or generate is the process's exit status and stderr);
 - ``bench``: for each batch in ``batches``, ``batch`` prompts of ``prompt_len`` random ids
   (``seed``), a 2-token warm-up, then the seconds of ``new`` and of 1 new token (the
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     generate = make(spec)
     load_s = time.perf_counter() - t0
     if spec["mode"] == "probe":
-        result = {"output_ids": generate([list(range(100, 108))], spec["new"])[0]}
+        result = {"output_ids": generate([spec["prompt"]], spec["new"])[0]}
     else:
         result = bench(spec, generate)
     print(RESULT_PREFIX + json.dumps({"load_seconds": load_s, **result}), flush=True)
