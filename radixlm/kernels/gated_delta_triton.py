@@ -21,11 +21,16 @@ the decode kernel). ``layers/gated_delta`` is the reference twin.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.executor.layers.gated_delta import SeqLens, Snapshots, seq_lens_tensor
+SeqLens = Sequence[int] | torch.Tensor
+# snapshots (the radix cache's states inside an extend): (sequence index in the call [S],
+# its tokens before the snapshot [S], 1 .. that sequence's length, the pool slot [S])
+SnapshotSlots = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @triton.jit
@@ -104,41 +109,45 @@ def _gated_delta_recurrent(
 
 def cu_seqlens(seq_lens: SeqLens, device: torch.device) -> torch.Tensor:
     """[B] tokens per sequence -> [B + 1] int32 offsets of each sequence's first token."""
-    lens = seq_lens_tensor(seq_lens, device)
+    lens = torch.as_tensor(seq_lens, dtype=torch.int64, device=device).reshape(-1)
     return torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(torch.int32)
 
 
-def snapshot_order(snapshots: Snapshots, snap_slots: torch.Tensor, seq_lens: SeqLens,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def snapshot_order(snapshots: SnapshotSlots, seq_lens: SeqLens, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The snapshots as the kernels walk them: sorted by (sequence, tokens) -> ([B + 1]
     int32 offsets of each sequence's first snapshot, [S] int32 tokens before each, [S]
-    int64 pool slots). Two snapshots of one sequence at the same length are refused."""
-    lens = seq_lens_tensor(seq_lens, device)
-    snapshots.check(lens)
-    seqs, counts = snapshots.seqs.to(device), snapshots.lens.to(device)
+    int64 pool slots). A snapshot outside its sequence, or two of one sequence at the
+    same length, are refused."""
+    lens = torch.as_tensor(seq_lens, dtype=torch.int64, device=device).reshape(-1)
+    seqs, counts, snap_slots = (t.to(device, torch.int64) for t in snapshots)
+    if not bool(((counts >= 1) & (counts <= lens[seqs])).all()):
+        raise ValueError(f"snapshots {counts.tolist()} outside sequences "
+                         f"{lens[seqs].tolist()}")
     order = torch.argsort(seqs * (int(lens.max()) + 1) + counts)
     seqs, counts = seqs[order], counts[order]
     if bool(((seqs[1:] == seqs[:-1]) & (counts[1:] == counts[:-1])).any()):
         raise ValueError("two snapshots of one sequence at the same length")
     per_seq = torch.bincount(seqs, minlength=lens.numel())
     indptr = torch.nn.functional.pad(per_seq.cumsum(0), (1, 0)).to(torch.int32)
-    return indptr, counts.to(torch.int32), snap_slots.to(device, torch.int64)[order]
+    return indptr, counts.to(torch.int32), snap_slots[order]
 
 
 def fused_recurrent_gated_delta_rule(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         pool: torch.Tensor, slots: torch.Tensor, seq_lens: SeqLens,
         scale: float | None = None, use_qk_l2norm: bool = True,
-        fresh: torch.Tensor | None = None, snapshots: Snapshots | None = None,
-        snap_slots: torch.Tensor | None = None, block_v: int = 32) -> torch.Tensor:
+        fresh: torch.Tensor | None = None, snapshots: SnapshotSlots | None = None,
+        block_v: int = 32) -> torch.Tensor:
     """The gated delta rule over packed sequences, token by token, states in the pool.
 
     q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk; the last dims contiguous);
     g, beta [T, Hv] (``gated_delta_gates``); pool [S, Hv, Dk, Dv] float32, updated in place:
     sequence i (``seq_lens[i]`` tokens, in order) starts from ``pool[slots[i]]`` (zeros
-    where ``fresh[i]``) and leaves its final state there; ``snapshots`` write the state
-    after their token counts to ``pool[snap_slots[j]]``. ``scale`` defaults to
-    Dk ** -0.5 -> out [T, Hv, Dv] in q's dtype. Slots must be distinct."""
+    where ``fresh[i]``) and leaves its final state there; ``snapshots`` (seqs, lens, slots)
+    write the state after ``lens[j]`` tokens of sequence ``seqs[j]`` to ``pool[slots[j]]``.
+    ``scale`` defaults to Dk ** -0.5 -> out [T, Hv, Dv] in q's dtype. Slots must be
+    distinct."""
     tokens, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     assert k.shape == q.shape and v.shape[0] == tokens and hv % hk == 0, (q.shape, v.shape)
@@ -155,9 +164,7 @@ def fused_recurrent_gated_delta_rule(
         return out
     snap_ptr = snap_len = snap_slot = slots  # unread without snapshots
     if snapshots is not None:
-        assert snap_slots is not None, "snapshots need their pool slots"
-        snap_ptr, snap_len, snap_slot = snapshot_order(snapshots, snap_slots, seq_lens,
-                                                       q.device)
+        snap_ptr, snap_len, snap_slot = snapshot_order(snapshots, seq_lens, q.device)
     block_v = min(block_v, triton.next_power_of_2(dv))
     grid = (batch, hv, triton.cdiv(dv, block_v))
     _gated_delta_recurrent[grid](

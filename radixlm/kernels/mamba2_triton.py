@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.kernels.gated_delta_triton import cu_seqlens, snapshot_order
-from radixlm.runtime.executor.layers.gated_delta import SeqLens, Snapshots
-from radixlm.runtime.executor.layers.mamba2 import NO_DT_LIMIT
+from radixlm.kernels.gated_delta_triton import SeqLens, SnapshotSlots, cu_seqlens, snapshot_order
+
+NO_DT_LIMIT = (0.0, float("inf"))
 
 
 @triton.jit
@@ -100,8 +100,7 @@ def fused_recurrent_ssd(
         C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, pool: torch.Tensor,
         slots: torch.Tensor, seq_lens: SeqLens,
         dt_limit: tuple[float, float] = NO_DT_LIMIT, fresh: torch.Tensor | None = None,
-        snapshots: Snapshots | None = None, snap_slots: torch.Tensor | None = None,
-        block_p: int = 16) -> torch.Tensor:
+        snapshots: SnapshotSlots | None = None, block_p: int = 16) -> torch.Tensor:
     """The selective scan over packed sequences, token by token, states in the pool.
 
     x [T, H, P] (after the conv), dt [T, H] (the projection's, before bias and softplus),
@@ -109,7 +108,8 @@ def fused_recurrent_ssd(
     dt_bias [H]; pool [S, H, P, N] float32, updated in place: sequence i
     (``seq_lens[i]`` tokens, in order) starts from ``pool[slots[i]]`` (zeros where
     ``fresh[i]``) and leaves its final state there; ``snapshots`` write the state after
-    their token counts to ``pool[snap_slots[j]]`` -> y [T, H, P] with the D skip, in x's
+    ``lens[j]`` tokens of sequence ``seqs[j]`` to ``pool[slots[j]]``
+    (``snapshots`` = (seqs, lens, slots)) -> y [T, H, P] with the D skip, in x's
     dtype. Slots must be distinct."""
     tokens, heads, head_dim = x.shape
     groups, d_state = B.shape[1], B.shape[2]
@@ -127,9 +127,7 @@ def fused_recurrent_ssd(
         return y
     snap_ptr = snap_len = snap_slot = slots  # unread without snapshots
     if snapshots is not None:
-        assert snap_slots is not None, "snapshots need their pool slots"
-        snap_ptr, snap_len, snap_slot = snapshot_order(snapshots, snap_slots, seq_lens,
-                                                       x.device)
+        snap_ptr, snap_len, snap_slot = snapshot_order(snapshots, seq_lens, x.device)
     block_p = min(block_p, triton.next_power_of_2(head_dim))
     grid = (batch, heads, triton.cdiv(head_dim, block_p))
     _ssd_recurrent[grid](

@@ -19,10 +19,17 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from radixlm.kernels import gated_delta_triton as gdt  # noqa: E402
 from radixlm.runtime.executor.layers import gated_delta as gd  # noqa: E402
-from radixlm.runtime.executor.layers.gated_delta import Snapshots  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NUM_SLOTS = 7
+
+
+def _snapshots(pairs: list[tuple[int, int]], slots: list[int]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sequence, tokens) pairs and their pool slots as the kernel takes them."""
+    seqs, lens = zip(*pairs, strict=True)
+    return (torch.tensor(seqs, device=DEVICE), torch.tensor(lens, device=DEVICE),
+            torch.tensor(slots, device=DEVICE))
 
 
 def _inputs(seed: int, lens: list[int], hk: int, hv: int, dk: int, dv: int,
@@ -59,13 +66,13 @@ def _oracle(inp: dict[str, torch.Tensor], lens: list[int], slots: list[int],
     return torch.cat(outs), states
 
 
-def _run(inp, lens, slots, l2norm=True, fresh=None, snapshots=None, snap_slots=None):
+def _run(inp, lens, slots, l2norm=True, fresh=None, snapshots=None):
     pool = inp["pool"].clone().to(DEVICE)
     args = [inp[x].to(DEVICE) for x in ("q", "k", "v", "g", "beta")]
     out = gdt.fused_recurrent_gated_delta_rule(
         *args, pool, torch.tensor(slots, device=DEVICE), lens, use_qk_l2norm=l2norm,
         fresh=None if fresh is None else torch.tensor(fresh, device=DEVICE),
-        snapshots=snapshots, snap_slots=snap_slots, block_v=16)
+        snapshots=snapshots, block_v=16)
     return out.cpu(), pool.cpu()
 
 
@@ -97,8 +104,7 @@ def test_bfloat16_inputs_fresh_states_and_snapshots():
     inp = _inputs(5, lens, hk, hv, dk, dv, torch.bfloat16)
     inp["pool"][5] = float("nan")
     pairs, snap_slots = [(2, 5), (0, 2), (2, 1), (1, 1)], [0, 2, 4, 6]
-    out, pool = _run(inp, lens, slots, fresh=fresh, snapshots=Snapshots.of(pairs),
-                     snap_slots=torch.tensor(snap_slots))
+    out, pool = _run(inp, lens, slots, fresh=fresh, snapshots=_snapshots(pairs, snap_slots))
     want, states = _oracle(inp, lens, slots, fresh, True)
     assert out.dtype == torch.bfloat16 and not out.isnan().any()
     assert _close(out, want, 2.0**-7)
@@ -111,5 +117,10 @@ def test_bfloat16_inputs_fresh_states_and_snapshots():
 def test_same_snapshot_twice_is_refused():
     inp = _inputs(1, [3], 1, 1, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="same length"):
-        _run(inp, [3], [0], snapshots=Snapshots.of([(0, 2), (0, 2)]),
-             snap_slots=torch.tensor([1, 2]))
+        _run(inp, [3], [0], snapshots=_snapshots([(0, 2), (0, 2)], [1, 2]))
+
+
+def test_snapshot_outside_its_sequence_is_refused():
+    inp = _inputs(2, [3, 2], 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="outside"):
+        _run(inp, [3, 2], [0, 1], snapshots=_snapshots([(1, 3)], [2]))

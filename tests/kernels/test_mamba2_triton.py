@@ -19,11 +19,18 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from radixlm.kernels import mamba2_triton as m2t  # noqa: E402
 from radixlm.runtime.executor.layers import mamba2 as m2  # noqa: E402
-from radixlm.runtime.executor.layers.gated_delta import Snapshots  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NUM_SLOTS = 7
 HEAD_PARAMS = ("A_log", "D", "dt_bias")
+
+
+def _snapshots(pairs: list[tuple[int, int]], slots: list[int]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sequence, tokens) pairs and their pool slots as the kernel takes them."""
+    seqs, lens = zip(*pairs, strict=True)
+    return (torch.tensor(seqs, device=DEVICE), torch.tensor(lens, device=DEVICE),
+            torch.tensor(slots, device=DEVICE))
 
 
 def _inputs(seed: int, lens: list[int], heads: int, head_dim: int, groups: int, d_state: int,
@@ -63,14 +70,13 @@ def _oracle(inp: dict[str, torch.Tensor], lens: list[int], slots: list[int],
     return torch.cat(ys), states
 
 
-def _run(inp, lens, slots, dt_limit=m2.NO_DT_LIMIT, fresh=None, snapshots=None,
-         snap_slots=None):
+def _run(inp, lens, slots, dt_limit=m2.NO_DT_LIMIT, fresh=None, snapshots=None):
     pool = inp["pool"].clone().to(DEVICE)
     args = {x: inp[x].to(DEVICE) for x in ("x", "dt", "B", "C", *HEAD_PARAMS)}
     y = m2t.fused_recurrent_ssd(
         **args, pool=pool, slots=torch.tensor(slots, device=DEVICE), seq_lens=lens,
         dt_limit=dt_limit, fresh=None if fresh is None else torch.tensor(fresh, device=DEVICE),
-        snapshots=snapshots, snap_slots=snap_slots, block_p=4)
+        snapshots=snapshots, block_p=4)
     return y.cpu(), pool.cpu()
 
 
@@ -102,8 +108,8 @@ def test_bfloat16_inputs_fresh_states_and_snapshots():
     inp = _inputs(9, lens, heads, head_dim, groups, d_state, torch.bfloat16)
     inp["pool"][5] = float("nan")
     pairs, snap_slots = [(1, 4), (0, 1), (1, 2), (2, 1)], [0, 2, 4, 6]
-    y, pool = _run(inp, lens, slots, (0.0, 0.6), fresh, Snapshots.of(pairs),
-                   torch.tensor(snap_slots))
+    y, pool = _run(inp, lens, slots, (0.0, 0.6), fresh,
+                   _snapshots(pairs, snap_slots))
     want, states = _oracle(inp, lens, slots, fresh, (0.0, 0.6))
     assert y.dtype == torch.bfloat16 and not y.isnan().any()
     assert _close(y, want, 2.0**-7)
