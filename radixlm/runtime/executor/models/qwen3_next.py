@@ -34,6 +34,7 @@ Qwen3.5-MoE's every layer, always renormalized.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, replace
 
 import torch
@@ -186,7 +187,9 @@ class GatedDeltaNet(nn.Module):
         t = x.shape[0]
         qkv, z, b, a = self._project(x)
         weight = self.conv1d.weight[:, 0]  # [C, K]
-        if fb.mode.is_decode and self._in_place(st, qkv, weight):
+        if qkv.is_cuda and st.pool.ssm_dtype == torch.float32:
+            o = self._in_pool_triton(qkv, weight, b, a, st, fb.mode.is_decode)
+        elif fb.mode.is_decode and self._in_place(st, qkv, weight):
             o = self._decode_in_place(qkv, weight, b, a, st)
         else:
             o = self._gathered(qkv, weight, b, a, st, fb.mode.is_decode)
@@ -217,6 +220,35 @@ class GatedDeltaNet(nn.Module):
         g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
         o = state_step.gated_delta_step(q, k, v, g, beta, pool.ssm[self.layer_id], slots)
         return o.to(q.dtype)  # as the torch step returns it
+
+    def _in_pool_triton(self, qkv: torch.Tensor, weight: torch.Tensor, b: torch.Tensor,
+                        a: torch.Tensor, st: StateIndices, decode: bool) -> torch.Tensor:
+        """CUDA tensors (prefill and decode): the conv on gathered conv states (torch), the
+        delta rule token by token on the SSM states where they lie in the pool, fresh ones
+        zeroed and the snapshots written to their slots by the kernel
+        (``kernels/gated_delta_triton``, imported on first use as ``radixlm.kernels`` does
+        its Triton modules: importing it defines the kernel, and a CPU engine never pays)."""
+        pool, layer = st.pool, self.layer_id
+        conv_state = pool.conv[layer][st.slots]
+        if st.fresh is not None:
+            conv_state[st.fresh] = 0
+        conv_snaps = None
+        if decode:
+            qkv, conv_state = causal_conv1d_step(qkv, weight, None, conv_state, self.activation)
+        else:
+            qkv, conv_state, conv_snaps = causal_conv1d(qkv, weight, None, conv_state,
+                                                        st.seq_lens, self.activation, st.saves)
+        pool.conv[layer][st.slots] = conv_state.to(pool.conv_dtype)
+        snapshots = None
+        if st.saves is not None and st.save_slots is not None and conv_snaps is not None:
+            pool.conv[layer][st.save_slots] = conv_snaps.to(pool.conv_dtype)
+            snapshots = (st.saves.seqs, st.saves.lens, st.save_slots)
+        q, k, v = self._split(qkv)
+        g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
+        kernel = importlib.import_module("radixlm.kernels.gated_delta_triton")
+        return kernel.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, pool.ssm[layer], st.slots, [1] * q.shape[0] if decode
+            else st.seq_lens, fresh=st.fresh, snapshots=snapshots)
 
     def _gathered(self, qkv: torch.Tensor, weight: torch.Tensor, b: torch.Tensor,
                   a: torch.Tensor, st: StateIndices, decode: bool) -> torch.Tensor:
