@@ -22,14 +22,13 @@ from transformers import AutoModelForCausalLM
 from radixlm import cli
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.hybrid import refuse_hybrid_features, state_pool_slots
-from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.models import build_model, load_model
 from radixlm.runtime.executor.models.weights import checkpoint_shapes, plan_load
-from radixlm.runtime.executor.worker_batch import ModelWorkerBatch
 from radixlm.runtime.model_config import FULL, LINEAR, ModelConfig
 from radixlm.tiny_hybrids import GATED_DELTA_HYBRIDS as HYBRIDS
 from radixlm.tiny_hybrids import LAYER_TYPES, make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
+from tests.runtime.executor.hybrid_checks import check_logits_over_steps
 
 # against transformers in float64 (float32 for MoE). Not 1e-4: our float32 logits are
 # 1.1e-4 (Qwen3-Next MoE) to 2.3e-4 (Qwen3-Next) off, and that is float32 rounding, not our
@@ -86,19 +85,6 @@ def test_config_reads_linear_layers(hybrid):
     assert config.partial_rotary_factor == 0.25
 
 
-def _step(runner: ModelRunner, table: torch.Tensor, seqs: list[list[int]],
-          ranges: list[tuple[int, int]], decode: bool) -> torch.Tensor:
-    """One forward of ``seqs[i][a:b]`` for each sequence (request row i, state slot i),
-    every new row's logits."""
-    for i, (a, b) in enumerate(ranges):
-        table[i, a:b] = torch.arange(1000 * i + a, 1000 * i + b)  # slots of its own
-    batch = ModelWorkerBatch(decode, list(range(len(seqs))), [a for a, _ in ranges],
-                             [b - a for a, b in ranges],
-                             [t for s, (a, b) in zip(seqs, ranges) for t in s[a:b]],
-                             [(0, b - a) for a, b in ranges], state_slots=[2, 0])
-    return runner.forward(batch, table)
-
-
 def test_logits_match_transformers(hybrid):
     """Two sequences: extend a prefix, extend past a 64-token chunk from the states left in
     the slots, decode 3 steps; every row equals transformers' logits of the whole sequence.
@@ -110,20 +96,7 @@ def test_logits_match_transformers(hybrid):
     ref_model = hf if "moe" in arch else copy.deepcopy(hf).double()
     with torch.no_grad():
         ref = [ref_model(torch.tensor([s])).logits[0].float() for s in seqs]
-    runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=4096,
-                                    device="cpu"), str(path))
-    pool = runner.state_pool
-    assert pool is not None and sorted(pool.specs) == [0, 2, 3]
-    for layer in pool.specs:
-        pool.conv[layer].normal_()
-        pool.ssm[layer].normal_()
-    table = torch.zeros(2, 256, dtype=torch.int64)
-    steps = [([(0, 7), (0, 30)], False), ([(7, 70), (30, 140)], False)]
-    steps += [([(70 + i, 71 + i), (140 + i, 141 + i)], True) for i in range(3)]
-    for ranges, decode in steps:
-        got = _step(runner, table, seqs, ranges, decode)
-        expected = torch.cat([ref[i][a:b] for i, (a, b) in enumerate(ranges)])
-        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=f"{arch} {ranges}")
+    check_logits_over_steps(path, seqs, ref, [0, 2, 3], ATOL, arch)
 
 
 @pytest.mark.parametrize("config", list(ENGINE_CONFIGS))

@@ -13,17 +13,16 @@ from transformers import AutoModelForCausalLM
 from transformers.models.jamba import modeling_jamba
 
 from radixlm import cli
-from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel_state import TpGroup
 from radixlm.runtime.executor.layers.gated_delta import Snapshots
 from radixlm.runtime.executor.layers.mamba1 import selective_scan, selective_scan_step
-from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.models import build_model
 from radixlm.runtime.model_config import LINEAR, ModelConfig
 from radixlm.tiny_hybrids import make_hybrid_model
 from radixlm.tiny_model import train_tokenizer
 from tests.runtime.executor.greedy_checks import check_greedy
-from tests.runtime.executor.test_mamba2_hybrids import _hf_greedy, _step
+from tests.runtime.executor.hybrid_checks import check_logits_over_steps
+from tests.runtime.executor.test_mamba2_hybrids import _hf_greedy
 
 # against transformers in float64 (its experts' eager loop): ours is 3.1e-4 off at most,
 # transformers' own float32 model 2.4e-4 (float32 rounding); a state not carried or a wrong
@@ -102,20 +101,7 @@ def test_logits_match_transformers(jamba):
                                                      experts_implementation="eager").eval()
     with torch.no_grad():
         ref = [ref_model(torch.tensor([s])).logits[0].float() for s in seqs]
-    runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=4096,
-                                    device="cpu"), str(path))
-    pool = runner.state_pool
-    assert pool is not None and sorted(pool.specs) == MAMBA_LAYERS
-    for layer in pool.specs:
-        pool.conv[layer].normal_()
-        pool.ssm[layer].normal_()
-    table = torch.zeros(2, 256, dtype=torch.int64)
-    steps = [([(0, 7), (0, 30)], False), ([(7, 70), (30, 140)], False)]
-    steps += [([(70 + i, 71 + i), (140 + i, 141 + i)], True) for i in range(3)]
-    for ranges, decode in steps:
-        got = _step(runner, table, seqs, ranges, decode)
-        expected = torch.cat([ref[i][a:b] for i, (a, b) in enumerate(ranges)])
-        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=f"jamba {ranges}")
+    check_logits_over_steps(path, seqs, ref, MAMBA_LAYERS, ATOL, "jamba")
 
 
 @pytest.mark.parametrize("config", list(ENGINE_CONFIGS))
