@@ -22,6 +22,7 @@ heads and groups (``state_spec``).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 from typing import Any
 
@@ -41,11 +42,17 @@ from radixlm.runtime.distributed.layers import (
 from radixlm.runtime.distributed.parallel_state import TpGroup, get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.attention import RadixAttention
-from radixlm.runtime.executor.layers.gated_delta import RecurrentState
+from radixlm.runtime.executor.layers.gated_delta import (
+    RecurrentState,
+    causal_conv1d,
+    causal_conv1d_step,
+)
 from radixlm.runtime.executor.layers.mamba2 import (
     NO_DT_LIMIT,
     Mamba2Spec,
     Mamba2Weights,
+    _gate_and_norm,
+    _split_xbc,
     mamba2_mixer,
     mamba2_mixer_step,
     mamba2_mixer_step_in_place,
@@ -201,7 +208,9 @@ class Mamba2Layer(nn.Module):
         st = fb.state
         assert st is not None, "a Mamba2 layer needs ForwardBatch.state"
         gate, xbc, dt = self.project(x).split(self.sizes, dim=-1)
-        if fb.mode.is_decode and self._in_place(st, xbc):
+        if xbc.is_cuda and st.pool.ssm_dtype == torch.float32:
+            out = self._in_pool_triton(gate, xbc, dt, st, fb.mode.is_decode)
+        elif fb.mode.is_decode and self._in_place(st, xbc):
             out = mamba2_mixer_step_in_place(gate, xbc, dt, self._weights(), self.spec,
                                              st.pool.conv[self.layer_id],
                                              st.pool.ssm[self.layer_id], st.slots)
@@ -217,6 +226,38 @@ class Mamba2Layer(nn.Module):
         return (state_step.supports(xbc, self.conv1d.weight, pool.conv[self.layer_id])
                 and pool.ssm_dtype == torch.float32
                 and (st.fresh is None or not st.fresh.any()))
+
+    def _in_pool_triton(self, gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
+                        st: StateIndices, decode: bool) -> torch.Tensor:
+        """CUDA tensors (prefill and decode): the conv on gathered conv states (torch), the
+        scan token by token on the SSM states where they lie in the pool, fresh ones zeroed
+        and the snapshots written to their slots by the kernel (``kernels/mamba2_triton``,
+        imported on first use as ``radixlm.kernels`` does its Triton modules: importing it
+        defines the kernel, and a CPU engine never pays) -> out [T, I]."""
+        pool, layer, w, spec = st.pool, self.layer_id, self._weights(), self.spec
+        conv_state = pool.conv[layer][st.slots]
+        if st.fresh is not None:
+            conv_state[st.fresh] = 0
+        conv_snaps = None
+        if decode:
+            xbc, conv_state = causal_conv1d_step(xbc, w.conv_weight, w.conv_bias, conv_state,
+                                                 spec.activation)
+        else:
+            xbc, conv_state, conv_snaps = causal_conv1d(xbc, w.conv_weight, w.conv_bias,
+                                                        conv_state, st.seq_lens,
+                                                        spec.activation, st.saves)
+        pool.conv[layer][st.slots] = conv_state.to(pool.conv_dtype)
+        snapshots = None
+        if st.saves is not None and st.save_slots is not None and conv_snaps is not None:
+            pool.conv[layer][st.save_slots] = conv_snaps.to(pool.conv_dtype)
+            snapshots = (st.saves.seqs, st.saves.lens, st.save_slots)
+        x, B, C = _split_xbc(xbc, spec)
+        kernel = importlib.import_module("radixlm.kernels.mamba2_triton")
+        y = kernel.fused_recurrent_ssd(
+            x, dt, w.A_log, B, C, w.D, w.dt_bias, pool.ssm[layer], st.slots,
+            [1] * x.shape[0] if decode else st.seq_lens, spec.dt_limit, fresh=st.fresh,
+            snapshots=snapshots)
+        return _gate_and_norm(y.flatten(1), gate, w, spec)
 
     def _gathered(self, gate: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
                   st: StateIndices, decode: bool) -> torch.Tensor:
