@@ -15,6 +15,7 @@ SHARED = ("radixlm.runtime.config", "radixlm.runtime.kv_events_config",
           "radixlm.runtime.model_config", "radixlm.runtime.model_dir", "radixlm.runtime.metrics",
           "radixlm.runtime.tokenizer", "radixlm.runtime.gguf_file",
           "radixlm.runtime.gguf_container", "radixlm.runtime.gguf_families",
+          "radixlm.runtime.gguf_rope",
           "radixlm.runtime.parent_death", "radixlm.runtime.config_checks",
           "radixlm.runtime.sglang_metrics", "radixlm.runtime.cpu_threads",
           "radixlm.runtime.openmp_env")

@@ -3,15 +3,14 @@
 and the short causal convolution (of both).
 
 torch's steps (``layers/gated_delta.py``: ``recurrent_gated_delta_rule_step``,
-``causal_conv1d_step``; ``layers/mamba2.py``: ``ssd_step``) take states gathered out of the
-pool and give new ones to scatter back, with several passes over each state matrix
-between; these read a Gated DeltaNet state in place twice and write it once, a Mamba2
-state once each. Same formulas in float32 (q and k l2-normalised with eps 1e-6, q times
-``Dk ** -0.5`` unless given; Mamba2's dt softplus'd after its bias and clamped to
-``dt_limit``); the sums run in another order (a few float32 ulps), exp, log1p and SiLU's
+``layers/short_conv.py``: ``causal_conv1d_step``; ``layers/mamba2.py``: ``ssd_step``) take
+states gathered out of the pool and give new ones to scatter back, with several passes over
+each state matrix between; these read a Gated DeltaNet state in place twice and write it
+once, a Mamba2 state once each. Same formulas in float32 (q and k l2-normalised with eps
+1e-6, q times ``Dk ** -0.5`` unless given; Mamba2's dt softplus'd after its bias and clamped
+to ``dt_limit``); the sums run in another order (a few float32 ulps), exp, log1p and SiLU's
 exp are the library's. Built into the library of ``cpu_paged`` (``available()``;
-``RADIXLM_CPU_KERNEL=0`` turns it off).
-"""
+``RADIXLM_CPU_KERNEL=0`` turns it off). """
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from radixlm.runtime.gguf_container import GGUFError, RawTensor
+from radixlm.runtime.gguf_rope import rope_scaling
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def family_of(meta: dict[str, Any], tensors: list[RawTensor], where: str) -> tup
 _LIMIT = 1 << 31  # no dimension of a model we serve comes near
 
 
-class _Meta:
+class Meta:
     """Typed reads of ``{arch}.*`` metadata: GGUFError naming the key when a value has the
     wrong type or an absurd size."""
 
@@ -191,7 +192,7 @@ class _Meta:
         return float(value)
 
 
-def _layer_types(m: _Meta, layers: int, default_pattern: int | None) -> list[str] | None:
+def _layer_types(m: Meta, layers: int, default_pattern: int | None) -> list[str] | None:
     """Per-layer sliding / full attention: the file's ``sliding_window_pattern`` (an array of
     booleans, or llama.cpp's period: the last layer of each period is full), else the
     family's default period (Gemma 2: 2, Gemma 3: 6), else every layer sliding."""
@@ -205,87 +206,6 @@ def _layer_types(m: _Meta, layers: int, default_pattern: int | None) -> list[str
         period = m.int("{arch}.attention.sliding_window_pattern", default_pattern, low=0)
         swa = [True] * layers if not period else [i % period < period - 1 for i in range(layers)]
     return ["sliding_attention" if s else "full_attention" for s in swa]
-
-
-def _rope_scaling(m: _Meta, extra: dict[str, np.ndarray], ctx: int | None,
-                  head_dim: int, theta: float) -> dict[str, Any] | None:
-    kind = m.raw("{arch}.rope.scaling.type")
-    factor = m.float("{arch}.rope.scaling.factor")
-    if kind == "linear" and factor and factor != 1.0:
-        return {"rope_type": "linear", "factor": factor}
-    if kind == "yarn" and factor:
-        out = {"rope_type": "yarn", "factor": factor,
-               "original_max_position_embeddings":
-                   m.int("{arch}.rope.scaling.original_context_length", ctx)}
-        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
-                          ("yarn_attn_factor", "attention_factor")):
-            if (value := m.float("{arch}.rope.scaling." + key)) is not None:
-                out[name] = value
-        return out
-    if "rope_factors_long.weight" in extra:
-        original = m.int("{arch}.rope.scaling.original_context_length", ctx)
-        long = extra["rope_factors_long.weight"]
-        out = {"rope_type": "longrope", "factor": (ctx or original) / original,
-               "long_factor": _decimals(long),
-               "short_factor": _decimals(extra.get("rope_factors_short.weight", long)),
-               "original_max_position_embeddings": original}
-        attn = m.float("{arch}.rope.scaling.attn_factor")
-        scale = out["factor"]
-        default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
-        if attn is not None and abs(attn - default) > 1e-5:  # else transformers' own
-            out["attention_factor"] = attn
-        return out
-    if "rope_freqs.weight" in extra:
-        return _llama3_rope(extra["rope_freqs.weight"], head_dim, theta, m.where)
-    if kind not in (None, "none", "linear", "yarn"):
-        raise GGUFError(f"{m.where}: {m.arch}.rope.scaling.type {kind!r} is not supported")
-    return None
-
-
-def _decimals(values: np.ndarray) -> list[float]:
-    """float32 values as their shortest decimals (1.1, not 1.100000023841858)."""
-    return [float(str(v)) for v in values.astype(np.float32)]
-
-
-def llama3_factors(head_dim: int, theta: float, factor: float, low: float, high: float,
-                   original: int) -> np.ndarray:
-    """The per-frequency divisors of Llama 3's RoPE scaling, as llama.cpp's converter writes
-    them into ``rope_freqs.weight``."""
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / freqs
-    smooth = (original / wavelen - low) / (high - low)
-    mid = 1 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelen < original / high, 1.0,
-                    np.where(wavelen > original / low, factor, mid))
-
-
-def _llama3_rope(factors: np.ndarray, head_dim: int, theta: float, where: str
-                 ) -> dict[str, Any] | None:
-    """Llama 3's rope_scaling recovered from the divisors llama.cpp stores: ``factor`` is the
-    largest; the smooth band between gives ``original / (high - low)`` and ``low / (high -
-    low)``, and with Llama 3's ``low_freq_factor`` 1 the rest. Checked by recomputing."""
-    f = factors.astype(np.float64)
-    if f.shape != (head_dim // 2,):
-        raise GGUFError(f"{where}: rope_freqs.weight has {f.size} values, expected "
-                        f"{head_dim // 2} (half the head dimension)")
-    if np.allclose(f, 1.0):
-        return None
-    factor = float(f.max())
-    wavelen = 2 * math.pi * theta ** (np.arange(0, head_dim, 2) / head_dim)
-    band = (f > 1 + 1e-6) & (f < factor * (1 - 1e-6))
-    low, high, original = 1.0, 4.0, 8192  # Llama 3.1's, used when the band is too thin
-    if band.sum() >= 2:
-        s = (1 / f[band] - 1 / factor) / (1 - 1 / factor)  # s = a / wavelen - b
-        a, nb = np.polyfit(1 / wavelen[band], s, 1)
-        high = low - 1 / nb
-        original = int(round(a * (high - low)))
-        high = float(round(high, 4))
-    expect = llama3_factors(head_dim, theta, factor, low, high, original)
-    if not np.allclose(expect, f, rtol=1e-4, atol=1e-4):
-        raise GGUFError(f"{where}: rope_freqs.weight is not a Llama 3 RoPE scaling radixlm "
-                        "can express")
-    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-            "high_freq_factor": high, "original_max_position_embeddings": original}
 
 
 def _special_ids(meta: dict[str, Any], vocab: int, where: str) -> dict[str, int]:
@@ -313,7 +233,7 @@ def _float_dtype(tensors: list[RawTensor]) -> str:
     return "float32"
 
 
-def _gemma_attn_scalar(m: _Meta, hidden: int, heads: int, head_dim: int,
+def _gemma_attn_scalar(m: Meta, hidden: int, heads: int, head_dim: int,
                        layers: int) -> float:
     """Gemma 2 / 3's ``query_pre_attn_scalar``: from ``attention.scale`` when the file has it
     (our writer's), else llama.cpp's rule (hidden / heads for the 27B models, else
@@ -330,7 +250,7 @@ def build_hf_config(meta: dict[str, Any], arch: str, family: Family,
                     tensors: dict[str, RawTensor], extra: dict[str, np.ndarray],
                     where: str) -> dict[str, Any]:
     """config.json for the file, as transformers writes it for ``family``."""
-    m = _Meta(meta, arch, where)
+    m = Meta(meta, arch, where)
     hidden = m.need_int("{arch}.embedding_length")
     layers = m.need_int("{arch}.block_count")
     heads = m.need_int("{arch}.attention.head_count")
@@ -351,7 +271,7 @@ def build_hf_config(meta: dict[str, Any], arch: str, family: Family,
         "max_position_embeddings": ctx, "hidden_act": family.hidden_act,
         "rms_norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": theta,
-        "rope_scaling": _rope_scaling(m, extra, ctx, head_dim, theta),
+        "rope_scaling": rope_scaling(m, extra, ctx, head_dim, theta),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors and family.model_type != "qwen2",
         "bos_token_id": ids.get("bos"), "eos_token_id": ids.get("eos"),
@@ -362,14 +282,14 @@ def build_hf_config(meta: dict[str, Any], arch: str, family: Family,
     return cfg
 
 
-def _sliding(cfg: dict, m: _Meta, window: int | None, pattern: int | None = None) -> None:
+def _sliding(cfg: dict, m: Meta, window: int | None, pattern: int | None = None) -> None:
     cfg["sliding_window"] = window
     cfg["use_sliding_window"] = window is not None
     if window is not None:
         cfg["layer_types"] = _layer_types(m, cfg["num_hidden_layers"], pattern)
 
 
-def _experts(cfg: dict, m: _Meta, tensors: dict[str, RawTensor]) -> tuple[int, int]:
+def _experts(cfg: dict, m: Meta, tensors: dict[str, RawTensor]) -> tuple[int, int]:
     """(expert count, expert intermediate size), checked against the stacked tensors."""
     n = m.need_int("{arch}.expert_count")
     used = m.need_int("{arch}.expert_used_count")
@@ -383,7 +303,7 @@ def _experts(cfg: dict, m: _Meta, tensors: dict[str, RawTensor]) -> tuple[int, i
     return n, m.int("{arch}.expert_feed_forward_length", gate.dims[1])
 
 
-def _qwen3_moe(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _qwen3_moe(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     n, inter = _experts(cfg, m, tensors)
     dense = [i for i in range(cfg["num_hidden_layers"])
              if f"blk.{i}.ffn_gate_exps.weight" not in tensors]
@@ -394,12 +314,12 @@ def _qwen3_moe(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTe
     _sliding(cfg, m, window)
 
 
-def _mixtral(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _mixtral(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     n, inter = _experts(cfg, m, tensors)
     cfg.update(num_local_experts=n, intermediate_size=inter, sliding_window=window)
 
 
-def _gemma(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _gemma(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     cfg["hidden_activation"] = cfg["hidden_act"]
     if m.arch == "gemma":
         return
@@ -419,7 +339,7 @@ def _gemma(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor
         cfg["layer_types"] = _layer_types(m, cfg["num_hidden_layers"], 6)
 
 
-def _phi3(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _phi3(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     rope_dims = m.int("{arch}.rope.dimension_count", cfg["head_dim"])
     cfg["partial_rotary_factor"] = rope_dims / cfg["head_dim"]
     cfg["original_max_position_embeddings"] = m.int(
@@ -431,7 +351,7 @@ def _phi3(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]
 GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 
 
-def _gpt_oss(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _gpt_oss(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     """Every layer sparse, sliding and full layers alternating (sliding first: llama.cpp's
     default period of 2), the clamped SwiGLU's constants as llama.cpp computes them, and
     yarn's ramp without truncation (gpt-oss's own definition, which transformers follows
@@ -446,7 +366,7 @@ def _gpt_oss(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTens
         cfg["rope_scaling"]["truncate"] = False
 
 
-def _plain(cfg: dict, m: _Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
+def _plain(cfg: dict, m: Meta, window: int | None, tensors: dict[str, RawTensor]) -> None:
     if cfg["model_type"] == "llama":
         cfg["mlp_bias"] = False
     elif cfg["model_type"] == "mistral":

@@ -30,7 +30,8 @@ import numpy as np
 from gguf import GGUFWriter, quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, RopeScalingType, TokenType
 
-from radixlm.runtime.gguf_families import FAMILIES, MISTRAL, MIXTRAL, Family, llama3_factors
+from radixlm.runtime.gguf_families import FAMILIES, MISTRAL, MIXTRAL, Family
+from radixlm.runtime.gguf_rope import llama3_factors
 from radixlm.runtime.model_config import SLIDING, ModelConfig, rope_theta_of
 
 logger = logging.getLogger(__name__)

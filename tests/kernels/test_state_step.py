@@ -11,6 +11,7 @@ import torch
 from radixlm.kernels import state_step
 from radixlm.runtime.executor.layers import gated_delta as gd
 from radixlm.runtime.executor.layers import mamba2 as m2
+from radixlm.runtime.executor.layers import short_conv
 
 pytestmark = pytest.mark.skipif(not state_step.supports(torch.zeros(1)),
                                 reason="the CPU kernel library is not built here")
@@ -78,7 +79,7 @@ def test_conv1d_step_matches_float64(dtype, pool_dtype, bias, activation):
     weight = torch.randn(c, kw, generator=g).to(dtype)
     bv = torch.randn(c, generator=g) if bias else None
     out = state_step.conv1d_step(x, weight, bv, pool, SLOTS, activation)
-    want, want_state = gd.causal_conv1d_step(x.double(), weight.double(),
+    want, want_state = short_conv.causal_conv1d_step(x.double(), weight.double(),
                                              None if bv is None else bv.double(),
                                              before[SLOTS].double(), activation)
     assert out.dtype == dtype and out.shape == (b, c)

@@ -14,7 +14,7 @@
 //   conv1d_step(x [B, C], weight [C, K], bias [C]?, conv [S, C, K - 1] (the pool, updated),
 //               slots [B] int64, silu, out [B, C] in x's dtype (written))
 //       window = [conv[slot], x]; out = act(sum(window * weight) + bias);
-//       conv[slot] = window[1:]: layers/gated_delta.py causal_conv1d_step.
+//       conv[slot] = window[1:]: layers/short_conv.py causal_conv1d_step.
 //   mamba2_step(xbc [B, H * P + 2 * G * N] (x | B | C, after the conv), dt [B, H],
 //               A_log [H], D [H], dt_bias [H], ssm [S, H, P, N] f32 (the pool, updated),
 //               slots [B] int64, dt_min, dt_max, out [B, H, P] in xbc's dtype (written))

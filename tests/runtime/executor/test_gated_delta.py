@@ -32,12 +32,14 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (  # noqa: E402
 from radixlm.runtime.executor.layers.gated_delta import (  # noqa: E402
     RecurrentState,
     Snapshots,
-    causal_conv1d,
-    causal_conv1d_step,
     chunk_gated_delta_rule,
     gated_delta_gates,
     recurrent_gated_delta_rule_step,
     rms_norm_gated,
+)
+from radixlm.runtime.executor.layers.short_conv import (  # noqa: E402
+    causal_conv1d,
+    causal_conv1d_step,
 )
 
 F64 = torch.float64

@@ -40,12 +40,11 @@ from radixlm.runtime.executor.layers.gated_delta import (
     RecurrentState,
     SeqLens,
     Snapshots,
-    causal_conv1d,
-    causal_conv1d_step,
     chunk_decay,
     compute_dtype,
     rms_norm_gated,
 )
+from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
 
 NO_DT_LIMIT = (0.0, float("inf"))
 

@@ -41,13 +41,12 @@ from radixlm.runtime.distributed.layers import (
 from radixlm.runtime.distributed.parallel_state import get_tp_group
 from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.gated_delta import (
-    causal_conv1d,
-    causal_conv1d_step,
     compute_dtype,
 )
 from radixlm.runtime.executor.layers.mamba1 import selective_scan, selective_scan_step
 from radixlm.runtime.executor.layers.moe import MoESpec, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.layers.norm import RMSNorm
+from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
 from radixlm.runtime.executor.models.bamba import BambaDecoderLayer, BambaForCausalLM
 from radixlm.runtime.executor.models.decoder import MLP, DecoderSpec
 from radixlm.runtime.executor.models.mamba_hybrid import KVAttention

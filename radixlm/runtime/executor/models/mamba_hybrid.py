@@ -44,8 +44,6 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import (
     RecurrentState,
-    causal_conv1d,
-    causal_conv1d_step,
 )
 from radixlm.runtime.executor.layers.mamba2 import (
     NO_DT_LIMIT,
@@ -57,6 +55,7 @@ from radixlm.runtime.executor.layers.mamba2 import (
     mamba2_mixer_step,
     mamba2_mixer_step_in_place,
 )
+from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
 from radixlm.runtime.executor.models.decoder import Attention, DecoderSpec
 from radixlm.runtime.model_config import ModelConfig
 

@@ -57,8 +57,6 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, StateIndices
 from radixlm.runtime.executor.layers.activation import act_and_mul
 from radixlm.runtime.executor.layers.attention import RadixAttention
 from radixlm.runtime.executor.layers.gated_delta import (
-    causal_conv1d,
-    causal_conv1d_step,
     chunk_gated_delta_rule,
     gated_delta_gates,
     recurrent_gated_delta_rule_step,
@@ -67,6 +65,7 @@ from radixlm.runtime.executor.layers.gated_delta import (
 from radixlm.runtime.executor.layers.moe import MoESpec, Router, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
+from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
 from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
 from radixlm.runtime.executor.models.qwen3_moe import sparse_layers
 from radixlm.runtime.model_config import LINEAR, ModelConfig
