@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.executor.forward_batch import StateIndices
 from radixlm.runtime.executor.layers.gated_delta import (
     SeqLens,
     Snapshots,
@@ -96,3 +97,29 @@ def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if bias is not None:
         out = out + bias.to(cdt)
     return _activation(out, activation).to(x.dtype), window[:, :, 1:].to(conv_state.dtype)
+
+
+def conv_in_pool(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 activation: str | None, st: StateIndices, layer: int, decode: bool
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """A step (``decode``) or an extend of ``layer``'s short convolution on its conv states
+    gathered from the state pool (a fresh sequence's zeroed), written back, with the conv
+    states of the radix cache's snapshots inside the extend written to their slots: (the
+    convolved x, the snapshots the recurrence after it still owes as ``(seqs, lens,
+    slots)``, or None). What the GPU paths of the linear layers share: their recurrence
+    then runs in place in the pool (``kernels/*_triton``)."""
+    pool = st.pool
+    conv_state = pool.conv[layer][st.slots]
+    if st.fresh is not None:
+        conv_state[st.fresh] = 0
+    conv_snaps = None
+    if decode:
+        x, conv_state = causal_conv1d_step(x, weight, bias, conv_state, activation)
+    else:
+        x, conv_state, conv_snaps = causal_conv1d(x, weight, bias, conv_state, st.seq_lens,
+                                                  activation, st.saves)
+    pool.conv[layer][st.slots] = conv_state.to(pool.conv_dtype)
+    if st.saves is None or st.save_slots is None or conv_snaps is None:
+        return x, None
+    pool.conv[layer][st.save_slots] = conv_snaps.to(pool.conv_dtype)
+    return x, (st.saves.seqs, st.saves.lens, st.save_slots)

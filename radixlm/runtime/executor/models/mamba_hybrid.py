@@ -55,7 +55,9 @@ from radixlm.runtime.executor.layers.mamba2 import (
     mamba2_mixer_step,
     mamba2_mixer_step_in_place,
 )
-from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
+from radixlm.runtime.executor.layers.short_conv import (
+    conv_in_pool,
+)
 from radixlm.runtime.executor.models.decoder import Attention, DecoderSpec
 from radixlm.runtime.model_config import ModelConfig
 
@@ -234,22 +236,8 @@ class Mamba2Layer(nn.Module):
         imported on first use as ``radixlm.kernels`` does its Triton modules: importing it
         defines the kernel, and a CPU engine never pays) -> out [T, I]."""
         pool, layer, w, spec = st.pool, self.layer_id, self._weights(), self.spec
-        conv_state = pool.conv[layer][st.slots]
-        if st.fresh is not None:
-            conv_state[st.fresh] = 0
-        conv_snaps = None
-        if decode:
-            xbc, conv_state = causal_conv1d_step(xbc, w.conv_weight, w.conv_bias, conv_state,
-                                                 spec.activation)
-        else:
-            xbc, conv_state, conv_snaps = causal_conv1d(xbc, w.conv_weight, w.conv_bias,
-                                                        conv_state, st.seq_lens,
-                                                        spec.activation, st.saves)
-        pool.conv[layer][st.slots] = conv_state.to(pool.conv_dtype)
-        snapshots = None
-        if st.saves is not None and st.save_slots is not None and conv_snaps is not None:
-            pool.conv[layer][st.save_slots] = conv_snaps.to(pool.conv_dtype)
-            snapshots = (st.saves.seqs, st.saves.lens, st.save_slots)
+        xbc, snapshots = conv_in_pool(xbc, w.conv_weight, w.conv_bias, spec.activation, st,
+                                      layer, decode)
         x, B, C = _split_xbc(xbc, spec)
         kernel = importlib.import_module("radixlm.kernels.mamba2_triton")
         y = kernel.fused_recurrent_ssd(

@@ -65,7 +65,11 @@ from radixlm.runtime.executor.layers.gated_delta import (
 from radixlm.runtime.executor.layers.moe import MoESpec, Router, SparseMoeBlock, num_experts_of
 from radixlm.runtime.executor.layers.norm import RMSNorm, norm_heads
 from radixlm.runtime.executor.layers.rotary import RotaryEmbedding
-from radixlm.runtime.executor.layers.short_conv import causal_conv1d, causal_conv1d_step
+from radixlm.runtime.executor.layers.short_conv import (
+    causal_conv1d,
+    causal_conv1d_step,
+    conv_in_pool,
+)
 from radixlm.runtime.executor.models.decoder import MLP, DecoderForCausalLM, DecoderSpec
 from radixlm.runtime.executor.models.qwen3_moe import sparse_layers
 from radixlm.runtime.model_config import LINEAR, ModelConfig
@@ -228,20 +232,7 @@ class GatedDeltaNet(nn.Module):
         (``kernels/gated_delta_triton``, imported on first use as ``radixlm.kernels`` does
         its Triton modules: importing it defines the kernel, and a CPU engine never pays)."""
         pool, layer = st.pool, self.layer_id
-        conv_state = pool.conv[layer][st.slots]
-        if st.fresh is not None:
-            conv_state[st.fresh] = 0
-        conv_snaps = None
-        if decode:
-            qkv, conv_state = causal_conv1d_step(qkv, weight, None, conv_state, self.activation)
-        else:
-            qkv, conv_state, conv_snaps = causal_conv1d(qkv, weight, None, conv_state,
-                                                        st.seq_lens, self.activation, st.saves)
-        pool.conv[layer][st.slots] = conv_state.to(pool.conv_dtype)
-        snapshots = None
-        if st.saves is not None and st.save_slots is not None and conv_snaps is not None:
-            pool.conv[layer][st.save_slots] = conv_snaps.to(pool.conv_dtype)
-            snapshots = (st.saves.seqs, st.saves.lens, st.save_slots)
+        qkv, snapshots = conv_in_pool(qkv, weight, None, self.activation, st, layer, decode)
         q, k, v = self._split(qkv)
         g, beta = gated_delta_gates(a, b, self.A_log, self.dt_bias)
         kernel = importlib.import_module("radixlm.kernels.gated_delta_triton")
